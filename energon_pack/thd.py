@@ -1,16 +1,50 @@
-"""Megatron-Core THD batch layout: alignment rules and the packed-row builder (see CONTRACT.md)."""
+"""Megatron-Core THD batch layout: alignment rules and the packed-row builder (see CONTRACT.md).
+
+One packed row holds n segments (source samples) back to back. Each segment occupies its
+*aligned* span (real length rounded up to the CP/SP multiple); the rest of the span is a gap
+filled with the pad id, never supervised and never attended to by real tokens. With a fixed
+width the last segment's span also absorbs the tail, so the row is exactly ``width`` long.
+
+This module is pure torch/numpy: it must never import Megatron or Energon.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from energon_pack.errors import ConfigError
+
 IGNORE_INDEX = -100
+
+#: Visual tensors a segment may carry; each is concatenated along dim 0 in segment order.
+VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+__all__ = [
+    "IGNORE_INDEX",
+    "VISUAL_KEYS",
+    "ThdLayout",
+    "ThdSegment",
+    "aligned_length",
+    "alignment_multiple",
+    "build_thd_batch",
+    "shifted_labels_and_loss_mask",
+    "thd_attention_mask",
+]
 
 
 def alignment_multiple(cp: int = 1, tp: int = 1, sp: bool = False, eval_cp: int | None = None) -> int:
-    """Per-segment length multiple for context/sequence parallelism (Megatron-Bridge's lcm rule)."""
+    """Per-segment length multiple for context/sequence parallelism (Megatron-Bridge's lcm rule).
+
+    ``lcm`` over ``cp`` in {train cp, eval cp} of ``2*cp if cp > 1 else 1`` and
+    ``cp*tp if sp and tp > 1 else 1``: TP1/CP1 -> 1, TP4/SP -> 4, CP2/TP4/SP -> 8.
+    """
+    for knob, value in (("cp", cp), ("tp", tp), ("eval_cp", eval_cp)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(knob, f"must be an integer >= 1, got {value!r}", f"set {knob} to the parallel size (1 = off)")
     multiple = 1
     for c in {cp} | ({eval_cp} if eval_cp is not None else set()):
         cp_multiple = 2 * c if c > 1 else 1
@@ -42,3 +76,234 @@ def shifted_labels_and_loss_mask(
     labels[:-1] = ids[1:]
     labels = torch.where(supervised_next, labels, torch.full_like(labels, ignore_index))
     return labels, supervised_next.to(torch.float32)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ThdLayout:
+    """How segments are laid out in one packed row; validated at construction.
+
+    ``width`` is the seq_length: the most physical tokens one row may hold. ``pad_multiple``
+    (from :func:`alignment_multiple`) aligns every segment. ``pad_to_max_length`` makes every
+    row exactly ``width`` long; ``pad_cu_seqlens`` additionally gives the cu_seqlens arrays the
+    static length ``max_segments + 1`` (CUDA graphs).
+    """
+
+    width: int
+    pad_multiple: int = 1
+    pad_to_max_length: bool = False
+    pad_cu_seqlens: bool = False
+    max_segments: int | None = None
+    pad_token_id: int = 0
+    ignore_index: int = IGNORE_INDEX
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.width) or self.width < 1:
+            raise ConfigError("width", f"seq_length must be an integer >= 1, got {self.width!r}", "set width (seq_length) to the packed row length, e.g. 4096")
+        if not _is_int(self.pad_multiple) or self.pad_multiple < 1:
+            raise ConfigError("pad_multiple", f"must be an integer >= 1, got {self.pad_multiple!r}", "use alignment_multiple(cp, tp, sp); 1 disables alignment")
+        if self.width % self.pad_multiple:
+            lower = self.width // self.pad_multiple * self.pad_multiple
+            raise ConfigError(
+                "width",
+                f"seq_length {self.width} is not divisible by pad_multiple {self.pad_multiple}",
+                f"use a multiple of {self.pad_multiple} for width/seq_length (e.g. {lower or self.pad_multiple} or {lower + self.pad_multiple})",
+            )
+        if self.max_segments is not None and (not _is_int(self.max_segments) or self.max_segments < 1):
+            raise ConfigError("max_segments", f"must be an integer >= 1 or None, got {self.max_segments!r}", "set max_segments to the most samples one pack may hold")
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            raise ConfigError("pad_cu_seqlens", "static cu_seqlens require a fixed width", "set pad_to_max_length=True (or pad_cu_seqlens=False)")
+        if self.pad_cu_seqlens and self.max_segments is None:
+            raise ConfigError("pad_cu_seqlens", "static cu_seqlens need a fixed segment count", "set max_segments (cu arrays get max_segments + 1 entries)")
+        if not _is_int(self.pad_token_id) or self.pad_token_id < 0:
+            raise ConfigError("pad_token_id", f"must be a non-negative token id, got {self.pad_token_id!r}", "use the tokenizer's pad id (or 0 if it has none)")
+        if not _is_int(self.ignore_index):
+            raise ConfigError("ignore_index", f"must be an integer, got {self.ignore_index!r}", "use -100 (the PyTorch cross-entropy default)")
+
+    def segment_span(self, length: int) -> int:
+        """Physical tokens a segment of ``length`` real tokens costs in a pack (its aligned length)."""
+        if not _is_int(length) or length < 1:
+            raise ValueError(f"segment length must be an integer >= 1, got {length!r}")
+        return aligned_length(length, self.pad_multiple)
+
+
+@dataclass
+class ThdSegment:
+    """One source sample, ready to pack: tokens with labels already shifted inside the segment.
+
+    Tensors are 1-D of one length L (``mrope_position_ids`` is [3, L], starting at 0); dtypes
+    are normalised on construction (int64 ids/labels/positions, float32 loss mask).
+    ``visual`` holds any of :data:`VISUAL_KEYS`, rows in this segment's media order.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    mrope_position_ids: torch.Tensor | None = None
+    visual: dict[str, torch.Tensor] | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        name = f"segment {self.key!r}" if self.key is not None else "segment"
+        ids = self.input_ids
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
+            raise ValueError(f"{name}: input_ids must be a 1-D tensor")
+        length = ids.numel()
+        if length == 0:
+            raise ValueError(f"{name}: empty segment (input_ids has 0 tokens)")
+        for field, tensor in (("input_ids", ids), ("labels", self.labels), ("mrope_position_ids", self.mrope_position_ids)):
+            if tensor is not None and (tensor.is_floating_point() or tensor.is_complex()):
+                raise ValueError(f"{name}: {field} must be an integer tensor, got {tensor.dtype}")
+        for field, tensor in (("labels", self.labels), ("loss_mask", self.loss_mask)):
+            if tuple(tensor.shape) != (length,):
+                raise ValueError(f"{name}: {field} has shape {tuple(tensor.shape)}, expected ({length},) like input_ids")
+        if self.mrope_position_ids is not None and tuple(self.mrope_position_ids.shape) != (3, length):
+            raise ValueError(
+                f"{name}: mrope_position_ids has shape {tuple(self.mrope_position_ids.shape)}, expected (3, {length})"
+            )
+        if self.visual is not None:
+            unknown = sorted(set(self.visual) - set(VISUAL_KEYS))
+            if unknown:
+                raise ValueError(f"{name}: unknown visual keys {unknown}; expected any of {list(VISUAL_KEYS)}")
+        self.input_ids = ids.to(torch.int64)
+        self.labels = self.labels.to(torch.int64)
+        self.loss_mask = self.loss_mask.to(torch.float32)
+        if self.mrope_position_ids is not None:
+            self.mrope_position_ids = self.mrope_position_ids.to(torch.int64)
+
+    def __len__(self) -> int:
+        return self.input_ids.numel()
+
+    @classmethod
+    def from_target_mask(
+        cls, input_ids: torch.Tensor, target_mask: torch.Tensor, *, ignore_index: int = IGNORE_INDEX, **kw
+    ) -> ThdSegment:
+        """Segment from unshifted ids and a per-token "supervised" mask (see :func:`shifted_labels_and_loss_mask`)."""
+        input_ids = torch.as_tensor(input_ids)
+        labels, loss_mask = shifted_labels_and_loss_mask(input_ids, torch.as_tensor(target_mask), ignore_index)
+        return cls(input_ids=input_ids, labels=labels, loss_mask=loss_mask, **kw)
+
+
+def _static_cu(cu: list[int], size: int) -> list[int]:
+    """Extend cumulative boundaries with zero-length segments (repeat the last value) to ``size`` entries."""
+    return cu + [cu[-1]] * (size - len(cu))
+
+
+def _concat_visual(segments: Sequence[ThdSegment]) -> dict[str, torch.Tensor | None]:
+    """Each visual key concatenated along dim 0 in segment order; None when no segment has it."""
+    out: dict[str, torch.Tensor | None] = {}
+    for k in VISUAL_KEYS:
+        parts = [s.visual[k] for s in segments if s.visual is not None and s.visual.get(k) is not None]
+        out[k] = torch.cat(parts, dim=0) if parts else None
+    return out
+
+
+def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
+    """Pack ``segments`` into one THD row (MBS=1) with exactly the keys of CONTRACT.md.
+
+    Each segment is followed by its alignment gap (pad id, label ``ignore_index``, loss 0,
+    positions continuing); with a fixed width the last segment's span absorbs the tail. Labels
+    and loss mask are made consistent: the last token of each segment and every gap get
+    ``ignore_index``, the loss mask is 0 wherever the label is ignored and vice versa.
+    """
+    if len(segments) == 0:
+        raise ValueError("cannot build a THD batch from an empty segment list")
+    n = len(segments)
+    if layout.max_segments is not None and n > layout.max_segments:
+        raise ValueError(f"{n} segments exceed max_segments={layout.max_segments}")
+    with_mrope = [s.mrope_position_ids is not None for s in segments]
+    if any(with_mrope) and not all(with_mrope):
+        raise ValueError("mrope_position_ids must be given for all segments or none (mixed segments in one pack)")
+
+    lengths = [len(s) for s in segments]
+    spans = [layout.segment_span(length) for length in lengths]
+    packed = sum(spans)
+    if packed > layout.width:
+        raise ValueError(f"Packed sequence length {packed} exceeds width {layout.width} (seq_length)")
+    total = layout.width if layout.pad_to_max_length else packed
+    spans[-1] += total - packed  # the last segment's span absorbs the fixed-width tail
+
+    ignore = layout.ignore_index
+    input_ids = torch.full((total,), layout.pad_token_id, dtype=torch.int64)
+    labels = torch.full((total,), ignore, dtype=torch.int64)
+    loss_mask = torch.zeros(total, dtype=torch.float32)
+    position_ids = torch.empty(total, dtype=torch.int64)
+    padding_mask = torch.ones(total, dtype=torch.bool)
+    mrope = torch.empty((3, total), dtype=torch.int64) if with_mrope[0] else None
+
+    cu, cu_padded = [0], [0]
+    for seg, length, span in zip(segments, lengths, spans):
+        start = cu_padded[-1]
+        real, gap = slice(start, start + length), slice(start + length, start + span)
+        input_ids[real] = seg.input_ids
+        seg_labels = seg.labels.clone()
+        seg_labels[-1] = ignore  # never predict across the boundary
+        seg_labels[seg.loss_mask == 0] = ignore
+        labels[real] = seg_labels
+        loss_mask[real] = torch.where(seg_labels == ignore, 0.0, seg.loss_mask)
+        position_ids[start : start + span] = torch.arange(span)
+        padding_mask[real] = False
+        if mrope is not None:
+            mrope[:, real] = seg.mrope_position_ids
+            first_gap = int(seg.mrope_position_ids.max()) + 1
+            mrope[:, gap] = torch.arange(first_gap, first_gap + span - length)
+        cu.append(cu[-1] + length)
+        cu_padded.append(start + span)
+
+    max_seqlen = max(spans)
+    if layout.pad_cu_seqlens:
+        size = layout.max_segments + 1
+        cu, cu_padded, max_seqlen = _static_cu(cu, size), _static_cu(cu_padded, size), layout.width
+    cu_seqlens = torch.tensor(cu, dtype=torch.int32)
+    cu_seqlens_padded = torch.tensor(cu_padded, dtype=torch.int32)
+    max_seqlen_t = torch.tensor(max_seqlen, dtype=torch.int32)
+
+    return {
+        "input_ids": input_ids.unsqueeze(0),
+        "labels": labels.unsqueeze(0),
+        "loss_mask": loss_mask.unsqueeze(0),
+        "position_ids": position_ids.unsqueeze(0),
+        "mrope_position_ids": mrope.unsqueeze(1) if mrope is not None else None,
+        # q and kv are the same tensor object, as in Megatron-Bridge (self-attention).
+        "cu_seqlens_q": cu_seqlens,
+        "cu_seqlens_kv": cu_seqlens,
+        "cu_seqlens_q_padded": cu_seqlens_padded,
+        "cu_seqlens_kv_padded": cu_seqlens_padded,
+        "max_seqlen_q": max_seqlen_t,
+        "max_seqlen_kv": max_seqlen_t,
+        "padding_mask": padding_mask.unsqueeze(0),
+        **_concat_visual(segments),
+        "real_tokens": sum(lengths),
+        "supervised_tokens": int(torch.count_nonzero(loss_mask)),
+        "total_tokens": total,
+        "num_segments": n,
+        "__keys__": [s.key for s in segments],
+    }
+
+
+def thd_attention_mask(cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Dense bool [T, T] mask (True = attend) equivalent to THD varlen causal attention.
+
+    Real token i of segment s attends to the real tokens j <= i of s (segment s starts at
+    ``cu_seqlens_padded[s]`` and has ``cu_seqlens[s+1] - cu_seqlens[s]`` real tokens). Gap
+    positions attend only to themselves, so no softmax row is empty (no NaN). A CPU reference
+    for checking varlen kernels and cu_seqlens; O(T^2) memory, so for tests and small T.
+    """
+    padded = torch.as_tensor(cu_seqlens_padded).flatten().to(torch.int64)
+    logical = torch.as_tensor(cu_seqlens).flatten().to(torch.int64)
+    if padded.shape != logical.shape or padded.numel() < 1:
+        raise ValueError("cu_seqlens_padded and cu_seqlens must be non-empty and of the same length")
+    if int(padded[-1]) > total:
+        raise ValueError(f"cu_seqlens_padded ends at {int(padded[-1])}, beyond the row length {total}")
+    segment_of = torch.full((total,), -1, dtype=torch.int64)  # -1 marks gaps
+    for s, (start, length) in enumerate(zip(padded[:-1].tolist(), logical.diff().tolist())):
+        if length > int(padded[s + 1]) - start:
+            raise ValueError(f"segment {s}: {length} real tokens do not fit its physical span")
+        segment_of[start : start + length] = s
+    pos = torch.arange(total)
+    same_segment = (segment_of[:, None] == segment_of[None, :]) & (segment_of[:, None] >= 0)
+    causal = pos[None, :] <= pos[:, None]
+    return (same_segment & causal) | torch.eye(total, dtype=torch.bool)
