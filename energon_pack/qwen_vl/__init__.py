@@ -1,0 +1,1 @@
+"""Qwen-VL sample encoding (pure functions; no Energon import)."""

@@ -1,0 +1,243 @@
+"""Qwen-VL resize rules, visual token counts from sizes alone, and HF-identical patchify.
+
+Counting (``visual_token_count`` / ``video_token_count``) needs only (height, width[, frames]):
+the packer can size a sample from its image headers (:func:`image_size_from_bytes`) and decode
+pixels later, only for the samples it actually emits.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from ..errors import SampleSkipped
+from .presets import VisionPreset
+
+MAX_ASPECT_RATIO = 200
+
+# Modes PIL converts to 8-bit RGB faithfully. 16-bit / 32-bit int / float modes would be clipped
+# silently by convert("RGB"), so they are skipped as "unsupported_image_mode".
+SUPPORTED_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"})
+
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 14 * 14 * 4 * 1280) -> tuple[int, int]:
+    """Resized (height, width), both multiples of ``factor``, pixels within [min, max], aspect kept.
+
+    Identical to transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize`` (Python
+    ``round`` = banker's rounding included). Raises ValueError when the aspect ratio exceeds 200.
+    """
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def video_smart_resize(num_frames: int, height: int, width: int, temporal_factor: int = 2, factor: int = 32,
+                       min_pixels: int = 128 * 32 * 32, max_pixels: int = 32 * 32 * 768) -> tuple[int, int]:
+    """Qwen3-VL's video resize (transformers ``qwen3_vl.video_processing_qwen3_vl.smart_resize``).
+
+    The pixel budget covers all frames (t_bar * h * w); sides below ``factor`` are scaled up first.
+    Raises ValueError for fewer frames than ``temporal_factor`` or aspect ratio > 200.
+    """
+    if num_frames < temporal_factor:
+        raise ValueError(f"t:{num_frames} must be larger than temporal_factor:{temporal_factor}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height = int(height * scale)
+        width = int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _check_size(height: int, width: int, what: str) -> None:
+    if height <= 0 or width <= 0:
+        raise SampleSkipped("corrupt_image", f"{what} has zero size ({width}x{height})")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise SampleSkipped("extreme_aspect_ratio",
+                            f"{what} {width}x{height} has aspect ratio > {MAX_ASPECT_RATIO} (Qwen-VL resize refuses it)")
+
+
+def resized_image_size(height: int, width: int, preset: VisionPreset) -> tuple[int, int]:
+    """(height, width) an image of this size is resized to; SampleSkipped for zero size / aspect > 200."""
+    _check_size(height, width, "image")
+    return smart_resize(height, width, preset.factor, preset.min_pixels, preset.max_pixels)
+
+
+def image_grid_thw(height: int, width: int, preset: VisionPreset) -> tuple[int, int, int]:
+    """The image's (t, h, w) patch grid, t = 1, computed from its size alone."""
+    rh, rw = resized_image_size(height, width, preset)
+    return 1, rh // preset.patch_size, rw // preset.patch_size
+
+
+def visual_token_count(height: int, width: int, preset: VisionPreset) -> int:
+    """LLM tokens (``<|image_pad|>`` count) of one image: t*h*w / merge_size^2, from its size alone."""
+    t, h, w = image_grid_thw(height, width, preset)
+    return t * h * w // (preset.merge_size**2)
+
+
+def resized_video_size(num_frames: int, height: int, width: int, preset: VisionPreset) -> tuple[int, int]:
+    """(height, width) every frame of a video is resized to (per the preset's version rule)."""
+    if num_frames <= 0:
+        raise SampleSkipped("empty_video", "video has no frames")
+    _check_size(height, width, "video frame")
+    if preset.rope_style == "qwen3":
+        if num_frames < preset.temporal_patch_size:
+            raise SampleSkipped("video_too_few_frames",
+                                f"{num_frames} frame(s) < temporal_patch_size {preset.temporal_patch_size} (Qwen3-VL needs >=)")
+        try:
+            return video_smart_resize(num_frames, height, width, preset.temporal_patch_size, preset.factor,
+                                      preset.video_min_pixels, preset.video_max_pixels)
+        except ValueError as exc:  # aspect ratio after upscaling
+            raise SampleSkipped("extreme_aspect_ratio", str(exc)) from None
+    return smart_resize(height, width, preset.factor, preset.video_min_pixels, preset.video_max_pixels)
+
+
+def video_grid_thw(num_frames: int, height: int, width: int, preset: VisionPreset) -> tuple[int, int, int]:
+    """The video's (t, h, w) grid; frames are padded (last frame repeated) to a multiple of temporal_patch_size."""
+    rh, rw = resized_video_size(num_frames, height, width, preset)
+    grid_t = -(-num_frames // preset.temporal_patch_size)
+    return grid_t, rh // preset.patch_size, rw // preset.patch_size
+
+
+def video_token_count(num_frames: int, height: int, width: int, preset: VisionPreset) -> int:
+    """``<|video_pad|>`` tokens of one video: t*h*w / merge_size^2 (Qwen3-VL adds timestamp text; see chat)."""
+    t, h, w = video_grid_thw(num_frames, height, width, preset)
+    return t * h * w // (preset.merge_size**2)
+
+
+def second_per_grid_t(preset: VisionPreset, fps: float | None = None) -> float:
+    """Seconds covered by one temporal grid step: temporal_patch_size / fps (of the sampled frames)."""
+    return preset.temporal_patch_size / float(fps if fps is not None else preset.video_fps)
+
+
+def image_size_from_bytes(data: bytes) -> tuple[int, int]:
+    """(width, height) of an encoded image, read from its header only (PIL lazy open, no decode)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+    except Exception as exc:  # PIL raises many types for garbage
+        raise SampleSkipped("corrupt_image", f"unreadable image header: {type(exc).__name__}: {exc}") from None
+    if width <= 0 or height <= 0:
+        raise SampleSkipped("corrupt_image", f"zero-size image ({width}x{height})")
+    return width, height
+
+
+def open_image(data: bytes | Image.Image) -> Image.Image:
+    """A decoded PIL image from bytes (or a PIL image as is); SampleSkipped when it cannot be decoded."""
+    if isinstance(data, Image.Image):
+        img = data
+    else:
+        try:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+        except Exception as exc:
+            raise SampleSkipped("corrupt_image", f"cannot decode image: {type(exc).__name__}: {exc}") from None
+    if img.width <= 0 or img.height <= 0:
+        raise SampleSkipped("corrupt_image", f"zero-size image ({img.width}x{img.height})")
+    return img
+
+
+def to_rgb_array(img: Image.Image) -> np.ndarray:
+    """uint8 [H, W, 3] like transformers' ``convert_to_rgb``: transparency composited on white."""
+    if img.mode not in SUPPORTED_MODES:
+        raise SampleSkipped("unsupported_image_mode", f"image mode {img.mode!r} is not 8-bit RGB-convertible")
+    has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        rgb = Image.alpha_composite(background, rgba).convert("RGB")
+    else:
+        rgb = img.convert("RGB")
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def _resize_normalize(rgb: np.ndarray, height: int, width: int, preset: VisionPreset) -> np.ndarray:
+    """uint8 HWC -> float32 CHW resized to (height, width), rescaled by 1/255 and normalised."""
+    if rgb.shape[0] != height or rgb.shape[1] != width:
+        rgb = np.asarray(Image.fromarray(rgb).resize((width, height), resample=_RESAMPLE[preset.resample]))
+    arr = rgb.astype(np.float32) * np.float32(1 / 255)
+    mean = np.asarray(preset.image_mean, dtype=np.float32)
+    std = np.asarray(preset.image_std, dtype=np.float32)
+    arr = (arr - mean) / std
+    return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
+
+
+def _patchify(frames: np.ndarray, preset: VisionPreset) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """[T, C, H, W] (T a multiple of temporal_patch_size) -> [t*h*w, C*tp*p*p] in HF's order."""
+    p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
+    num_frames, channel, height, width = frames.shape
+    grid_t, grid_h, grid_w = num_frames // tp, height // p, width // p
+    patches = frames.reshape(grid_t, tp, channel, grid_h // m, m, p, grid_w // m, m, p)
+    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    flat = patches.reshape(grid_t * grid_h * grid_w, channel * tp * p * p)
+    return np.ascontiguousarray(flat, dtype=np.float32), (grid_t, grid_h, grid_w)
+
+
+def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values float32 [patches, C*tp*p*p], image_grid_thw int64 [1, 3]) like Qwen2VLImageProcessor."""
+    img = open_image(image)
+    rgb = to_rgb_array(img)
+    rh, rw = resized_image_size(rgb.shape[0], rgb.shape[1], preset)
+    chw = _resize_normalize(rgb, rh, rw, preset)
+    frames = np.broadcast_to(chw[None], (preset.temporal_patch_size, *chw.shape))
+    pixel_values, grid = _patchify(frames, preset)
+    return pixel_values, np.asarray([grid], dtype=np.int64)
+
+
+def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
+                   fps: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(pixel_values_videos [patches, C*tp*p*p], video_grid_thw int64 [1, 3], second_per_grid_ts).
+
+    All frames are resized to the size the first frame's size maps to; frames are padded to a
+    multiple of temporal_patch_size by repeating the last one; second_per_grid_ts =
+    temporal_patch_size / fps (fps of the given frames; preset.video_fps when None).
+    """
+    if len(frames) == 0:
+        raise SampleSkipped("empty_video", "video has no frames")
+    rgbs = [to_rgb_array(open_image(f)) for f in frames]
+    height, width = rgbs[0].shape[:2]
+    rh, rw = resized_video_size(len(rgbs), height, width, preset)
+    chws = [_resize_normalize(rgb, rh, rw, preset) for rgb in rgbs]
+    pad = -len(chws) % preset.temporal_patch_size
+    chws.extend([chws[-1]] * pad)
+    pixel_values, grid = _patchify(np.stack(chws), preset)
+    return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
