@@ -1,0 +1,24 @@
+"""Bin packing over multi-budget integer costs: offline FFD/BFD, the streaming OnlinePacker, stats.
+
+Pure Python + numpy: no torch, no Energon, so it is reusable by every loader path.
+"""
+
+from .costs import Cost, as_capacity, as_cost, as_cost_matrix, fits
+from .offline import BinPacking, OversizeError, best_fit_decreasing, decreasing_order, first_fit_decreasing
+from .online import OnlinePacker
+from .stats import PackingStats
+
+__all__ = [
+    "BinPacking",
+    "Cost",
+    "OnlinePacker",
+    "OversizeError",
+    "PackingStats",
+    "as_capacity",
+    "as_cost",
+    "as_cost_matrix",
+    "best_fit_decreasing",
+    "decreasing_order",
+    "first_fit_decreasing",
+    "fits",
+]

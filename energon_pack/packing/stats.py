@@ -1,0 +1,111 @@
+"""Packing telemetry: real used tokens (not capacity), fill histogram, samples per pack, skips.
+
+One :class:`PackingStats` per worker; ``merge`` adds another worker's stats, so a trainer
+can report the fill of all ranks and workers. Everything is plain data (``state_dict``) so
+stats survive a checkpoint together with the packer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+FILL_BUCKETS = 20  # histogram of pack fill in 5% steps; the last bucket is [95%, 100%]
+
+
+@dataclass
+class PackingStats:
+    """Counters over emitted packs. ``slots`` counts capacity of the primary budget per pack."""
+
+    packs: int = 0
+    samples: int = 0
+    real_tokens: int = 0
+    slots: int = 0
+    budget_used: list[int] = field(default_factory=list)
+    fill_histogram: list[int] = field(default_factory=lambda: [0] * FILL_BUCKETS)
+    samples_per_pack: Counter = field(default_factory=Counter)
+    skips: Counter = field(default_factory=Counter)
+
+    @property
+    def fill(self) -> float:
+        """Real tokens over physical slots (0.0 before the first pack)."""
+        return self.real_tokens / self.slots if self.slots else 0.0
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skips.values())
+
+    @property
+    def mean_samples_per_pack(self) -> float:
+        return self.samples / self.packs if self.packs else 0.0
+
+    def record_pack(self, costs: Iterable[tuple[int, ...]], capacity: tuple[int, ...]) -> None:
+        costs = list(costs)
+        used = [sum(c[d] for c in costs) for d in range(len(capacity))]
+        self.packs += 1
+        self.samples += len(costs)
+        self.real_tokens += used[0]
+        self.slots += capacity[0]
+        if not self.budget_used:
+            self.budget_used = [0] * len(capacity)
+        self.budget_used = [a + b for a, b in zip(self.budget_used, used)]
+        bucket = min(FILL_BUCKETS - 1, used[0] * FILL_BUCKETS // capacity[0])
+        self.fill_histogram[bucket] += 1
+        self.samples_per_pack[len(costs)] += 1
+
+    def record_skip(self, reason: str, count: int = 1) -> None:
+        self.skips[reason] += count
+
+    def merge(self, other: "PackingStats") -> "PackingStats":
+        """A new stats object counting both ``self`` and ``other`` (e.g. two workers)."""
+        width = max(len(self.budget_used), len(other.budget_used))
+        pad = lambda v: list(v) + [0] * (width - len(v))  # noqa: E731
+        return PackingStats(
+            packs=self.packs + other.packs,
+            samples=self.samples + other.samples,
+            real_tokens=self.real_tokens + other.real_tokens,
+            slots=self.slots + other.slots,
+            budget_used=[a + b for a, b in zip(pad(self.budget_used), pad(other.budget_used))],
+            fill_histogram=[a + b for a, b in zip(self.fill_histogram, other.fill_histogram)],
+            samples_per_pack=self.samples_per_pack + other.samples_per_pack,
+            skips=self.skips + other.skips,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """A flat dict for logs and JSON reports."""
+        return {
+            "packs": self.packs,
+            "samples": self.samples,
+            "real_tokens": self.real_tokens,
+            "slots": self.slots,
+            "fill": round(self.fill, 6),
+            "mean_samples_per_pack": round(self.mean_samples_per_pack, 3),
+            "skipped": self.skipped,
+            "skips": dict(sorted(self.skips.items())),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "packs": self.packs,
+            "samples": self.samples,
+            "real_tokens": self.real_tokens,
+            "slots": self.slots,
+            "budget_used": list(self.budget_used),
+            "fill_histogram": list(self.fill_histogram),
+            "samples_per_pack": sorted(self.samples_per_pack.items()),
+            "skips": sorted(self.skips.items()),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "PackingStats":
+        return cls(
+            packs=state["packs"],
+            samples=state["samples"],
+            real_tokens=state["real_tokens"],
+            slots=state["slots"],
+            budget_used=list(state["budget_used"]),
+            fill_histogram=list(state["fill_histogram"]),
+            samples_per_pack=Counter(dict(state["samples_per_pack"])),
+            skips=Counter(dict(state["skips"])),
+        )
