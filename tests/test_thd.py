@@ -449,3 +449,150 @@ def test_attention_mask_rejects_bad_cu_seqlens():
         thd_attention_mask(torch.tensor([0, 4, 8]), torch.tensor([0, 3, 5]), 6)
     with pytest.raises(ValueError, match="do not fit"):
         thd_attention_mask(torch.tensor([0, 2, 8]), torch.tensor([0, 3, 5]), 8)
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@st.composite
+def packs(draw):
+    """A random valid (segments, layout) pair: lengths, multiple, fixed width, static cu_seqlens, M-RoPE."""
+    multiple = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    lengths = draw(st.lists(st.integers(1, 20), min_size=1, max_size=6))
+    fixed = draw(st.booleans())
+    static = fixed and draw(st.booleans())
+    with_mrope = draw(st.booleans())
+    packed = sum(aligned_length(n, multiple) for n in lengths)
+    width = packed + multiple * draw(st.integers(0, 3))
+    max_segments = len(lengths) + draw(st.integers(0, 3)) if static or draw(st.booleans()) else None
+    layout = ThdLayout(
+        width=width,
+        pad_multiple=multiple,
+        pad_to_max_length=fixed,
+        pad_cu_seqlens=static,
+        max_segments=max_segments,
+        pad_token_id=draw(st.integers(0, 5)),
+    )
+    segments = []
+    for i, n in enumerate(lengths):
+        ids = draw(st.lists(st.integers(6, 1000), min_size=n, max_size=n))
+        target = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+        mrope = None
+        if with_mrope:
+            steps = draw(st.lists(st.lists(st.integers(0, 2), min_size=n, max_size=n), min_size=3, max_size=3))
+            mrope = torch.tensor(steps).cumsum(dim=1)
+        segments.append(seg(ids, target, mrope_position_ids=mrope, key=f"s{i}"))
+    return segments, layout
+
+
+@settings(max_examples=150, deadline=None)
+@given(packs())
+def test_batch_invariants(pack):
+    segments, layout = pack
+    batch = build_thd_batch(segments, layout)
+    n, m = len(segments), layout.pad_multiple
+    lengths = [len(s) for s in segments]
+    T = batch["total_tokens"]
+    cu, cu_padded = batch["cu_seqlens_q"].tolist(), batch["cu_seqlens_q_padded"].tolist()
+    ids, labels, loss = batch["input_ids"][0], batch["labels"][0], batch["loss_mask"][0]
+    pos, pad = batch["position_ids"][0], batch["padding_mask"][0]
+
+    assert set(batch) == CONTRACT_KEYS
+    for key in ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask"):
+        assert batch[key].shape == (1, T), key
+    # Width: exact under fixed width, else the sum of aligned spans.
+    assert T == (layout.width if layout.pad_to_max_length else sum(aligned_length(x, m) for x in lengths))
+    assert T <= layout.width
+    # cu_seqlens: static length, monotone from 0, logical ends at the real total, physical at T.
+    assert len(cu) == len(cu_padded) == (layout.max_segments + 1 if layout.pad_cu_seqlens else n + 1)
+    assert cu[0] == cu_padded[0] == 0
+    assert [b - a for a, b in zip(cu, cu[1:])] == lengths + [0] * (len(cu) - n - 1)
+    assert cu[-1] == batch["real_tokens"] == sum(lengths)
+    assert cu_padded[-1] == T and cu_padded[n:] == [T] * (len(cu) - n)
+    assert all(b % m == 0 for b in cu_padded)
+    assert all(aligned_length(x, m) == b - a for x, a, b in zip(lengths[:-1], cu_padded, cu_padded[1:]))
+    spans = [b - a for a, b in zip(cu_padded[: n], cu_padded[1 : n + 1])]
+    assert batch["max_seqlen_q"].item() == (layout.width if layout.pad_cu_seqlens else max(spans))
+    # Real ranges and gaps.
+    real = torch.zeros(T, dtype=torch.bool)
+    for s, start, length in zip(segments, cu_padded, lengths):
+        real[start : start + length] = True
+        assert torch.equal(ids[start : start + length], s.input_ids)
+        assert labels[start + length - 1] == X and loss[start + length - 1] == 0  # no cross-boundary label
+        assert torch.equal(labels[start : start + length], s.labels)  # from_target_mask is already consistent
+        assert torch.equal(loss[start : start + length], s.loss_mask)
+    assert torch.equal(pad, ~real)
+    assert int(pad.sum()) == T - batch["real_tokens"]
+    assert torch.all(ids[pad] == layout.pad_token_id)
+    assert torch.all(labels[pad] == X) and torch.all(loss[pad] == 0)
+    assert torch.equal(loss == 1, labels != X) and torch.all((loss == 0) | (loss == 1))
+    assert batch["supervised_tokens"] == int(loss.sum())
+    # Positions restart at 0 at every physical boundary and count up through the span.
+    for a, b in zip(cu_padded[:n], cu_padded[1 : n + 1]):
+        assert pos[a:b].tolist() == list(range(b - a))
+    # M-RoPE: segment positions copied, gaps continue text positions on all 3 axes.
+    mrope = batch["mrope_position_ids"]
+    if segments[0].mrope_position_ids is None:
+        assert mrope is None
+    else:
+        assert mrope.shape == (3, 1, T) and mrope.dtype == torch.int64
+        for s, a, b, length in zip(segments, cu_padded, cu_padded[1:], lengths):
+            assert torch.equal(mrope[:, 0, a : a + length], s.mrope_position_ids)
+            first = int(s.mrope_position_ids.max()) + 1
+            assert torch.equal(mrope[:, 0, a + length : b], torch.arange(first, first + b - a - length).expand(3, -1))
+    assert batch["__keys__"] == [f"s{i}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- attention reference
+
+
+def _thd_vs_per_segment_attention(segments, layout, seed=0, heads=2, dim=8, mask_cu_padded=None):
+    """Max abs difference at real positions between SDPA on the packed row and per-segment causal SDPA."""
+    batch = build_thd_batch(segments, layout)
+    T = batch["total_tokens"]
+    cu, cu_padded = batch["cu_seqlens_q"], batch["cu_seqlens_q_padded"]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, T, dim, generator=g, dtype=torch.float32) for _ in range(3))
+    mask = thd_attention_mask(cu_padded if mask_cu_padded is None else mask_cu_padded, cu, T)
+    packed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert not torch.isnan(packed).any()
+    worst = 0.0
+    for s, start in enumerate(cu_padded[: len(segments)].tolist()):
+        length = int(cu[s + 1] - cu[s])
+        rows = slice(start, start + length)
+        reference = F.scaled_dot_product_attention(q[..., rows, :], k[..., rows, :], v[..., rows, :], is_causal=True)
+        worst = max(worst, (packed[..., rows, :] - reference).abs().max().item())
+    return worst
+
+
+def test_attention_mask_matches_per_segment_causal_attention():
+    segments = [seg(list(range(1, 6)), [1] * 5), seg([7, 8, 9], [1] * 3), seg(list(range(10, 16)), [1] * 6)]
+    layout = ThdLayout(width=24, pad_multiple=4, pad_to_max_length=True)  # spans 8, 4, 12 (tail absorbed)
+    assert build_thd_batch(segments, layout)["cu_seqlens_q_padded"].tolist() == [0, 8, 12, 24]
+    assert _thd_vs_per_segment_attention(segments, layout) < 1e-5
+    # Negative control: treating the logical boundaries as physical ones misplaces segments 2 and 3.
+    wrong = build_thd_batch(segments, layout)["cu_seqlens_q"]
+    assert _thd_vs_per_segment_attention(segments, layout, mask_cu_padded=wrong) > 1e-2
+
+
+def test_attention_mask_golden():
+    mask = thd_attention_mask(torch.tensor([0, 4, 6]), torch.tensor([0, 3, 5]), 6)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [0, 0, 0, 1, 0, 0],  # gap: only itself
+            [0, 0, 0, 0, 1, 0],
+            [0, 0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask, expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(packs(), st.integers(0, 2**16))
+def test_attention_mask_property(pack, seed):
+    segments, layout = pack
+    assert _thd_vs_per_segment_attention(segments, layout, seed=seed) < 1e-5
