@@ -1,0 +1,140 @@
+"""Tokenization through a small protocol that Hugging Face tokenizers satisfy; offline demo tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ConfigError
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+VISION_PAD = "<|vision_pad|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+QWEN_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, VISION_PAD, IMAGE_PAD, VIDEO_PAD)
+
+DEMO_TOKENIZER_ASSET = "qwen_demo_tokenizer.json"
+
+
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """What we need from a tokenizer; ``transformers.PreTrainedTokenizerFast`` satisfies it.
+
+    ``encode`` must treat the Qwen special tokens inside ``text`` as single tokens (HF tokenizers
+    do for added tokens).
+    """
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def convert_tokens_to_ids(self, tokens: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    im_start: int
+    im_end: int
+    vision_start: int
+    vision_end: int
+    vision_pad: int
+    image_pad: int
+    video_pad: int
+    pad: int  # <|endoftext|> unless the tokenizer names another pad token
+
+    @property
+    def skipped(self) -> frozenset[int]:
+        """Ids never trained as targets (Bridge's skipped set; <|im_end|> is deliberately trained)."""
+        return frozenset({self.im_start, self.vision_start, self.vision_end, self.vision_pad,
+                          self.image_pad, self.video_pad})
+
+
+class QwenTokenizer:
+    """Adapter over a :class:`TokenizerLike` (HF tokenizer) or a raw ``tokenizers.Tokenizer``.
+
+    Resolves the Qwen special-token ids once (ConfigError when one is missing or not a single
+    token) and memoises text encodings (chat headers repeat in every sample).
+    """
+
+    def __init__(self, tokenizer: Any, cache_size: int = 4096) -> None:
+        self.inner = tokenizer
+        self._is_raw = _is_raw_tokenizers(tokenizer)
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache_size = cache_size
+        if not self._is_raw and not isinstance(tokenizer, TokenizerLike):
+            raise ConfigError("tokenizer", f"{type(tokenizer).__name__} has no encode/convert_tokens_to_ids",
+                              "pass a Hugging Face tokenizer or a tokenizers.Tokenizer")
+        ids = {}
+        for tok in QWEN_SPECIAL_TOKENS:
+            tid = self.token_to_id(tok)
+            if tid is None or self.encode(tok) != [tid]:
+                raise ConfigError("tokenizer", f"special token {tok!r} is not a single token in this tokenizer",
+                                  "use a Qwen tokenizer (or load_demo_tokenizer()) with the Qwen special tokens added")
+            ids[tok] = tid
+        pad = ids[ENDOFTEXT]
+        hf_pad = getattr(tokenizer, "pad_token_id", None)
+        if isinstance(hf_pad, int):
+            pad = hf_pad
+        self.special = SpecialIds(
+            im_start=ids[IM_START], im_end=ids[IM_END], vision_start=ids[VISION_START], vision_end=ids[VISION_END],
+            vision_pad=ids[VISION_PAD], image_pad=ids[IMAGE_PAD], video_pad=ids[VIDEO_PAD], pad=pad,
+        )
+
+    @property
+    def pad_id(self) -> int:
+        return self.special.pad
+
+    def token_to_id(self, token: str) -> int | None:
+        if self._is_raw:
+            return self.inner.token_to_id(token)
+        tid = self.inner.convert_tokens_to_ids(token)
+        unk = getattr(self.inner, "unk_token_id", None)
+        return None if tid is None or (unk is not None and tid == unk and token != getattr(self.inner, "unk_token", None)) else tid
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no BOS/EOS added (special tokens in the text are recognised)."""
+        if not text:
+            return []
+        hit = self._cache.get(text)
+        if hit is not None:
+            return list(hit)
+        if self._is_raw:
+            ids = self.inner.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.inner.encode(text, add_special_tokens=False)
+        if len(self._cache) < self._cache_size:
+            self._cache[text] = tuple(ids)
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        if self._is_raw:
+            return self.inner.decode(list(ids), skip_special_tokens=False)
+        return self.inner.decode(list(ids), skip_special_tokens=False)
+
+
+def _is_raw_tokenizers(obj: Any) -> bool:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(obj, Tokenizer)
+
+
+def as_qwen_tokenizer(tokenizer: Any) -> QwenTokenizer:
+    return tokenizer if isinstance(tokenizer, QwenTokenizer) else QwenTokenizer(tokenizer)
+
+
+def load_demo_tokenizer_raw():
+    """The shipped demo ``tokenizers.Tokenizer`` (byte-level BPE, Qwen split regex, Qwen special tokens)."""
+    from tokenizers import Tokenizer
+
+    text = resources.files("energon_pack").joinpath("assets", DEMO_TOKENIZER_ASSET).read_text(encoding="utf-8")
+    return Tokenizer.from_str(text)
+
+
+def load_demo_tokenizer() -> QwenTokenizer:
+    """A small offline tokenizer for demos and tests (not Qwen's vocabulary; never downloads)."""
+    return QwenTokenizer(load_demo_tokenizer_raw())
