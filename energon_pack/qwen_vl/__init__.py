@@ -1,1 +1,53 @@
-"""Qwen-VL sample encoding (pure functions; no Energon import)."""
+"""Qwen-VL sample encoding: presets, size-only token counts, ChatML + loss masks, M-RoPE.
+
+Pure functions (no megatron.energon import); the Energon task encoder builds on them.
+"""
+
+from .chat import (
+    LOSS_POLICIES,
+    ChatConfig,
+    EncodedChat,
+    ImageMeta,
+    Message,
+    VideoMeta,
+    VisualInputs,
+    encode_chat,
+    encoded_length,
+    image_metas_from_bytes,
+    normalize_conversation,
+    place_media,
+    postencode_media,
+    preencode_chat,
+)
+from .mrope import mrope_position_ids
+from .presets import PRESETS, VisionPreset, get_preset
+from .tokenizer import (
+    QWEN_SPECIAL_TOKENS,
+    QwenTokenizer,
+    SpecialIds,
+    TokenizerLike,
+    as_qwen_tokenizer,
+    load_demo_tokenizer,
+    load_demo_tokenizer_raw,
+)
+from .vision import (
+    image_grid_thw,
+    image_size_from_bytes,
+    patchify_image,
+    patchify_video,
+    second_per_grid_t,
+    smart_resize,
+    video_grid_thw,
+    video_smart_resize,
+    video_token_count,
+    visual_token_count,
+)
+
+__all__ = [
+    "LOSS_POLICIES", "PRESETS", "QWEN_SPECIAL_TOKENS", "ChatConfig", "EncodedChat", "ImageMeta", "Message",
+    "QwenTokenizer", "SpecialIds", "TokenizerLike", "VideoMeta", "VisionPreset", "VisualInputs", "as_qwen_tokenizer",
+    "encode_chat", "encoded_length", "get_preset", "image_grid_thw", "image_metas_from_bytes", "image_size_from_bytes",
+    "load_demo_tokenizer", "load_demo_tokenizer_raw", "mrope_position_ids", "normalize_conversation", "patchify_image",
+    "patchify_video", "place_media", "postencode_media", "preencode_chat", "second_per_grid_t", "smart_resize",
+    "video_grid_thw", "video_smart_resize", "video_token_count", "visual_token_count",
+]
