@@ -3,7 +3,7 @@
 Pure Python + numpy: no torch, no Energon, so it is reusable by every loader path.
 """
 
-from .costs import Cost, as_capacity, as_cost, as_cost_matrix, fits
+from .costs import Cost, as_capacity, as_cost, as_cost_matrix
 from .offline import BinPacking, OversizeError, best_fit_decreasing, decreasing_order, first_fit_decreasing
 from .online import OnlinePacker
 from .stats import PackingStats
@@ -20,5 +20,4 @@ __all__ = [
     "best_fit_decreasing",
     "decreasing_order",
     "first_fit_decreasing",
-    "fits",
 ]

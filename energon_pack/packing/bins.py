@@ -13,7 +13,7 @@ from typing import Hashable, Iterator
 
 from sortedcontainers import SortedList
 
-from .costs import Cost, fits
+from .costs import Cost
 
 
 class Bin:
@@ -45,18 +45,16 @@ class OpenBins:
         """Bins in opening order (ascending id)."""
         return iter(sorted(self._bins.values(), key=lambda b: b.bin_id))
 
-    def room(self, b: Bin) -> list[int]:
-        return [c - u for c, u in zip(self.capacity, b.used)]
-
     def best_fit(self, cost: Cost) -> Bin | None:
         """The bin with the least primary room that still fits ``cost`` in every budget."""
         index = self._by_room
         start = index.bisect_left((cost[0], -1))
         if len(cost) == 1:
             return self._bins[index[start][1]] if start < len(index) else None
+        capacity = self.capacity
         for i in range(start, len(index)):
             b = self._bins[index[i][1]]
-            if fits(cost, self.room(b)):
+            if all(c + u <= cap for c, u, cap in zip(cost, b.used, capacity)):
                 return b
         return None
 

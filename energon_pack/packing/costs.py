@@ -30,10 +30,11 @@ def as_capacity(capacity: CostLike) -> Cost:
 
 def as_cost(cost: CostLike, dims: int, *, key: object = None) -> Cost:
     """Validate one item's cost against the number of budgets and return it as a tuple."""
-    if type(cost) is int and dims == 1:  # fast path for the common single-budget case
-        if cost < 0:
-            raise ValueError(f"cost of item {key!r} is negative: {cost}")
+    # fast paths: a plain int (one budget) or a tuple of plain ints
+    if type(cost) is int and dims == 1 and cost >= 0:
         return (cost,)
+    if type(cost) is tuple and len(cost) == dims and all(type(c) is int and c >= 0 for c in cost):
+        return cost
     values = _as_int_tuple(cost, what=f"cost of item {key!r}")
     if len(values) != dims:
         raise ValueError(f"cost of item {key!r} has {len(values)} budgets, capacity has {dims}")
@@ -62,14 +63,6 @@ def as_cost_matrix(costs: Sequence[CostLike] | np.ndarray, dims: int) -> np.ndar
     if np.any(arr < 0):
         raise ValueError(f"costs must be non-negative (first bad row {int(np.argmax((arr < 0).any(1)))})")
     return arr
-
-
-def fits(cost: Cost, remaining: Sequence[int]) -> bool:
-    """True when ``cost`` fits into ``remaining`` in every budget."""
-    for c, r in zip(cost, remaining):
-        if c > r:
-            return False
-    return True
 
 
 def _as_int_tuple(value: CostLike, *, what: str) -> Cost:

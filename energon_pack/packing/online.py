@@ -109,7 +109,7 @@ class OnlinePacker:
         if key in self._bin_of:
             raise ValueError(f"duplicate key {key!r}: it is already held by the packer")
         self._pushes += 1
-        if not all(c <= cap for c, cap in zip(cost, self.capacity)):
+        if any(c > cap for c, cap in zip(cost, self.capacity)):
             if self.on_oversize == "error":
                 raise OversizeError(
                     f"item {key!r} with cost {list(cost)} exceeds capacity {list(self.capacity)}; "
@@ -120,7 +120,12 @@ class OnlinePacker:
             return self._emit_expired([])
         seen = self._min_seen
         self._seen += 1
-        self._min_seen = list(cost) if seen is None else [min(a, b) for a, b in zip(seen, cost)]
+        if seen is None:
+            self._min_seen = list(cost)
+        else:
+            for d, c in enumerate(cost):
+                if c < seen[d]:
+                    seen[d] = c
 
         b = self._bins.best_fit(cost)
         if b is None:
