@@ -1,0 +1,161 @@
+"""JsonlSFTDataset: a map-style dataset over a JSONL file that tokenises lazily in ``__getitem__``.
+
+Lines are read through the mmap line index (:mod:`.index`); a record becomes token ids + target
+mask through a format (:mod:`.formats`). A cheap length pass (tokenise every line once, cached
+as ``<file>.len-<format hash>.npy`` beside the index with the same source fingerprint) gives the
+per-line lengths the :class:`TokenBudgetBatchSampler` packs by, and marks unusable lines with a
+reason. Unusable lines are never yielded by the sampler; they are counted in :attr:`skips` with
+their 1-based line numbers in :attr:`skipped_lines`. Calling ``ds[i]`` on such a line raises
+:class:`SampleSkipped` (reason, ``"line N: ..."``).
+
+Index :data:`PADDING_INDEX` (-1) returns a synthetic padding sample (one pad token, no loss),
+used by the sampler to give every data-parallel rank the same number of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, SampleSkipped
+from .formats import FORMATS, Encoded, make_format
+from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
+
+PADDING_INDEX = -1
+PADDING_KEY = "__padding__"
+OVERLENGTH_POLICIES = ("skip", "truncate", "error")
+LENGTHS_VERSION = 1
+MAX_LOGGED_DETAILS = 10000
+
+
+class JsonlSFTDataset:
+    """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
+
+    ``format_kw`` go to the format: ``prompt_field``, ``completion_field``, ``template``,
+    ``separator``, ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for
+    prompt/completion; ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``
+    for chat. ``max_length`` (usually the pack width) applies ``overlength``: ``skip`` (counted),
+    ``truncate`` (keep the first ``max_length`` tokens) or ``error``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        tokenizer: Any,
+        format: str = "prompt_completion",
+        *,
+        max_length: int | None = None,
+        overlength: str = "skip",
+        cache_dir: str | os.PathLike | None = None,
+        **format_kw: Any,
+    ) -> None:
+        if format not in FORMATS:
+            raise ConfigError("format", f"unknown format {format!r}", f"use one of {FORMATS}")
+        if overlength not in OVERLENGTH_POLICIES:
+            raise ConfigError("overlength", f"unknown policy {overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2):
+            raise ConfigError("max_length", f"must be an int >= 2 or None, got {max_length!r}", "set it to the pack width")
+        self.index = LineIndex(path, cache_dir)
+        self.path = self.index.path
+        self.format = make_format(format, tokenizer, **format_kw)
+        self.pad_token_id: int = self.format.tokenizer.pad_id
+        self.max_length = max_length
+        self.overlength = overlength
+        self.cache_dir = cache_dir
+        self._lengths: np.ndarray | None = None
+        self._reasons: list[str] = []
+        self._details: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # ------------------------------------------------------------------ one line
+    def encode_line(self, i: int) -> Encoded:
+        """Tokenise line ``i`` (0-based); SampleSkipped(reason, "line N: ...") when unusable."""
+        if not 0 <= i < len(self.index):
+            raise IndexError(f"line index {i} out of range for {len(self.index)} lines")
+        try:
+            enc = self._encode_raw(self.index.line(i))
+        except SampleSkipped as exc:
+            raise SampleSkipped(exc.reason, f"line {i + 1}: {exc.detail}") from None
+        if self.max_length is not None and len(enc) > self.max_length:
+            if self.overlength == "error":
+                raise ValueError(f"{self.path}: line {i + 1} has {len(enc)} tokens > max_length {self.max_length} "
+                                 "(overlength='error'; use 'skip' or 'truncate')")
+            if self.overlength == "skip":
+                raise SampleSkipped("too_long", f"line {i + 1}: {len(enc)} tokens > max_length {self.max_length}")
+            enc = enc.truncated(self.max_length)
+            if not enc.target_mask[1:].any():
+                raise SampleSkipped("no_trained_tokens", f"line {i + 1}: nothing supervised after truncation")
+        return Encoded(enc.input_ids, enc.target_mask, key=i + 1)
+
+    def _encode_raw(self, raw: bytes) -> Encoded:
+        if not raw.strip():
+            raise SampleSkipped("empty_line", "blank line")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SampleSkipped("invalid_utf8", str(exc)) from None
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            raise SampleSkipped("invalid_json", str(exc)) from None
+        return self.format.encode(record)
+
+    def __getitem__(self, i: int) -> Encoded:
+        if i == PADDING_INDEX:
+            return Encoded(np.array([self.pad_token_id], dtype=np.int64), np.zeros(1, dtype=bool), key=PADDING_KEY)
+        return self.encode_line(int(i))
+
+    # ------------------------------------------------------------------ length pass
+    @property
+    def lengths(self) -> np.ndarray:
+        """int32 per line: the token length (after truncation), or ``-(1 + reason code)`` for an unusable line."""
+        if self._lengths is None:
+            self._load_or_compute_lengths()
+        return self._lengths
+
+    def _lengths_meta(self) -> dict:
+        return {"version": LENGTHS_VERSION, "kind": "lengths", "source": file_fingerprint(self.path),
+                "format": self.format.fingerprint(), "max_length": self.max_length, "overlength": self.overlength}
+
+    def _load_or_compute_lengths(self) -> None:
+        meta = self._lengths_meta()
+        npy = cache_path(self.path, f".len-{meta['format'].replace(':', '-')}.npy", self.cache_dir)
+        cached = load_cached(npy, meta, expected_len=len(self))
+        if cached is not None:
+            self._lengths = np.asarray(cached[0])
+            self._reasons = list(cached[1]["reasons"])
+            self._details = {int(k): v for k, v in cached[1]["details"].items()}
+            return
+        lengths = np.empty(len(self), dtype=np.int32)
+        codes: dict[str, int] = {}
+        details: dict[int, str] = {}
+        for i in range(len(self)):
+            try:
+                lengths[i] = len(self.encode_line(i))
+            except SampleSkipped as exc:
+                code = codes.setdefault(exc.reason, len(codes))
+                lengths[i] = -1 - code
+                if len(details) < MAX_LOGGED_DETAILS:
+                    details[i + 1] = exc.detail
+        self._lengths, self._reasons, self._details = lengths, list(codes), details
+        save_cached(lengths, npy, {**meta, "reasons": self._reasons, "details": {str(k): v for k, v in details.items()}})
+
+    @property
+    def skips(self) -> Counter:
+        """Unusable lines per reason (from the length pass)."""
+        lengths = self.lengths
+        codes = -1 - lengths[lengths < 0]
+        return Counter({self._reasons[c]: int(n) for c, n in zip(*np.unique(codes, return_counts=True))})
+
+    @property
+    def skipped_lines(self) -> list[tuple[int, str, str]]:
+        """(1-based line number, reason, detail) of every unusable line (details capped at 10k lines)."""
+        lengths = self.lengths
+        bad = np.flatnonzero(lengths < 0)
+        return [(int(i) + 1, self._reasons[-1 - int(lengths[i])], self._details.get(int(i) + 1, "")) for i in bad]

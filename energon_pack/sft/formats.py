@@ -1,0 +1,168 @@
+"""Record -> (token ids, per-token target mask) for the two GPT-SFT JSONL formats.
+
+* :class:`PromptCompletionFormat`: ``[bos] + tok(template(prompt)) + tok(separator + completion)
+  + [eos]``; loss on separator + completion + EOS (``loss="completion"``) or everything
+  (``"full"``), Megatron-Bridge's ``PromptCompletionSFTPreprocessingConfig`` semantics. The chat
+  template is never used.
+* :class:`ChatFormat`: ``messages`` (role/content) or ShareGPT ``conversations`` (from/value)
+  rendered as ChatML by :func:`energon_pack.qwen_vl.preencode_chat` (a text chat is a chat with
+  no media), loss on assistant turns by default.
+
+Both raise :class:`SampleSkipped` with a reason code for unusable records. The target mask is
+*unshifted* (token ``i`` is supervised); the packer shifts it inside each segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError, SampleSkipped
+from ..qwen_vl.chat import LOSS_POLICIES, ChatConfig, preencode_chat
+from ..qwen_vl.presets import get_preset
+from ..qwen_vl.tokenizer import ENDOFTEXT, as_qwen_tokenizer
+
+FORMATS = ("prompt_completion", "chat")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenised record: ids (int64) and the unshifted per-token target mask (bool), same length.
+
+    ``key`` identifies the source (the 1-based line number in a JSONL file).
+    """
+
+    input_ids: np.ndarray
+    target_mask: np.ndarray
+    key: Any = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def truncated(self, max_length: int) -> "Encoded":
+        return Encoded(self.input_ids[:max_length], self.target_mask[:max_length], self.key)
+
+
+class SFTFormat(Protocol):
+    def encode(self, record: Any) -> Encoded: ...
+
+    def fingerprint(self) -> str: ...
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash identifying the tokenizer's vocabulary and rules (keys the length cache)."""
+    inner = getattr(tokenizer, "inner", tokenizer)
+    backend = getattr(inner, "backend_tokenizer", inner)
+    to_str = getattr(backend, "to_str", None)
+    text = to_str() if callable(to_str) else f"{type(inner).__qualname__}:{getattr(inner, 'name_or_path', '')}:{len(getattr(inner, 'get_vocab', dict)())}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str:
+    if field not in record:
+        raise SampleSkipped("missing_field", f"no {field!r} field (has {sorted(record)[:8]})")
+    value = record[field]
+    if not isinstance(value, str):
+        raise SampleSkipped("missing_field", f"field {field!r} is {type(value).__name__}, not a string")
+    if reason_if_empty and not value.strip():
+        raise SampleSkipped(reason_if_empty, f"field {field!r} is empty")
+    return value
+
+
+@dataclass(frozen=True)
+class PromptCompletionFormat:
+    """Prompt/completion records; ``template`` may use ``{prompt}`` (or the prompt field's name)."""
+
+    tokenizer: Any
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    template: str = "{prompt}"
+    separator: str = ""
+    loss: str = "completion"  # "completion" | "full"
+    add_bos: bool = False
+    add_eos: bool = True
+    strip_whitespace: bool = True
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("completion", "full"):
+            raise ConfigError("loss", f"unknown loss {self.loss!r} for prompt/completion", "use 'completion' or 'full'")
+        try:
+            self.template.format_map({"prompt": "", self.prompt_field: ""})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError("template", f"{self.template!r} is not a valid template ({exc!r})",
+                              f"use only the placeholder {{prompt}} or {{{self.prompt_field}}}") from None
+        tok = as_qwen_tokenizer(self.tokenizer)
+        object.__setattr__(self, "tokenizer", tok)
+        if self.eos_id is None:
+            eos = getattr(tok.inner, "eos_token_id", None)
+            object.__setattr__(self, "eos_id", eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT))
+        if self.add_bos and self.bos_id is None:
+            bos = getattr(tok.inner, "bos_token_id", None)
+            if not isinstance(bos, int):
+                raise ConfigError("add_bos", "the tokenizer has no bos_token_id", "pass bos_id=... or add_bos=False")
+            object.__setattr__(self, "bos_id", bos)
+
+    def encode(self, record: Any) -> Encoded:
+        if not isinstance(record, Mapping):
+            raise SampleSkipped("missing_field", f"record is {type(record).__name__}, not an object")
+        prompt = _text_field(record, self.prompt_field, None)
+        completion = _text_field(record, self.completion_field, "empty_completion")
+        if self.strip_whitespace:
+            prompt, completion = prompt.strip(), completion.strip()
+        prompt_ids = ([self.bos_id] if self.add_bos else []) + self.tokenizer.encode(
+            self.template.format_map({"prompt": prompt, self.prompt_field: prompt}))
+        completion_ids = self.tokenizer.encode(self.separator + completion) + ([self.eos_id] if self.add_eos else [])
+        ids = np.asarray(prompt_ids + completion_ids, dtype=np.int64)
+        mask = np.ones(len(ids), dtype=bool)
+        if self.loss == "completion":
+            mask[: len(prompt_ids)] = False
+        if len(ids) < 2 or not mask[1:].any():
+            raise SampleSkipped("no_trained_tokens", "fewer than 2 tokens or no supervised next token")
+        return Encoded(ids, mask)
+
+    def fingerprint(self) -> str:
+        knobs = (self.prompt_field, self.completion_field, self.template, self.separator, self.loss, self.add_bos,
+                 self.add_eos, self.strip_whitespace, self.bos_id, self.eos_id, tokenizer_fingerprint(self.tokenizer))
+        return "pc:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Chat records (``messages`` / ``conversations`` / ``conversation``) rendered as ChatML."""
+
+    tokenizer: Any
+    loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_policy not in LOSS_POLICIES:
+            raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
+        object.__setattr__(self, "tokenizer", as_qwen_tokenizer(self.tokenizer))
+        object.__setattr__(self, "_config", ChatConfig(system_prompt=self.system_prompt, loss_policy=self.loss_policy))
+
+    def encode(self, record: Any) -> Encoded:
+        # The preset only matters for media; text chats have none.
+        enc = preencode_chat(record, tokenizer=self.tokenizer, preset=_TEXT_PRESET, config=self._config)
+        return Encoded(enc.input_ids.numpy(), enc.target_mask.numpy())
+
+    def fingerprint(self) -> str:
+        knobs = (self.loss_policy, self.system_prompt, tokenizer_fingerprint(self.tokenizer))
+        return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
+
+
+_TEXT_PRESET = get_preset("qwen2.5-vl")
+
+
+def make_format(format: str, tokenizer: Any, **kw: Any) -> SFTFormat:
+    """``"prompt_completion"`` or ``"chat"`` with its knobs (ConfigError for an unknown one)."""
+    if format == "prompt_completion":
+        return PromptCompletionFormat(tokenizer, **kw)
+    if format == "chat":
+        return ChatFormat(tokenizer, **kw)
+    raise ConfigError("format", f"unknown format {format!r}", f"use one of {FORMATS}")

@@ -1,0 +1,144 @@
+"""Line-offset index of a JSONL file over mmap, cached beside the file with a fingerprint.
+
+The index is the array of line *ends* (byte offset of each ``\\n``, or the file size for a last
+line without one): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
+(``flatnonzero(chunk == 10)`` over the mmap, chunk by chunk, so memory stays bounded) and saved
+as ``<file>.idx.npy`` plus ``<file>.idx.json`` holding a fingerprint of the source (size,
+mtime, hashes of the first and last MiB). A changed file, a corrupt or unreadable cache, or a
+version bump rebuilds it; a cache directory we cannot write to keeps the index in memory.
+Derived per-line caches (e.g. lengths) reuse :func:`file_fingerprint` and :func:`cache_path`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+INDEX_VERSION = 1
+CHUNK_BYTES = 1 << 26  # 64 MiB per numpy scan
+HASH_BYTES = 1 << 20
+
+
+def file_fingerprint(path: str | os.PathLike) -> dict:
+    """Size + mtime + blake2b of the first and last MiB: cheap, and changes whenever the file does."""
+    path = Path(path)
+    st = path.stat()
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        h.update(f.read(HASH_BYTES))
+        if st.st_size > HASH_BYTES:
+            f.seek(max(HASH_BYTES, st.st_size - HASH_BYTES))
+            h.update(f.read(HASH_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hash": h.hexdigest()}
+
+
+def cache_path(path: str | os.PathLike, suffix: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """``<file><suffix>`` beside the file, or under ``cache_dir`` (read-only data directories)."""
+    path = Path(path)
+    base = Path(cache_dir) / path.name if cache_dir is not None else path
+    return base.with_name(base.name + suffix)
+
+
+def open_mmap(path: str | os.PathLike) -> np.ndarray:
+    """The file's bytes as a read-only uint8 array (an empty array for an empty file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"JSONL file not found: {str(path)!r}")
+    size = path.stat().st_size
+    if size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+def scan_line_ends(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
+    """int64 end offset of every line in ``data`` (uint8); a final line without ``\\n`` ends at ``len``."""
+    parts = [np.flatnonzero(data[start : start + chunk_bytes] == 10) + start for start in range(0, len(data), chunk_bytes)]
+    ends = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
+    if len(data) and data[-1] != 10:
+        ends = np.append(ends, len(data))
+    return ends
+
+
+def save_cached(array: np.ndarray, npy: Path, meta: dict) -> bool:
+    """Write ``array`` + its JSON meta atomically; False (with a warning) when the place is not writable."""
+    try:
+        tmp = npy.with_name(npy.name + f".tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, npy)
+        info = npy.with_suffix(".json")
+        tmp_info = info.with_name(info.name + f".tmp{os.getpid()}")
+        tmp_info.write_text(json.dumps(meta))
+        os.replace(tmp_info, info)
+        return True
+    except OSError as exc:
+        warnings.warn(f"cannot write cache {str(npy)!r} ({exc}); keeping it in memory only", stacklevel=3)
+        return False
+
+
+def load_cached(npy: Path, meta: dict, expected_len: int | None = None) -> tuple[np.ndarray, dict] | None:
+    """(array, stored meta) when the stored meta agrees with ``meta`` on its keys and the array is
+    intact; None means rebuild (missing, stale, truncated or corrupt)."""
+    info = npy.with_suffix(".json")
+    try:
+        stored = json.loads(info.read_text())
+        if not isinstance(stored, dict) or {k: stored.get(k) for k in meta} != meta:
+            return None
+        array = np.load(npy, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, json.JSONDecodeError):
+        return None
+    if array.ndim != 1 or (expected_len is not None and len(array) != expected_len):
+        return None
+    return array, stored
+
+
+def load_line_index(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> np.ndarray:
+    """Line ends of ``path``: the cached ``<file>.idx.npy`` when its fingerprint matches, else a fresh scan."""
+    data = open_mmap(path)
+    meta = {"version": INDEX_VERSION, "kind": "line_ends", "source": file_fingerprint(path)}
+    npy = cache_path(path, ".idx.npy", cache_dir)
+    cached = load_cached(npy, meta)
+    expected_last = len(data) - int(len(data) > 0 and data[-1] == 10)
+    if cached is not None and (int(cached[0][-1]) == expected_last if len(cached[0]) else len(data) == 0):
+        return cached[0]
+    ends = scan_line_ends(data)
+    save_cached(ends, npy, meta)
+    return ends
+
+
+class LineIndex:
+    """Random access to the raw bytes of line ``i`` of a JSONL file (mmap + cached line index).
+
+    Pickles without the mmap (DataLoader workers reopen it lazily).
+    """
+
+    def __init__(self, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        self.cache_dir = cache_dir
+        self.ends = np.asarray(load_line_index(self.path, cache_dir))
+        self._data: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            self._data = open_mmap(self.path)
+        return self._data
+
+    def line(self, i: int) -> bytes:
+        """Raw bytes of line ``i`` (0-based), without the newline."""
+        start = int(self.ends[i - 1]) + 1 if i > 0 else 0
+        return self.data[start : int(self.ends[i])].tobytes()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_data": None}
