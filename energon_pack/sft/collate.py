@@ -1,0 +1,57 @@
+"""InBatchPacker: a collate function turning one micro-batch of samples into ONE THD row.
+
+The micro-batch is whatever the sampler grouped (with :class:`TokenBudgetBatchSampler`, a set
+that fits the width). Each sample becomes a :class:`ThdSegment` (labels shifted inside it) and
+:func:`build_thd_batch` lays the row out per CONTRACT.md: alignment gaps, optional fixed width,
+static cu_seqlens. Synthetic padding samples (key :data:`PADDING_KEY`) always get an all-zero
+loss mask, whatever their target mask says; ``padding_segments`` counts them and
+``real_tokens`` excludes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..thd import ThdLayout, ThdSegment, build_thd_batch
+from .dataset import PADDING_KEY
+from .formats import Encoded
+
+
+class InBatchPacker:
+    """``collate_fn`` for a DataLoader over :class:`JsonlSFTDataset` with a token-budget batch sampler."""
+
+    def __init__(self, layout: ThdLayout) -> None:
+        if not isinstance(layout, ThdLayout):
+            raise ConfigError("layout", f"expected a ThdLayout, got {type(layout).__name__}",
+                              "use InBatchPacker.for_dataset(ds, width, ...) or pass ThdLayout(width=..., pad_token_id=...)")
+        self.layout = layout
+
+    @classmethod
+    def for_dataset(cls, dataset: Any, width: int, **layout_kw: Any) -> "InBatchPacker":
+        """Layout with the dataset tokenizer's pad id (``layout_kw``: pad_multiple, pad_to_max_length, ...)."""
+        layout_kw.setdefault("pad_token_id", dataset.pad_token_id)
+        return cls(ThdLayout(width=width, **layout_kw))
+
+    def __call__(self, samples: Sequence[Encoded]) -> dict:
+        if len(samples) == 0:
+            raise ValueError("InBatchPacker got an empty micro-batch")
+        segments = []
+        for s in samples:
+            is_pad = s.key == PADDING_KEY
+            target = torch.zeros(len(s.input_ids), dtype=torch.bool) if is_pad else torch.from_numpy(s.target_mask)
+            segments.append(ThdSegment.from_target_mask(torch.from_numpy(s.input_ids), target,
+                                                        ignore_index=self.layout.ignore_index, key=s.key))
+        spans = sum(self.layout.segment_span(len(s)) for s in segments)
+        if spans > self.layout.width:
+            raise ValueError(
+                f"micro-batch of {len(segments)} samples needs {spans} tokens > width {self.layout.width}: "
+                "group indices with TokenBudgetBatchSampler (same width and pad_multiple) instead of a fixed batch size")
+        batch = build_thd_batch(segments, self.layout)
+        pad_tokens = sum(len(seg) for seg in segments if seg.key == PADDING_KEY)
+        batch["padding_segments"] = sum(seg.key == PADDING_KEY for seg in segments)
+        batch["real_tokens"] -= pad_tokens
+        return batch

@@ -1,0 +1,153 @@
+"""TokenBudgetBatchSampler: micro-batches of dataset indices that each fill one pack of the width.
+
+Per epoch, every rank computes the same global plan: the usable lines (length > 0) in a
+permutation seeded by ``(seed, epoch)``, cut into windows of ``window`` samples, each window
+packed with :func:`best_fit_decreasing` over aligned lengths (and a segment budget when
+``max_segments`` is set), the window's packs in a seeded order. Micro-batch ``j`` of the plan
+goes to rank ``j % num_replicas``, so each rank gets whole micro-batches. Ranks short of the
+longest rank's step count get ``[PADDING_INDEX]`` micro-batches (one synthetic pad token with no
+loss, counted in ``padding_steps``): every rank runs the same number of steps, no real sample is
+duplicated. Lines that are unusable (negative length) or wider than the width are never
+yielded; the latter are counted in ``stats.skips["over_width"]``.
+
+``state_dict(steps_consumed)`` / ``load_state_dict`` resume mid-epoch exactly: the plan is a
+pure function of (lengths, seed, epoch, config), so only the step is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..packing import PackingStats, best_fit_decreasing
+from ..thd import aligned_length
+from .dataset import PADDING_INDEX
+
+STATE_FORMAT = 1
+OVER_WIDTH = "over_width"
+
+
+class TokenBudgetBatchSampler:
+    """Batch sampler for ``DataLoader(batch_sampler=...)``: each yielded list fills one THD row."""
+
+    def __init__(
+        self,
+        lengths: Any,
+        width: int,
+        *,
+        pad_multiple: int = 1,
+        max_segments: int | None = None,
+        window: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        lengths = getattr(lengths, "lengths", lengths)  # a JsonlSFTDataset or an array
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1:
+            raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
+        for knob, value in (("width", width), ("pad_multiple", pad_multiple), ("window", window), ("num_replicas", num_replicas)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
+        if width % pad_multiple:
+            raise ConfigError("width", f"{width} is not divisible by pad_multiple {pad_multiple}", "use a multiple of pad_multiple")
+        if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
+            raise ConfigError("max_segments", f"must be an int >= 1 or None, got {max_segments!r}", "set the most samples per pack")
+        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ConfigError("rank", f"must be in [0, {num_replicas}), got {rank!r}", "pass the data-parallel rank")
+        self.width, self.pad_multiple, self.max_segments = width, pad_multiple, max_segments
+        self.window, self.shuffle, self.seed = window, shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch = 0
+        self._start = 0  # first step of the next __iter__ (set by load_state_dict)
+        self._yielded = 0
+        self._plan_cache: tuple[int, list[list[int]], PackingStats] | None = None
+
+    # ------------------------------------------------------------------ the plan
+    def plan(self, epoch: int | None = None) -> list[list[int]]:
+        """All micro-batches of the epoch for all ranks, in global step order (identical on every rank)."""
+        return self._planned(self.epoch if epoch is None else epoch)[0]
+
+    @property
+    def stats(self) -> PackingStats:
+        """Fill and skips of the current epoch's plan (all ranks; padding micro-batches excluded)."""
+        return self._planned(self.epoch)[1]
+
+    def _planned(self, epoch: int) -> tuple[list[list[int]], PackingStats]:
+        if self._plan_cache is None or self._plan_cache[0] != epoch:
+            self._plan_cache = (epoch, *self._build_plan(epoch))
+        return self._plan_cache[1], self._plan_cache[2]
+
+    def _build_plan(self, epoch: int) -> tuple[list[list[int]], PackingStats]:
+        rng = np.random.default_rng([self.seed, epoch])
+        spans = aligned_length(self.lengths, self.pad_multiple)
+        usable = self.lengths > 0
+        over = usable & (spans > self.width)
+        stats = PackingStats()
+        if over.any():
+            stats.record_skip(OVER_WIDTH, int(over.sum()))
+        order = np.flatnonzero(usable & ~over)
+        if self.shuffle:
+            order = rng.permutation(order)
+        capacity = (self.width,) if self.max_segments is None else (self.width, self.max_segments)
+        plan: list[list[int]] = []
+        for start in range(0, len(order), self.window):
+            idx = order[start : start + self.window]
+            costs = spans[idx, None] if self.max_segments is None else np.stack([spans[idx], np.ones_like(idx)], axis=1)
+            groups = best_fit_decreasing(costs, capacity).groups
+            for g in rng.permutation(len(groups)) if self.shuffle else range(len(groups)):
+                group = groups[g]
+                plan.append([int(i) for i in idx[group]])
+                stats.record_pack([(int(self.lengths[i]),) for i in idx[group]], (self.width,))
+        return plan, stats
+
+    # ------------------------------------------------------------------ iteration
+    def __len__(self) -> int:
+        """Steps per rank this epoch (the same on every rank)."""
+        return -(-len(self.plan()) // self.num_replicas)
+
+    @property
+    def padding_steps(self) -> int:
+        """Padding micro-batches this rank gets this epoch (synthetic, zero loss)."""
+        return sum(1 for s in range(len(self)) if s * self.num_replicas + self.rank >= len(self.plan()))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan, steps = self.plan(), len(self)
+        start, self._start = self._start, 0
+        self._yielded = start
+        for step in range(start, steps):
+            j = step * self.num_replicas + self.rank
+            self._yielded = step + 1
+            yield list(plan[j]) if j < len(plan) else [PADDING_INDEX]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (its seeded order) and start it from the first step."""
+        self.epoch, self._start, self._yielded = int(epoch), 0, 0
+
+    # ------------------------------------------------------------------ checkpointing
+    def _config(self) -> dict[str, Any]:
+        return {"width": self.width, "pad_multiple": self.pad_multiple, "max_segments": self.max_segments,
+                "window": self.window, "shuffle": self.shuffle, "seed": self.seed, "num_replicas": self.num_replicas,
+                "rank": self.rank, "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest()}
+
+    def state_dict(self, steps_consumed: int | None = None) -> dict[str, Any]:
+        """Epoch + step to resume at. Pass ``steps_consumed`` (steps the trainer finished this
+        epoch): a DataLoader prefetches, so the sampler's own count runs ahead of training."""
+        step = self._yielded if steps_consumed is None else int(steps_consumed)
+        return {"format": STATE_FORMAT, "epoch": self.epoch, "step": step, "config": self._config()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``__iter__`` continues the saved epoch at the saved step, bit for bit."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"unsupported sampler state format {state.get('format')!r}")
+        mine = self._config()
+        diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
+        if diff:
+            raise ValueError(f"sampler state was saved with a different {diff}: exact resume needs the same data, "
+                             "width, alignment, window, seed and data-parallel layout")
+        self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["step"]), int(state["step"])
