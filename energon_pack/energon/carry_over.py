@@ -1,0 +1,233 @@
+"""A savable Energon wrapper that packs with open bins carried across buffer rounds.
+
+Energon's ``PackingDataset`` partitions each buffer of fresh samples and emits every group,
+so tail bins leave half empty every round. This wrapper drives :class:`OnlinePacker` over
+the pre-encoded stream instead: every sample is placed best-fit into an open bin as it
+arrives, and a bin leaves only when it is full, the buffer bound overflows, or the stream
+ends. ``postencode_sample`` (pixel decoding) runs only on the members of an emitted pack.
+
+Checkpoint state is plain data: the restore keys of every held sample (a
+``SavableSampleBuffer``), their packer slots, the packer's bins/costs/stats and the groups
+already emitted by the packer but not yet yielded. Restoring re-reads and re-pre-encodes
+the held samples and yields exactly the same next packs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional
+
+from megatron.energon.errors import ErrorContext, handle_restore_errors
+from megatron.energon.flavors.base_dataset import SavableDataset, add_sample_restore_key, set_sample_restore_key
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
+from megatron.energon.wrappers.buffer import SavableSampleBuffer
+
+from energon_pack.errors import SampleSkipped
+from energon_pack.packing import OnlinePacker
+from energon_pack.packing.costs import Cost
+
+from .samples import SkippedSample
+
+
+class CarryOverPackingDataset(BaseWrapperDataset):
+    """Streams packs of pre-encoded samples chosen by a per-worker :class:`OnlinePacker`."""
+
+    _savable_fields = (
+        "_held",
+        "_held_slots",
+        "_next_slot",
+        "_pending",
+        "_packer_state",
+        "_sample_encoder_sample_index",
+        "_final_packing_sample_index",
+    )
+
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        *,
+        make_packer: Callable[[], OnlinePacker],
+        cost_fn: Callable[[Any], Cost],
+        final_packer: Callable[[List[Any]], Any],
+        final_packer_stateless: bool,
+        sample_encoder: Optional[Callable[[Any], Any]] = None,
+        sample_encoder_stateless: bool = True,
+        final_packer_failure_tolerance: int = 100,
+        sample_encoder_failure_tolerance: int = 100,
+        worker_config: WorkerConfig,
+    ) -> None:
+        super().__init__(dataset, worker_config=worker_config)
+        self.make_packer = make_packer
+        self.cost_fn = cost_fn
+        self.final_packer = final_packer
+        self.final_packer_stateless = final_packer_stateless
+        self.sample_encoder = sample_encoder
+        self.sample_encoder_stateless = sample_encoder_stateless
+        self._final_failures = ErrorContext(
+            name=f"CarryOverPackingDataset.{final_packer}",
+            handler=worker_config.global_error_handler,
+            tolerance=final_packer_failure_tolerance,
+        )
+        self._encoder_failures = ErrorContext(
+            name=f"CarryOverPackingDataset.{sample_encoder}",
+            handler=worker_config.global_error_handler,
+            tolerance=sample_encoder_failure_tolerance,
+        )
+        self.reset_state_own()
+
+    # ------------------------------------------------------------------ state
+    def reset_state_own(self) -> None:
+        self._packer = self.make_packer()
+        self._held = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
+        self._held_slots: List[int] = []
+        self._next_slot = 0
+        self._pending: List[List[int]] = []
+        self._sample_encoder_sample_index = SampleIndex(self.worker_config, src=self)
+        self._final_packing_sample_index = SampleIndex(self.worker_config, src=self)
+
+    @property
+    def _packer_state(self) -> Dict[str, Any]:
+        return self._packer.state_dict()
+
+    @_packer_state.setter
+    def _packer_state(self, state: Optional[Dict[str, Any]]) -> None:
+        self._packer = self.make_packer()
+        if state is not None:
+            self._packer.load_state_dict(state)
+
+    @property
+    def stats(self):
+        """This worker's :class:`PackingStats` (packs, fill, skips by reason)."""
+        return self._packer.stats
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        # The number of packs depends on the data; like Energon's PackingDataset we report
+        # the number of source samples.
+        return self.dataset.len_worker(worker_idx)
+
+    # ------------------------------------------------------------------ streaming
+    def __iter__(self) -> Iterator[Any]:
+        self._held.worker_start()
+        assert len(self._held.buffer) == len(self._held_slots)
+        yield from self._drain()
+        for sample in self.dataset:
+            if isinstance(sample, SkippedSample):
+                self._packer.stats.record_skip(sample.reason)
+                continue
+            try:
+                cost = self.cost_fn(sample)
+            except SampleSkipped as skip:
+                self._packer.stats.record_skip(skip.reason)
+                continue
+            slot = self._next_slot
+            self._next_slot += 1
+            self._held.append(sample)
+            self._held_slots.append(slot)
+            self._pending.extend(self._packer.push(slot, cost))
+            for skipped_slot, _reason in self._packer.pop_skipped():
+                self._take(skipped_slot)  # counted in the packer's stats
+            yield from self._drain()
+        self._pending.extend(self._packer.flush())
+        yield from self._drain()
+
+    def _take(self, slot: int) -> Any:
+        index = self._held_slots.index(slot)
+        sample = self._held[index]
+        del self._held[index]
+        del self._held_slots[index]
+        return sample
+
+    def _drain(self) -> Generator[Any, None, None]:
+        """Yield the packs the packer has emitted; each leaves the state before it is yielded."""
+        while self._pending:
+            members = [self._take(slot) for slot in self._pending.pop(0)]
+            pack = self._encode_members(members)
+            if not pack:
+                continue
+            with self._final_failures.handle_errors(pack):
+                restore_keys = tuple(get_sample_restore_key(s) for s in pack)
+                with self._final_packing_sample_index.ctx() as pack_idx:
+                    packed = self.final_packer(pack)
+                assert not inspect.isgenerator(packed), "generator final packers are not supported"
+                if hasattr(packed, "packing_stats"):
+                    packed.packing_stats = self._stats_snapshot()
+                self._final_failures.reset()
+                yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
+
+    def _encode_members(self, members: List[Any]) -> List[Any]:
+        """Post-encode (decode pixels) the members of one pack; failures become counted skips."""
+        if self.sample_encoder is None:
+            return members
+        encoded = []
+        for sample in members:
+            out, reason = None, "postencode_error"
+            with self._encoder_failures.handle_errors(sample):
+                with self._sample_encoder_sample_index.ctx() as encode_idx:
+                    try:
+                        out = self.sample_encoder(sample)
+                    except SampleSkipped as skip:
+                        reason = skip.reason
+                if out is not None:
+                    out = add_sample_restore_key(out, encode_idx, src=self)
+            if out is None:
+                self._packer.stats.record_skip(reason)
+            else:
+                encoded.append(out)
+        return encoded
+
+    def _stats_snapshot(self) -> Dict[str, Any]:
+        worker = self.worker_config
+        return {
+            "rank": worker.rank,
+            "worker": worker.rank_worker_id() if worker.num_workers else 0,
+            **self._packer.stats.state_dict(),
+        }
+
+    # ------------------------------------------------------------------ restore one pack
+    def can_restore_sample(self) -> bool:
+        return super().can_restore_sample() and self.final_packer_stateless and self.sample_encoder_stateless
+
+    def assert_can_restore(self) -> None:
+        assert self.final_packer_stateless and self.sample_encoder_stateless, (
+            f"final packer {self.final_packer} and sample encoder {self.sample_encoder} must be @stateless"
+        )
+        super().assert_can_restore()
+
+    def restore_sample(self, restore_key: Any) -> Any:
+        self.assert_can_restore()
+        name, pack_idx, *member_keys = restore_key
+        assert name == type(self).__name__
+        pack = []
+        for key in member_keys:
+            if self.sample_encoder is not None:
+                name, encode_idx, *key = key
+                assert name == type(self).__name__
+            sample = self.dataset.restore_sample(tuple(key))
+            if self.sample_encoder is not None:
+                with handle_restore_errors(self.worker_config.restore_error_handler, sample):
+                    with self._sample_encoder_sample_index.ctx(encode_idx):
+                        sample = self.sample_encoder(sample)
+                    sample = add_sample_restore_key(sample, encode_idx, src=self)
+            pack.append(sample)
+        with self._final_packing_sample_index.ctx(pack_idx):
+            packed = self.final_packer(pack)
+        return set_sample_restore_key(packed, pack_idx, *member_keys, src=self)
+
+    def config(self) -> Dict[str, Any]:
+        packer = self.make_packer()
+        return {
+            "type": type(self).__qualname__,
+            "capacity": list(packer.capacity),
+            "max_buffered": packer.max_buffered,
+            "lookahead_packs": packer.lookahead_packs,
+            "min_fill": packer.min_fill,
+            "max_age": packer.max_age,
+            "final_packer": self._function_config(self.final_packer),
+            "sample_encoder": None if self.sample_encoder is None else self._function_config(self.sample_encoder),
+            "worker_config": self.worker_config.config(),
+            "dataset": self.dataset.config(),
+        }
+
+    def __str__(self) -> str:
+        return f"CarryOverPackingDataset(packer={self.make_packer().capacity}, dataset={self.dataset})"

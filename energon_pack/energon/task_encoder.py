@@ -1,0 +1,149 @@
+"""A task-encoder mixin that packs with our carry-over wrapper when ``packing_buffer_size`` is set.
+
+Users keep Energon's surface, ``get_train_dataset(..., packing_buffer_size=K)``. With
+``packing_mode="carry"`` (default) :meth:`build_batch` inserts
+:class:`CarryOverPackingDataset` (open bins carried across rounds, at most K samples held
+per worker); with ``packing_mode="rounds"`` Energon's own ``PackingDataset`` runs with our
+first-fit-decreasing selector, the behaviour users have today, so both can be compared on
+the same data. Subclasses provide :meth:`packing_capacity` and give pre-encoded samples a
+``cost`` (see :class:`PackCandidate`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, List, Optional, Sequence
+
+from megatron.energon import stateless
+from megatron.energon.flavors.base_dataset import SavableDataset
+from megatron.energon.task_encoder.base import get_failure_tolerance, get_stateless
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers import BatchDataset, MapDataset
+
+from energon_pack.errors import ConfigError
+from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasing
+
+from .carry_over import CarryOverPackingDataset
+from .samples import PackedSamples, SkippedSample
+
+PACKING_MODES = ("carry", "rounds")
+
+
+class CarryOverPackingMixin:
+    """Mix in before an Energon ``TaskEncoder``; see the module docstring."""
+
+    #: "carry" (our wrapper) or "rounds" (Energon's PackingDataset with our FFD selector).
+    packing_mode: str = "carry"
+    #: Extra OnlinePacker options: lookahead_packs, min_fill, max_age, on_oversize, seed.
+    packer_options: dict = {}
+
+    def packing_capacity(self) -> tuple[int, ...]:
+        """Capacity of one pack in every budget (tokens first)."""
+        raise NotImplementedError
+
+    def packing_cost(self, sample: Any) -> tuple[int, ...]:
+        """Cost of one pre-encoded sample in every budget (tokens first)."""
+        return tuple(sample.cost)
+
+    def make_packer(self, buffer_size: int) -> OnlinePacker:
+        return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packer_options)
+
+    # ---------------------------------------------------------------- Energon's own hooks
+    def select_samples_to_pack(self, samples: List[Any]) -> List[List[Any]]:
+        """Rounds mode: first-fit-decreasing over this buffer; every valid sample is returned.
+
+        Skip markers and oversize samples are counted (Energon would drop them silently).
+        """
+        stats = self._round_stats()
+        valid = []
+        for sample in samples:
+            if isinstance(sample, SkippedSample):
+                stats.record_skip(sample.reason)
+            else:
+                valid.append(sample)
+        capacity = self.packing_capacity()
+        result = first_fit_decreasing([self.packing_cost(s) for s in valid], capacity, on_oversize="skip")
+        if result.skipped:
+            stats.record_skip("oversize", len(result.skipped))
+        groups = [[valid[i] for i in group] for group in result.groups]
+        for group in groups:
+            stats.record_pack([self.packing_cost(s) for s in group], capacity)
+        return groups
+
+    @stateless
+    def pack_selected_samples(self, samples: List[Any]) -> PackedSamples:
+        stats = getattr(self, "_rounds_stats", None)
+        return PackedSamples(
+            __key__=",".join(s.__key__ for s in samples),
+            __restore_key__=(),
+            samples=list(samples),
+            packing_stats=None if stats is None else {"rank": None, "worker": None, **stats.state_dict()},
+        )
+
+    def _round_stats(self) -> PackingStats:
+        if getattr(self, "_rounds_stats", None) is None:
+            self._rounds_stats = PackingStats()
+        return self._rounds_stats
+
+    # ---------------------------------------------------------------- the hook we override
+    def build_batch(
+        self,
+        dataset: SavableDataset,
+        *,
+        batch_size: Optional[int],
+        batch_drop_last: bool = False,
+        packing_buffer_size: Optional[int] = None,
+        worker_config: WorkerConfig,
+    ) -> SavableDataset:
+        if self.packing_mode not in PACKING_MODES:
+            raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
+        if packing_buffer_size is not None:
+            if not isinstance(packing_buffer_size, int) or packing_buffer_size < 1:
+                raise ConfigError(
+                    "packing_buffer_size", f"must be a positive int, got {packing_buffer_size!r}",
+                    "pass the number of candidate samples each worker may hold, e.g. 64",
+                )
+            if batch_size != 1:
+                raise ConfigError(
+                    "batch_size", f"online packing emits one THD row per micro-batch, got {batch_size}",
+                    "use batch_size=1 (physical MBS 1) with packing_buffer_size",
+                )
+        if packing_buffer_size is None or self.packing_mode == "rounds":
+            return super().build_batch(
+                dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
+                packing_buffer_size=packing_buffer_size, worker_config=worker_config,
+            )
+        postencode = self.postencode_sample if self._is_overridden(self.postencode_sample) else None
+        dataset = CarryOverPackingDataset(
+            dataset,
+            make_packer=partial(self.make_packer, packing_buffer_size),
+            cost_fn=self.packing_cost,
+            final_packer=self.pack_selected_samples,
+            final_packer_stateless=get_stateless(self.pack_selected_samples),
+            sample_encoder=postencode,
+            sample_encoder_stateless=True if postencode is None else get_stateless(postencode),
+            final_packer_failure_tolerance=get_failure_tolerance(self.pack_selected_samples, self.__default_failure_tolerance__),
+            sample_encoder_failure_tolerance=0 if postencode is None else get_failure_tolerance(postencode, self.__default_failure_tolerance__),
+            worker_config=worker_config,
+        )
+        # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
+        dataset = BatchDataset(
+            dataset, batch_size=1, batcher=self.batch, batcher_stateless=get_stateless(self.batch),
+            drop_last=batch_drop_last, worker_config=worker_config,
+            failure_tolerance=get_failure_tolerance(self.batch, self.__default_failure_tolerance__),
+        )
+        if self._is_overridden(self.encode_batch):
+            dataset = MapDataset(
+                dataset, self.encode_batch, worker_config=worker_config,
+                stateless_map_fn=get_stateless(self.encode_batch),
+                failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
+            )
+        return dataset
+
+
+def pack_members(items: Sequence[Any]) -> list:
+    """The post-encoded samples of a micro-batch: members of packs, or the samples themselves."""
+    out = []
+    for item in items:
+        out.extend(item.samples if isinstance(item, PackedSamples) else [item])
+    return out
