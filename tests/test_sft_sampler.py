@@ -1,0 +1,117 @@
+"""TokenBudgetBatchSampler: coverage per epoch across ranks, equal steps, determinism, exact resume."""
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from energon_pack.errors import ConfigError
+from energon_pack.sft.dataset import PADDING_INDEX
+from energon_pack.sft.sampler import TokenBudgetBatchSampler
+from energon_pack.thd import aligned_length
+
+WIDTH = 256
+
+
+def make_lengths(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.lognormal(np.log(40), 0.7, n).round().clip(2, 300).astype(np.int64)
+    lengths[rng.random(n) < 0.05] = -1  # unusable lines from the length pass
+    return lengths
+
+
+def rank_batches(lengths, world, epoch=0, **kw):
+    out = []
+    for rank in range(world):
+        s = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, **kw)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("pad_multiple", [1, 8])
+def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, pad_multiple):
+    lengths = make_lengths()
+    per_rank = rank_batches(lengths, world, pad_multiple=pad_multiple, window=128)
+    assert len({len(b) for b in per_rank}) == 1  # all ranks run the same number of steps
+    seen = Counter(i for batches in per_rank for mb in batches for i in mb if i != PADDING_INDEX)
+    fits = (lengths > 0) & (aligned_length(lengths, pad_multiple) <= WIDTH)
+    assert sorted(seen) == np.flatnonzero(fits).tolist() and set(seen.values()) == {1}
+    for batches in per_rank:
+        for mb in batches:
+            if mb == [PADDING_INDEX]:
+                continue
+            assert PADDING_INDEX not in mb and aligned_length(lengths[mb], pad_multiple).sum() <= WIDTH
+    padding = sum(mb == [PADDING_INDEX] for batches in per_rank for mb in batches)
+    plan = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128).plan()
+    assert padding == -len(plan) % world  # only the last step is padded, on the ranks that ran out
+    s = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128)
+    assert s.stats.skips.get("over_width", 0) == int(((lengths > 0) & ~fits).sum())
+
+
+def test_padding_steps_counted_on_the_short_ranks():
+    lengths = np.array([200] * 5)  # 5 packs of one sample over 4 ranks: 2 steps each, 3 padding micro-batches
+    per_rank = rank_batches(lengths, 4)
+    assert [len(b) for b in per_rank] == [2, 2, 2, 2]
+    assert [b[1] for b in per_rank].count([PADDING_INDEX]) == 3
+    assert [TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=4, rank=r).padding_steps for r in range(4)] == [0, 1, 1, 1]
+
+
+def test_deterministic_per_seed_and_epoch_and_high_fill():
+    lengths = make_lengths(2000)
+    a, b = rank_batches(lengths, 2, epoch=3, seed=7), rank_batches(lengths, 2, epoch=3, seed=7)
+    assert a == b
+    assert rank_batches(lengths, 2, epoch=4, seed=7) != a and rank_batches(lengths, 2, epoch=3, seed=8) != a
+    s = TokenBudgetBatchSampler(lengths, WIDTH, window=1024)
+    assert s.stats.fill > 0.97 and s.stats.samples == int((lengths > 0).sum()) - s.stats.skipped
+
+
+def test_max_segments_and_unshuffled_order():
+    lengths = np.full(50, 10)
+    plan = TokenBudgetBatchSampler(lengths, WIDTH, max_segments=4, shuffle=False).plan()
+    assert [len(mb) for mb in plan] == [4] * 12 + [2] and plan[0] == [0, 1, 2, 3]
+
+
+def test_resume_at_random_points_reproduces_the_rest_of_the_epoch():
+    lengths = make_lengths()
+    rng = random.Random(0)
+    for world in (1, 2, 4):
+        for rank in range(world):
+            full = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+            full.set_epoch(2)
+            expected = list(full)
+            for _ in range(3):
+                step = rng.randrange(len(expected) + 1)
+                first = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+                first.set_epoch(2)
+                it = iter(first)
+                head = [next(it) for _ in range(step)]
+                state = first.state_dict()
+                assert state["epoch"] == 2 and state["step"] == step
+                resumed = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+                resumed.load_state_dict(state)
+                assert head + list(resumed) == expected
+                assert list(resumed) == expected  # the following pass starts the epoch over
+
+
+def test_state_dict_with_explicit_steps_and_mismatched_config():
+    lengths = make_lengths()
+    s = TokenBudgetBatchSampler(lengths, WIDTH)
+    list(s)  # a prefetching loader ran ahead; the trainer consumed 5 steps
+    state = s.state_dict(steps_consumed=5)
+    resumed = TokenBudgetBatchSampler(lengths, WIDTH)
+    resumed.load_state_dict(state)
+    assert list(resumed) == s.plan()[5:]
+    with pytest.raises(ValueError, match="width"):
+        TokenBudgetBatchSampler(lengths, 512).load_state_dict(state)
+    with pytest.raises(ValueError, match="lengths"):
+        TokenBudgetBatchSampler(lengths[:-1], WIDTH).load_state_dict(state)
+
+
+def test_config_errors_name_the_knob():
+    with pytest.raises(ConfigError, match="width"):
+        TokenBudgetBatchSampler([5], 100, pad_multiple=8)
+    with pytest.raises(ConfigError, match="rank"):
+        TokenBudgetBatchSampler([5], 128, num_replicas=2, rank=2)
