@@ -1,0 +1,142 @@
+"""The GPT-SFT JSONL targets of issue 5, measured: index build vs ``wc -l``, lazy ``__getitem__``
+throughput, and in-batch fill at width 4096 vs Megatron-Bridge's concatenate-MBS-rows baseline.
+
+``main(out, size_mb=1024)`` prints a table and writes JSON. Files are generated in a temporary
+directory (or ``workdir``) and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.bench.mixes import lognormal_text
+from energon_pack.qwen_vl.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
+from energon_pack.sft.dataset import JsonlSFTDataset
+from energon_pack.sft.index import cache_path, load_line_index
+from energon_pack.sft.inspect import best_baseline
+from energon_pack.sft.sampler import TokenBudgetBatchSampler
+
+WORDS = ("the of and to in is that for it with as was on be by this are from at or an have not but what all were "
+         "when we there can model data train token pack batch width loss answer question user").split()
+TARGETS = {"index_vs_wc": 3.0, "getitem_per_s": 20000.0, "fill": 0.98}
+
+
+def _text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def write_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
+    """A prompt/completion JSONL of about ``size_bytes``: a 4 MiB block of varied lines, repeated."""
+    rng = random.Random(seed)
+    lines, total = [], 0
+    while total < min(size_bytes, 4 << 20):
+        line = json.dumps({"prompt": _text(rng, rng.randint(5, 120)), "completion": _text(rng, rng.randint(5, 400))}) + "\n"
+        lines.append(line)
+        total += len(line)
+    block = "".join(lines).encode()
+    with open(path, "wb") as f:
+        written = 0
+        while written < size_bytes:
+            f.write(block)
+            written += len(block)
+    return written
+
+
+def _best_of(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_index(workdir: Path, size_mb: int, repeats: int = 3) -> dict[str, Any]:
+    path = workdir / "big.jsonl"
+    size = write_jsonl(path, size_mb << 20)
+    wc = _best_of(lambda: subprocess.run(["wc", "-l", str(path)], check=True, capture_output=True), repeats)
+    npy = cache_path(path, ".idx.npy")
+
+    def build() -> None:
+        npy.unlink(missing_ok=True)
+        load_line_index(path)
+
+    index = _best_of(build, repeats)
+    cached = _best_of(lambda: load_line_index(path), repeats)
+    lines = int(subprocess.run(["wc", "-l", str(path)], check=True, capture_output=True, text=True).stdout.split()[0])
+    assert len(load_line_index(path)) == lines
+    path.unlink()
+    return {"bytes": size, "lines": lines, "wc_l_s": wc, "index_build_s": index, "index_cached_load_s": cached,
+            "ratio": index / wc}
+
+
+def bench_getitem(workdir: Path, samples: int = 5000) -> dict[str, Any]:
+    """One pass in random order over unique ~500-token prompt/completion lines, text memo off
+    (so every access really tokenises, as on a large file)."""
+    tok = QwenTokenizer(load_demo_tokenizer_raw(), cache_size=0)
+    rng = random.Random(1)
+    path = workdir / "getitem.jsonl"
+    with open(path, "w") as f:
+        for _ in range(samples):
+            f.write(json.dumps({"prompt": _text(rng, 50), "completion": _text(rng, 200)}) + "\n")
+    ds = JsonlSFTDataset(path, tok)
+    order = np.random.default_rng(0).permutation(len(ds)).tolist()
+    start = time.perf_counter()
+    tokens = sum(len(ds[i]) for i in order)
+    elapsed = time.perf_counter() - start
+    return {"samples": samples, "mean_tokens": tokens / samples, "per_s": samples / elapsed,
+            "us_per_sample": elapsed / samples * 1e6, "tokens_per_s": tokens / elapsed}
+
+
+def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed: int = 0) -> dict[str, Any]:
+    lengths = lognormal_text(samples, width, seed)[:, 0]
+    sampler = TokenBudgetBatchSampler(lengths, width, window=window, seed=seed)
+    start = time.perf_counter()
+    stats = sampler.stats
+    plan_s = time.perf_counter() - start
+    return {"samples": samples, "width": width, "window": window, "fill": stats.fill, "packs": stats.packs,
+            "plan_s": plan_s, "baseline": best_baseline(lengths, width, seed)}
+
+
+def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, getitem_samples: int = 5000,
+         fill_samples: int = 20000, workdir: str | Path | None = None) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="sft_bench_", dir=workdir))
+    try:
+        index = bench_index(tmp, size_mb)
+        getitem = bench_getitem(tmp, getitem_samples)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    fill = bench_fill(fill_samples)
+    targets = [
+        {"name": "index build / wc -l", "value": index["ratio"], "target": f"<= {TARGETS['index_vs_wc']}", "met": index["ratio"] <= TARGETS["index_vs_wc"]},
+        {"name": "lazy __getitem__ samples/s", "value": getitem["per_s"], "target": f">= {TARGETS['getitem_per_s']:.0f}", "met": getitem["per_s"] >= TARGETS["getitem_per_s"]},
+        {"name": "in-batch fill @4096", "value": fill["fill"], "target": f">= {TARGETS['fill']}", "met": fill["fill"] >= TARGETS["fill"]},
+    ]
+    result = {"index": index, "getitem": getitem, "fill": fill, "targets": targets}
+    print(f"index: {index['bytes'] / 2**20:.0f} MiB, {index['lines']} lines: build {index['index_build_s']:.3f}s, "
+          f"wc -l {index['wc_l_s']:.3f}s, cached load {index['index_cached_load_s'] * 1e3:.1f}ms")
+    print(f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s ({getitem['us_per_sample']:.1f} us)")
+    b = fill["baseline"]
+    print(f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s) vs "
+          f"concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)")
+    print(f"{'target':<30} {'value':>12} {'goal':>10}  met")
+    for t in targets:
+        print(f"{t['name']:<30} {t['value']:>12.3f} {t['target']:>10}  {'yes' if t['met'] else 'NO'}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(size_mb=int(sys.argv[1]) if len(sys.argv) > 1 else 1024)
