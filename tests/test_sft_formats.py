@@ -112,3 +112,15 @@ def test_packer_rejects_overflowing_micro_batch_and_bad_layout():
         _packer(12)([pc, pc])
     with pytest.raises(ConfigError, match="layout"):
         InBatchPacker(4096)
+
+
+def test_prompt_completion_with_a_non_qwen_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "</s>": 1, "hi": 2, "there": 3, "yes": 4}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    enc = PromptCompletionFormat(raw, eos_id=1).encode({"prompt": "hi there", "completion": "yes"})
+    assert enc.input_ids.tolist() == [2, 3, 4, 1] and enc.target_mask.tolist() == [False, False, True, True]
+    with pytest.raises(ConfigError, match="add_eos"):
+        PromptCompletionFormat(raw)

@@ -62,6 +62,35 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+class PlainTokenizer:
+    """Minimal adapter for prompt/completion with a tokenizer lacking the Qwen special tokens
+    (e.g. a Llama tokenizer): encode without added specials, pad id = pad, else eos, else 0."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.inner = tokenizer
+        self._raw = hasattr(tokenizer, "encode_batch") and not hasattr(tokenizer, "convert_tokens_to_ids")
+        pad = getattr(tokenizer, "pad_token_id", None)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.pad_id = pad if isinstance(pad, int) else eos if isinstance(eos, int) else 0
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        out = self.inner.encode(text, add_special_tokens=False)
+        return list(out.ids) if self._raw else list(out)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.inner.token_to_id(token) if self._raw else self.inner.convert_tokens_to_ids(token)
+
+
+def text_tokenizer(tokenizer: Any) -> Any:
+    """The Qwen adapter when the tokenizer has the Qwen special tokens, else :class:`PlainTokenizer`."""
+    try:
+        return as_qwen_tokenizer(tokenizer)
+    except ConfigError:
+        return PlainTokenizer(tokenizer)
+
+
 def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str:
     if field not in record:
         raise SampleSkipped("missing_field", f"no {field!r} field (has {sorted(record)[:8]})")
@@ -97,11 +126,14 @@ class PromptCompletionFormat:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError("template", f"{self.template!r} is not a valid template ({exc!r})",
                               f"use only the placeholder {{prompt}} or {{{self.prompt_field}}}") from None
-        tok = as_qwen_tokenizer(self.tokenizer)
+        tok = text_tokenizer(self.tokenizer)
         object.__setattr__(self, "tokenizer", tok)
-        if self.eos_id is None:
+        if self.eos_id is None and self.add_eos:
             eos = getattr(tok.inner, "eos_token_id", None)
-            object.__setattr__(self, "eos_id", eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT))
+            eos = eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT)
+            if not isinstance(eos, int):
+                raise ConfigError("add_eos", "the tokenizer has no eos_token_id nor <|endoftext|>", "pass eos_id=... or add_eos=False")
+            object.__setattr__(self, "eos_id", eos)
         if self.add_bos and self.bos_id is None:
             bos = getattr(tok.inner, "bos_token_id", None)
             if not isinstance(bos, int):
