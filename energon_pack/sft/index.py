@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 INDEX_VERSION = 1
-CHUNK_BYTES = 1 << 26  # 64 MiB per numpy scan
+CHUNK_BYTES = 1 << 22  # 4 MiB per numpy scan: stays in cache (64 MiB chunks are ~2x slower)
 HASH_BYTES = 1 << 20
 
 
