@@ -110,3 +110,22 @@ def test_length_cache_depends_on_format_knobs(tmp_path):
     assert JsonlSFTDataset(path, TOK).lengths.tolist() == [7]
     assert JsonlSFTDataset(path, TOK, add_eos=False).lengths.tolist() == [6]
     assert JsonlSFTDataset(path, TOK, template="Q: {prompt}\nA:").lengths.tolist() == [13]
+
+
+def test_token_cache_gives_the_same_samples_and_survives_pickling(tmp_path):
+    import pickle
+
+    lines = [GOOD, b"{bad", {"prompt": "a b c", "completion": "d e"}, {"prompt": "x", "completion": "y " * 30}]
+    path = write(tmp_path / "d.jsonl", lines)
+    lazy = JsonlSFTDataset(path, TOK, max_length=20, overlength="truncate")
+    for fresh in (True, False):  # computed by the pass, then loaded from the cache files
+        cached = JsonlSFTDataset(path, TOK, max_length=20, overlength="truncate", cache_tokens=True)
+        assert cached.lengths.tolist() == lazy.lengths.tolist() == [7, -1, 7, 20]
+        for ds in (cached, pickle.loads(pickle.dumps(cached))):
+            for i in (0, 2, 3):
+                a, b = ds[i], lazy[i]
+                assert a.input_ids.tolist() == b.input_ids.tolist() and a.target_mask.tolist() == b.target_mask.tolist()
+                assert a.key == b.key == i + 1
+            with pytest.raises(SampleSkipped, match="line 2"):
+                ds[1]
+    assert len(list(tmp_path.glob("d.jsonl.tok-*.npy"))) == 1

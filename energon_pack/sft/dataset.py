@@ -8,6 +8,10 @@ reason. Unusable lines are never yielded by the sampler; they are counted in :at
 their 1-based line numbers in :attr:`skipped_lines`. Calling ``ds[i]`` on such a line raises
 :class:`SampleSkipped` (reason, ``"line N: ..."``).
 
+With ``cache_tokens=True`` the length pass also keeps the ids it computed (``<file>.tok-<hash>.npy``,
+4 bytes per token, id * 2 + supervised bit) and ``__getitem__`` slices them instead of tokenising:
+for tokenizer-bound loaders, at the cost of disk.
+
 Index :data:`PADDING_INDEX` (-1) returns a synthetic padding sample (one pad token, no loss),
 used by the sampler to give every data-parallel rank the same number of steps.
 """
@@ -51,6 +55,7 @@ class JsonlSFTDataset:
         max_length: int | None = None,
         overlength: str = "skip",
         cache_dir: str | os.PathLike | None = None,
+        cache_tokens: bool = False,
         **format_kw: Any,
     ) -> None:
         if format not in FORMATS:
@@ -66,6 +71,9 @@ class JsonlSFTDataset:
         self.max_length = max_length
         self.overlength = overlength
         self.cache_dir = cache_dir
+        self.cache_tokens = cache_tokens
+        self._tokens: np.ndarray | None = None  # flat id * 2 + supervised, usable lines only
+        self._starts: np.ndarray | None = None
         self._lengths: np.ndarray | None = None
         self._reasons: list[str] = []
         self._details: dict[int, str] = {}
@@ -109,7 +117,18 @@ class JsonlSFTDataset:
     def __getitem__(self, i: int) -> Encoded:
         if i == PADDING_INDEX:
             return Encoded(np.array([self.pad_token_id], dtype=np.int64), np.zeros(1, dtype=bool), key=PADDING_KEY)
-        return self.encode_line(int(i))
+        i = int(i)
+        if self.cache_tokens and 0 <= i < len(self) and self.lengths[i] > 0:
+            if self._tokens is None:
+                self._load_or_compute_lengths()
+            start = int(self._starts[i])
+            packed = np.asarray(self._tokens[start : start + int(self.lengths[i])], dtype=np.int64)
+            return Encoded(packed >> 1, (packed & 1).astype(bool), key=i + 1)
+        return self.encode_line(i)
+
+    def __getstate__(self) -> dict:
+        # workers re-map a file-backed token cache instead of receiving a copy of it
+        return {**self.__dict__, "_tokens": None} if isinstance(self._tokens, np.memmap) else dict(self.__dict__)
 
     # ------------------------------------------------------------------ length pass
     @property
@@ -125,26 +144,49 @@ class JsonlSFTDataset:
 
     def _load_or_compute_lengths(self) -> None:
         meta = self._lengths_meta()
-        npy = cache_path(self.path, f".len-{meta['format'].replace(':', '-')}.npy", self.cache_dir)
+        tag = meta["format"].replace(":", "-")
+        npy = cache_path(self.path, f".len-{tag}.npy", self.cache_dir)
+        tok_npy = cache_path(self.path, f".tok-{tag}.npy", self.cache_dir)
         cached = load_cached(npy, meta, expected_len=len(self))
         if cached is not None:
-            self._lengths = np.asarray(cached[0])
-            self._reasons = list(cached[1]["reasons"])
-            self._details = {int(k): v for k, v in cached[1]["details"].items()}
-            return
+            lengths = np.asarray(cached[0])
+            tokens = load_cached(tok_npy, meta, expected_len=int(np.maximum(lengths, 0).sum())) if self.cache_tokens else None
+            if not self.cache_tokens or tokens is not None:
+                self._set_lengths(lengths, tokens[0] if tokens else None)
+                self._reasons = list(cached[1]["reasons"])
+                self._details = {int(k): v for k, v in cached[1]["details"].items()}
+                return
         lengths = np.empty(len(self), dtype=np.int32)
         codes: dict[str, int] = {}
         details: dict[int, str] = {}
+        parts: list[np.ndarray] = []
         for i in range(len(self)):
             try:
-                lengths[i] = len(self.encode_line(i))
+                enc = self.encode_line(i)
+                lengths[i] = len(enc)
+                if self.cache_tokens:
+                    parts.append(enc.input_ids * 2 + enc.target_mask)
             except SampleSkipped as exc:
                 code = codes.setdefault(exc.reason, len(codes))
                 lengths[i] = -1 - code
                 if len(details) < MAX_LOGGED_DETAILS:
                     details[i + 1] = exc.detail
-        self._lengths, self._reasons, self._details = lengths, list(codes), details
+        self._reasons, self._details = list(codes), details
+        tokens = None
+        if self.cache_tokens:
+            tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if len(tokens) and int(tokens.max()) >= 2**31:
+                raise ConfigError("cache_tokens", "token ids too large for the int32 cache", "use cache_tokens=False")
+            tokens = tokens.astype(np.int32)
+            save_cached(tokens, tok_npy, meta)
+        self._set_lengths(lengths, tokens)
         save_cached(lengths, npy, {**meta, "reasons": self._reasons, "details": {str(k): v for k, v in details.items()}})
+
+    def _set_lengths(self, lengths: np.ndarray, tokens: np.ndarray | None) -> None:
+        self._lengths, self._tokens = lengths, tokens
+        if tokens is not None:
+            usable = np.maximum(np.asarray(lengths, dtype=np.int64), 0)
+            self._starts = np.concatenate([[0], np.cumsum(usable)[:-1]])
 
     @property
     def skips(self) -> Counter:
