@@ -93,8 +93,17 @@ def bench_getitem(workdir: Path, samples: int = 5000) -> dict[str, Any]:
     start = time.perf_counter()
     tokens = sum(len(ds[i]) for i in order)
     elapsed = time.perf_counter() - start
+    cached = JsonlSFTDataset(path, tok, cache_tokens=True)
+    pass_start = time.perf_counter()
+    cached.lengths
+    pass_s = time.perf_counter() - pass_start
+    start = time.perf_counter()
+    for i in order:
+        cached[i]
+    cached_s = time.perf_counter() - start
     return {"samples": samples, "mean_tokens": tokens / samples, "per_s": samples / elapsed,
-            "us_per_sample": elapsed / samples * 1e6, "tokens_per_s": tokens / elapsed}
+            "us_per_sample": elapsed / samples * 1e6, "tokens_per_s": tokens / elapsed,
+            "cache_tokens_per_s": samples / cached_s, "length_pass_s": pass_s}
 
 
 def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed: int = 0) -> dict[str, Any]:
@@ -124,7 +133,9 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
     result = {"index": index, "getitem": getitem, "fill": fill, "targets": targets}
     print(f"index: {index['bytes'] / 2**20:.0f} MiB, {index['lines']} lines: build {index['index_build_s']:.3f}s, "
           f"wc -l {index['wc_l_s']:.3f}s, cached load {index['index_cached_load_s'] * 1e3:.1f}ms")
-    print(f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s ({getitem['us_per_sample']:.1f} us)")
+    print(f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s ({getitem['us_per_sample']:.1f} us, "
+          f"{getitem['tokens_per_s'] / 1e6:.2f}M tokens/s); with cache_tokens {getitem['cache_tokens_per_s']:.0f} samples/s "
+          f"after a {getitem['length_pass_s']:.2f}s length pass")
     b = fill["baseline"]
     print(f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s) vs "
           f"concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)")
