@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from megatron.energon import DefaultTaskEncoder, Sample, edataclass, stateless
+from megatron.energon import DefaultTaskEncoder, Sample, SkipSample, edataclass, stateless
 
 from energon_pack.energon.chatml import CHATML_COOKERS, ChatMLSample, parse_chatml
 from energon_pack.energon.samples import PackCandidate, SkippedSample
@@ -163,6 +163,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     # ------------------------------------------------------------------ post-encode (pixels)
     @stateless
     def postencode_sample(self, sample: PackCandidate) -> EncodedSegment:
+        if isinstance(sample, SkippedSample):  # only without packing: Energon skips it
+            raise SkipSample()
         p = sample.payload
         enc = preencode_chat(p["conversation"], p["image_metas"], p["video_metas"], tokenizer=self.tokenizer,
                              preset=self.preset, config=self.chat)
