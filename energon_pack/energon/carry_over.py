@@ -178,11 +178,8 @@ class CarryOverPackingDataset(BaseWrapperDataset):
 
     def _stats_snapshot(self) -> Dict[str, Any]:
         worker = self.worker_config
-        return {
-            "rank": worker.rank,
-            "worker": worker.rank_worker_id() if worker.num_workers else 0,
-            **self._packer.stats.state_dict(),
-        }
+        identity = {"rank": worker.rank, "worker": worker.rank_worker_id() if worker.num_workers else 0}
+        return {**identity, **self._packer.stats.state_dict()}
 
     # ------------------------------------------------------------------ restore one pack
     def can_restore_sample(self) -> bool:

@@ -14,13 +14,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, List, Optional, Sequence
 
-from megatron.energon import stateless
+from megatron.energon import SkipSample, stateless
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.task_encoder.base import get_failure_tolerance, get_stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import BatchDataset, MapDataset
 
-from energon_pack.errors import ConfigError
+from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasing
 
 from .carry_over import CarryOverPackingDataset
@@ -77,13 +77,25 @@ class CarryOverPackingMixin:
             __key__=",".join(s.__key__ for s in samples),
             __restore_key__=(),
             samples=list(samples),
-            packing_stats=None if stats is None else {"rank": None, "worker": None, **stats.state_dict()},
+            packing_stats=None if stats is None else {**_worker_identity(), **stats.state_dict()},
         )
 
     def _round_stats(self) -> PackingStats:
+        """Rounds mode only: this worker's counters (kept on the encoder copy in the worker)."""
         if getattr(self, "_rounds_stats", None) is None:
             self._rounds_stats = PackingStats()
         return self._rounds_stats
+
+    def count_postencode_skip(self, skip: SampleSkipped) -> None:
+        """Rounds mode: Energon's wrapper drops failed samples silently, so count them here.
+
+        Raises Energon's ``SkipSample`` in rounds mode (counted), re-raises ``skip`` otherwise
+        (the carry-over wrapper counts it by reason).
+        """
+        if self.packing_mode == "rounds":
+            self._round_stats().record_skip(skip.reason)
+            raise SkipSample() from None
+        raise skip
 
     # ---------------------------------------------------------------- the hook we override
     def build_batch(
@@ -139,6 +151,13 @@ class CarryOverPackingMixin:
                 failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
             )
         return dataset
+
+
+def _worker_identity() -> dict:
+    worker = WorkerConfig.active_worker_config
+    if worker is None:
+        return {"rank": None, "worker": None}
+    return {"rank": worker.rank, "worker": worker.rank_worker_id() if worker.num_workers else 0}
 
 
 def pack_members(items: Sequence[Any]) -> list:

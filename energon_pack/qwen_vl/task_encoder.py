@@ -165,6 +165,12 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def postencode_sample(self, sample: PackCandidate) -> EncodedSegment:
         if isinstance(sample, SkippedSample):  # only without packing: Energon skips it
             raise SkipSample()
+        try:
+            return self._postencode(sample)
+        except SampleSkipped as skip:
+            self.count_postencode_skip(skip)
+
+    def _postencode(self, sample: PackCandidate) -> EncodedSegment:
         p = sample.payload
         enc = preencode_chat(p["conversation"], p["image_metas"], p["video_metas"], tokenizer=self.tokenizer,
                              preset=self.preset, config=self.chat)
