@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--samples", type=int, default=1200)
     make.add_argument("--seed", type=int, default=0)
 
-    prep = sub.add_parser("prepare", help="energon prepare, non-interactive: index *.tar shards as a CrudeWebdataset")
-    prep.add_argument("dir")
+    prep = sub.add_parser("prepare", help="energon prepare, non-interactive: a folder of *.tar shards or a .jsonl file")
+    prep.add_argument("dir", help="shard folder (indexed as a CrudeWebdataset) or a .jsonl file")
     prep.add_argument("--split", type=_floats, default=(1.0, 0.0, 0.0), help="train,val,test shard ratio")
 
     bench = sub.add_parser("bench", help="sweep packing_buffer_size for carry and rounds on an Energon dataset")
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.samples} samples to {args.dir}")
         return 0
     if args.command == "prepare":
-        from energon_pack.energon.prepare import prepare_webdataset
+        from energon_pack.energon.prepare import prepare
 
-        count = prepare_webdataset(args.dir, split=tuple(args.split))
+        count = prepare(args.dir, split=tuple(args.split))
         print(f"prepared {args.dir}: {count} samples")
         return 0
     if args.command == "bench":

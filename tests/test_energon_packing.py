@@ -27,7 +27,7 @@ SAMPLES = 600
 SKIP_REASON = {
     "garbage_image": "corrupt_image",
     "truncated_image": "corrupt_image",
-    "bad_json": "bad_json",
+    "bad_json": "invalid_json",
     "no_assistant": "no_assistant_turn",
     "placeholder_mismatch": "media_count_mismatch",
     "overlong": "oversize",

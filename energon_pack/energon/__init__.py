@@ -3,12 +3,17 @@
 from .carry_over import CarryOverPackingDataset
 from .chatml import CHATML_COOKERS, ChatMLSample, cook_chatml, parse_chatml
 from .demo_data import make_demo_shards
-from .prepare import prepare_webdataset
-from .samples import PackCandidate, PackedSamples, SkippedSample
-from .task_encoder import PACKING_MODES, CarryOverPackingMixin, pack_members
+from .prepare import prepare, prepare_jsonl, prepare_webdataset
+from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
+from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
+from .task_encoder import CarryOverPackingMixin, pack_members
+from .text import TextPackingTaskEncoder
 
 __all__ = [
     "CHATML_COOKERS",
+    "OVERLENGTH_POLICIES",
+    "PackingConfig",
+    "EncodedSegment",
     "PACKING_MODES",
     "CarryOverPackingDataset",
     "CarryOverPackingMixin",
@@ -16,9 +21,12 @@ __all__ = [
     "PackCandidate",
     "PackedSamples",
     "SkippedSample",
+    "TextPackingTaskEncoder",
     "cook_chatml",
     "make_demo_shards",
     "pack_members",
     "parse_chatml",
+    "prepare",
+    "prepare_jsonl",
     "prepare_webdataset",
 ]

@@ -14,7 +14,6 @@ pre-encode step, where a broken sample becomes a counted skip with a reason.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from megatron.energon import Cooker, Sample, basic_sample_keys, edataclass, stateless
 
 from energon_pack.errors import SampleSkipped
+from energon_pack.records import decode_json_record
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
@@ -53,17 +53,14 @@ def _natural_key(name: str) -> list:
 def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[bytes]]]:
     """Conversation object, encoded images and videos (frame lists) of a stored sample.
 
-    Raises :class:`SampleSkipped` with reason ``missing_conversation``, ``bad_json`` or
-    ``bad_media`` for samples that cannot be used.
+    Raises :class:`SampleSkipped` with reason ``missing_conversation``, ``invalid_json`` (or
+    ``invalid_utf8``, ``empty_line``) or ``bad_media`` for samples that cannot be used.
     """
     fields = sample.fields
     raw = next((fields[k] for k in CONVERSATION_FIELDS if k in fields), None)
     if raw is None:
         raise SampleSkipped("missing_conversation", f"no field among {CONVERSATION_FIELDS} in {sorted(fields)}")
-    try:
-        conversation = json.loads(raw) if isinstance(raw, (bytes, bytearray, str)) else raw
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SampleSkipped("bad_json", str(exc)[:200]) from None
+    conversation = decode_json_record(raw) if isinstance(raw, (bytes, bytearray, str)) else raw
     images = [fields[k] for k in sorted(fields, key=_natural_key) if _IMAGE_FIELD.match(k)]
     videos: list[list[bytes]] = []
     for name in PICKLED_IMAGE_FIELDS:

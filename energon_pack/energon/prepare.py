@@ -8,6 +8,21 @@ from pathlib import Path
 DATASET_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 
 
+def prepare_jsonl(path: str | Path) -> int:
+    """Index a JSONL file for Energon (``energon prepare x.jsonl``); returns the line count."""
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no JSONL file at {path}")
+    return CrudeJsonlDatasetFactory.prepare_dataset(EPath(str(path)))
+
+
+def prepare(path: str | Path, **kw) -> int:
+    """Prepare a ``.jsonl`` file or a folder of ``*.tar`` shards for Energon."""
+    return prepare_jsonl(path) if str(path).endswith(".jsonl") else prepare_webdataset(path, **kw)
+
+
 def prepare_webdataset(root: str | Path, *, split: tuple[float, float, float] = (1.0, 0.0, 0.0), workers: int = 2) -> int:
     """Index the ``*.tar`` shards under ``root`` for Energon and declare them a CrudeWebdataset.
 

@@ -37,3 +37,10 @@ class PackedSamples(Sample):
 
     samples: list
     packing_stats: Optional[dict] = None
+
+
+@edataclass
+class EncodedSegment(Sample):
+    """One post-encoded sample: its :class:`~energon_pack.thd.ThdSegment` (tokens, masks, pixels)."""
+
+    segment: Any

@@ -1,12 +1,15 @@
 """A task-encoder mixin that packs with our carry-over wrapper when ``packing_buffer_size`` is set.
 
+Encoders call :meth:`CarryOverPackingMixin.configure_packing` with a :class:`PackingConfig`
+and give pre-encoded samples a ``cost`` (see :class:`PackCandidate`); post-encoded samples
+are :class:`EncodedSegment` and the mixin's ``batch`` builds the THD row.
+
 Users keep Energon's surface, ``get_train_dataset(..., packing_buffer_size=K)``. With
 ``packing_mode="carry"`` (default) :meth:`build_batch` inserts
 :class:`CarryOverPackingDataset` (open bins carried across rounds, at most K samples held
 per worker); with ``packing_mode="rounds"`` Energon's own ``PackingDataset`` runs with our
 first-fit-decreasing selector, the behaviour users have today, so both can be compared on
-the same data. Subclasses provide :meth:`packing_capacity` and give pre-encoded samples a
-``cost`` (see :class:`PackCandidate`).
+the same data.
 """
 
 from __future__ import annotations
@@ -23,30 +26,37 @@ from megatron.energon.wrappers import BatchDataset, MapDataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasing
 
+from energon_pack.thd import ThdLayout, build_thd_batch
+
 from .carry_over import CarryOverPackingDataset
+from .config import PackingConfig
 from .samples import PackedSamples, SkippedSample
-
-PACKING_MODES = ("carry", "rounds")
-
 
 class CarryOverPackingMixin:
     """Mix in before an Energon ``TaskEncoder``; see the module docstring."""
 
-    #: "carry" (our wrapper) or "rounds" (Energon's PackingDataset with our FFD selector).
-    packing_mode: str = "carry"
-    #: Extra OnlinePacker options: lookahead_packs, min_fill, max_age, on_oversize, seed.
-    packer_options: dict = {}
+    packing: PackingConfig
+    layout: ThdLayout
+
+    def configure_packing(self, config: PackingConfig, pad_token_id: int) -> None:
+        """Set the packing knobs (called from the encoder's ``__init__``)."""
+        self.packing = config
+        self.layout = config.layout(pad_token_id)
+
+    @property
+    def packing_mode(self) -> str:
+        return self.packing.packing_mode
 
     def packing_capacity(self) -> tuple[int, ...]:
         """Capacity of one pack in every budget (tokens first)."""
-        raise NotImplementedError
+        return self.packing.capacity()
 
     def packing_cost(self, sample: Any) -> tuple[int, ...]:
         """Cost of one pre-encoded sample in every budget (tokens first)."""
         return tuple(sample.cost)
 
     def make_packer(self, buffer_size: int) -> OnlinePacker:
-        return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packer_options)
+        return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
 
     # ---------------------------------------------------------------- Energon's own hooks
     def select_samples_to_pack(self, samples: List[Any]) -> List[List[Any]]:
@@ -107,8 +117,6 @@ class CarryOverPackingMixin:
         packing_buffer_size: Optional[int] = None,
         worker_config: WorkerConfig,
     ) -> SavableDataset:
-        if self.packing_mode not in PACKING_MODES:
-            raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
         if packing_buffer_size is not None:
             if not isinstance(packing_buffer_size, int) or packing_buffer_size < 1:
                 raise ConfigError(
@@ -151,6 +159,22 @@ class CarryOverPackingMixin:
                 failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
             )
         return dataset
+
+
+    @stateless
+    def batch(self, samples: List[Any]) -> dict:
+        """One THD row (CONTRACT.md) from the members of the micro-batch's pack(s)."""
+        members = pack_members(samples)
+        batch = build_thd_batch([m.segment for m in members], self.layout)
+        stats = [s.packing_stats for s in samples if getattr(s, "packing_stats", None) is not None]
+        batch["packing_stats"] = stats[-1] if stats else None
+        batch["__key__"] = ",".join(m.__key__ for m in members)
+        batch["__restore_key__"] = ()
+        return batch
+
+    @stateless
+    def encode_batch(self, batch: dict) -> dict:
+        return batch
 
 
 def _worker_identity() -> dict:

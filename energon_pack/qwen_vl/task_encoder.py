@@ -7,94 +7,28 @@
   the media, and compute M-RoPE positions -> one :class:`ThdSegment`.
 * ``batch``: the THD row of ``CONTRACT.md`` (with ``mrope_position_ids``) as a dict.
 
-Costs are (aligned tokens[, ViT patches][, media items]): the optional budgets bound vision
-work per pack. Bad samples become counted skips with a reason (see ``SKIP_REASONS``).
+Costs are (aligned tokens[, ViT patches][, media items]) (see :class:`PackingConfig`). Bad
+samples become counted skips with a reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any
 
-from megatron.energon import DefaultTaskEncoder, Sample, SkipSample, edataclass, stateless
+from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 
 from energon_pack.energon.chatml import CHATML_COOKERS, ChatMLSample, parse_chatml
-from energon_pack.energon.samples import PackCandidate, SkippedSample
-from energon_pack.energon.task_encoder import PACKING_MODES, CarryOverPackingMixin, pack_members
+from energon_pack.energon.config import PackingConfig
+from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
+from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
-from energon_pack.thd import ThdLayout, ThdSegment, alignment_multiple, build_thd_batch
+from energon_pack.thd import ThdSegment
 
 from . import vision as V
 from .chat import ChatConfig, ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat
 from .mrope import mrope_position_ids
 from .presets import VisionPreset, get_preset
 from .tokenizer import as_qwen_tokenizer, load_demo_tokenizer
-
-OVERLENGTH_POLICIES = ("skip", "error")
-
-
-@dataclass(frozen=True)
-class QwenVLPackingConfig:
-    """Every knob of the Qwen-VL packing encoder, validated at construction."""
-
-    seq_length: int = 8192
-    cp: int = 1
-    tp: int = 1
-    sp: bool = False
-    eval_cp: Optional[int] = None
-    pad_to_max_length: bool = False
-    pad_cu_seqlens: bool = False
-    max_segments: Optional[int] = None
-    max_media_per_pack: Optional[int] = None
-    max_patches_per_pack: Optional[int] = None
-    packing_mode: str = "carry"
-    lookahead_packs: Optional[float] = None
-    min_fill: Optional[float] = None
-    max_age: Optional[int] = None
-    overlength: str = "skip"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.packing_mode not in PACKING_MODES:
-            raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
-        if self.overlength not in OVERLENGTH_POLICIES:
-            raise ConfigError(
-                "overlength", f"unknown policy {self.overlength!r}",
-                "use 'skip' (count and skip) or 'error'; truncation would cut visual tokens",
-            )
-        for knob in ("max_media_per_pack", "max_patches_per_pack"):
-            value = getattr(self, knob)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(knob, f"must be a positive int or None, got {value!r}", "leave it None for no budget")
-        self.layout  # validates width, alignment and static cu_seqlens knobs
-
-    @property
-    def layout(self) -> ThdLayout:
-        return ThdLayout(
-            width=self.seq_length,
-            pad_multiple=alignment_multiple(self.cp, self.tp, self.sp, self.eval_cp),
-            pad_to_max_length=self.pad_to_max_length,
-            pad_cu_seqlens=self.pad_cu_seqlens,
-            max_segments=self.max_segments,
-        )
-
-    def capacity(self) -> tuple[int, ...]:
-        extra = tuple(b for b in (self.max_patches_per_pack, self.max_media_per_pack) if b is not None)
-        return (self.seq_length, *extra)
-
-    def cost(self, aligned_tokens: int, patches: int, media: int) -> tuple[int, ...]:
-        extra = tuple(
-            value for value, budget in ((patches, self.max_patches_per_pack), (media, self.max_media_per_pack))
-            if budget is not None
-        )
-        return (aligned_tokens, *extra)
-
-
-@edataclass
-class EncodedSegment(Sample):
-    """One post-encoded sample: its THD segment (tokens, labels, masks, M-RoPE, pixels)."""
-
-    segment: Any
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
@@ -109,31 +43,17 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         tokenizer: Any = None,
         preset: str | VisionPreset = "qwen2.5-vl",
         chat: ChatConfig | None = None,
-        config: QwenVLPackingConfig | None = None,
+        config: PackingConfig | None = None,
         **config_overrides: Any,
     ) -> None:
         super().__init__()
-        base = config or QwenVLPackingConfig()
-        if config_overrides:
-            unknown = set(config_overrides) - set(QwenVLPackingConfig.__dataclass_fields__)
-            if unknown:
-                raise ConfigError(sorted(unknown)[0], "is not a knob of QwenVLPackingTaskEncoder",
-                                  f"use one of {sorted(QwenVLPackingConfig.__dataclass_fields__)}")
-            base = QwenVLPackingConfig(**{**base.__dict__, **config_overrides})
-        self.config = base
-        self.layout = base.layout
+        config = PackingConfig.build(config, **config_overrides)
+        if config.overlength == "truncate":
+            raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
         self.tokenizer = as_qwen_tokenizer(tokenizer) if tokenizer is not None else load_demo_tokenizer()
-        self.layout = ThdLayout(**{**self.layout.__dict__, "pad_token_id": self.tokenizer.pad_id})
+        self.configure_packing(config, self.tokenizer.pad_id)
         self.preset = get_preset(preset)
         self.chat = chat or ChatConfig()
-        self.packing_mode = base.packing_mode
-        self.packer_options = {
-            "lookahead_packs": base.lookahead_packs, "min_fill": base.min_fill, "max_age": base.max_age,
-            "on_oversize": base.overlength, "seed": base.seed,
-        }
-
-    def packing_capacity(self) -> tuple[int, ...]:
-        return self.config.capacity()
 
     # ------------------------------------------------------------------ pre-encode (cheap)
     @stateless
@@ -149,7 +69,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         patches = sum(_prod(V.image_grid_thw(m.height, m.width, self.preset)) for m in image_metas)
         patches += sum(_prod(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width, self.preset))
                        for m in video_metas)
-        cost = self.config.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
+        cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
         payload = {"conversation": conversation, "images": images, "videos": videos,
                    "image_metas": image_metas, "video_metas": video_metas, "length": length}
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
@@ -195,21 +115,6 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         segment = ThdSegment(enc.input_ids, enc.labels, enc.loss_mask, mrope_position_ids=positions,
                              visual=visual or None, key=sample.__key__)
         return EncodedSegment.derive_from(sample, segment=segment)
-
-    # ------------------------------------------------------------------ batch
-    @stateless
-    def batch(self, samples: List[Any]) -> dict:
-        members = pack_members(samples)
-        batch = build_thd_batch([m.segment for m in members], self.layout)
-        stats = [s.packing_stats for s in samples if getattr(s, "packing_stats", None) is not None]
-        batch["packing_stats"] = stats[-1] if stats else None
-        batch["__key__"] = ",".join(m.__key__ for m in members)
-        batch["__restore_key__"] = ()
-        return batch
-
-    @stateless
-    def encode_batch(self, batch: dict) -> dict:
-        return batch
 
 
 def _prod(values: tuple[int, ...]) -> int:

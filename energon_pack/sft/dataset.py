@@ -18,7 +18,6 @@ used by the sampler to give every data-parallel rank the same number of steps.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
+from ..records import decode_json_record
 from .formats import FORMATS, Encoded, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
 
@@ -102,17 +102,7 @@ class JsonlSFTDataset:
         return Encoded(enc.input_ids, enc.target_mask, key=i + 1)
 
     def _encode_raw(self, raw: bytes) -> Encoded:
-        if not raw.strip():
-            raise SampleSkipped("empty_line", "blank line")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SampleSkipped("invalid_utf8", str(exc)) from None
-        try:
-            record = json.loads(text)
-        except ValueError as exc:
-            raise SampleSkipped("invalid_json", str(exc)) from None
-        return self.format.encode(record)
+        return self.format.encode(decode_json_record(raw))
 
     def __getitem__(self, i: int) -> Encoded:
         if i == PADDING_INDEX:

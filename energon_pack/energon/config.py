@@ -1,0 +1,87 @@
+"""The packing configuration shared by our Energon task encoders, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from energon_pack.errors import ConfigError
+from energon_pack.thd import ThdLayout, alignment_multiple
+
+PACKING_MODES = ("carry", "rounds")
+OVERLENGTH_POLICIES = ("skip", "error", "truncate")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Pack width and layout (THD), packer knobs, and optional extra budgets per pack.
+
+    Costs are (aligned tokens[, ViT patches][, media items]); the optional budgets bound the
+    vision work one pack may carry. ``overlength``: ``skip`` (counted), ``error``, or
+    ``truncate`` (text only).
+    """
+
+    seq_length: int = 8192
+    cp: int = 1
+    tp: int = 1
+    sp: bool = False
+    eval_cp: Optional[int] = None
+    pad_to_max_length: bool = False
+    pad_cu_seqlens: bool = False
+    max_segments: Optional[int] = None
+    max_media_per_pack: Optional[int] = None
+    max_patches_per_pack: Optional[int] = None
+    packing_mode: str = "carry"
+    lookahead_packs: Optional[float] = None
+    min_fill: Optional[float] = None
+    max_age: Optional[int] = None
+    overlength: str = "skip"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.packing_mode not in PACKING_MODES:
+            raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
+        if self.overlength not in OVERLENGTH_POLICIES:
+            raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
+        for knob in ("max_media_per_pack", "max_patches_per_pack"):
+            value = getattr(self, knob)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(knob, f"must be a positive int or None, got {value!r}", "leave it None for no budget")
+        self.layout()  # validates width, alignment and static cu_seqlens knobs
+
+    @classmethod
+    def build(cls, base: "PackingConfig | None" = None, **overrides: Any) -> "PackingConfig":
+        """``base`` with ``overrides`` applied; an unknown knob raises ConfigError naming it."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(unknown[0], "is not a packing knob", f"use one of {sorted(names)}")
+        base = base or cls()
+        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **overrides})
+
+    def layout(self, pad_token_id: int = 0) -> ThdLayout:
+        return ThdLayout(
+            width=self.seq_length,
+            pad_multiple=alignment_multiple(self.cp, self.tp, self.sp, self.eval_cp),
+            pad_to_max_length=self.pad_to_max_length,
+            pad_cu_seqlens=self.pad_cu_seqlens,
+            max_segments=self.max_segments,
+            pad_token_id=pad_token_id,
+        )
+
+    def capacity(self) -> tuple[int, ...]:
+        extra = tuple(b for b in (self.max_patches_per_pack, self.max_media_per_pack) if b is not None)
+        return (self.seq_length, *extra)
+
+    def cost(self, aligned_tokens: int, patches: int = 0, media: int = 0) -> tuple[int, ...]:
+        extra = tuple(
+            value for value, budget in ((patches, self.max_patches_per_pack), (media, self.max_media_per_pack))
+            if budget is not None
+        )
+        return (aligned_tokens, *extra)
+
+    def packer_options(self) -> dict[str, Any]:
+        return {
+            "lookahead_packs": self.lookahead_packs, "min_fill": self.min_fill, "max_age": self.max_age,
+            "on_oversize": "error" if self.overlength == "error" else "skip", "seed": self.seed,
+        }

@@ -1,0 +1,96 @@
+"""A text task encoder for Energon-prepared GPT-SFT JSONL, packed by the same carry-over wrapper.
+
+``energon prepare data.jsonl`` (or Energon's Python API) indexes the file; then
+``get_train_dataset("data.jsonl", ..., task_encoder=TextPackingTaskEncoder(...),
+packing_buffer_size=K)`` streams fixed-width THD packs. Records are prompt/completion or chat
+(see :mod:`energon_pack.sft.formats`); tokens are computed once, in pre-encode, and the buffer
+holds int32 ids and a bool mask per sample.
+
+Energon's default JSONL loader parses each line before any encoder runs and drops a broken
+line with only a log line; this encoder keeps lines raw until pre-encode instead, so a broken
+line becomes a counted ``invalid_json`` skip like every other bad record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.energon import Cooker, DefaultCrudeJsonlDatasetFactory, DefaultTaskEncoder, Sample, SkipSample
+from megatron.energon import basic_sample_keys, edataclass, stateless
+from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
+
+from energon_pack.errors import SampleSkipped
+from energon_pack.records import decode_json_record
+from energon_pack.thd import ThdSegment
+
+from .config import PackingConfig
+from .samples import EncodedSegment, PackCandidate, SkippedSample
+from .task_encoder import CarryOverPackingMixin
+
+
+@edataclass
+class TextRecordSample(Sample):
+    """One stored JSONL record, still raw bytes (parsed in pre-encode)."""
+
+    raw: Any
+
+
+@stateless
+def cook_text_record(crude: dict) -> TextRecordSample:
+    return TextRecordSample(**basic_sample_keys(crude), raw=crude.get("json"))
+
+
+class _RawJsonlFactory(DefaultCrudeJsonlDatasetFactory):
+    """Energon's JSONL factory without its eager ``json.loads`` (parsing moves to pre-encode)."""
+
+    def _load_sample(self, sample):
+        sample["__subflavors__"] = self.subflavors
+        return CrudeJsonlDatasetFactory._load_sample(self, sample)
+
+
+class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
+    """GPT-SFT JSONL (prompt/completion or chat) -> fixed-width THD packs."""
+
+    cookers = [Cooker(cook_text_record)]
+    decoder = None
+
+    def __init__(self, *, tokenizer: Any = None, format: str = "prompt_completion",
+                 config: PackingConfig | None = None, **kw: Any) -> None:
+        from energon_pack.qwen_vl.tokenizer import load_demo_tokenizer
+        from energon_pack.sft.formats import make_format
+
+        super().__init__()
+        packing_kw = {k: kw.pop(k) for k in list(kw) if k in PackingConfig.__dataclass_fields__}
+        self.format = make_format(format, tokenizer if tokenizer is not None else load_demo_tokenizer(), **kw)
+        self.configure_packing(PackingConfig.build(config, **packing_kw), self.format.tokenizer.pad_id)
+
+    def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
+        if type(dataset.dataset) is DefaultCrudeJsonlDatasetFactory:
+            dataset.dataset.__class__ = _RawJsonlFactory
+        return super()._load_dataset(dataset, worker_rotation_offset, worker_config)
+
+    @stateless
+    def preencode_sample(self, sample: TextRecordSample) -> PackCandidate | SkippedSample:
+        try:
+            encoded = self.format.encode(decode_json_record(sample.raw))
+        except SampleSkipped as skip:
+            return SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
+        ids, mask = encoded.input_ids, encoded.target_mask
+        width = self.packing.seq_length
+        if len(ids) > width and self.packing.overlength == "truncate":
+            ids, mask = ids[:width], mask[:width]
+            if not mask[1:].any():
+                return SkippedSample.derive_from(sample, reason="no_trained_tokens", detail="nothing supervised after truncation")
+        payload = (np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool))
+        return PackCandidate.derive_from(sample, cost=self.packing.cost(self.layout.segment_span(len(ids))), payload=payload)
+
+    @stateless
+    def postencode_sample(self, sample: PackCandidate) -> EncodedSegment:
+        if isinstance(sample, SkippedSample):  # only without packing: Energon skips it
+            raise SkipSample()
+        ids, mask = sample.payload
+        segment = ThdSegment.from_target_mask(torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask),
+                                              key=sample.__key__)
+        return EncodedSegment.derive_from(sample, segment=segment)
