@@ -106,9 +106,13 @@ def main(path: str | Path, out_dir: str | Path, *, plots: bool = True, **kw: Any
     print()
     for t in result["targets"]:
         print(f"[{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['value']} ({t['op']} {t['bound']})")
+    if plots:
+        try:
+            result["plots"] = [str(p) for p in plot(cells, out_dir)]
+        except ImportError:
+            plots = False
+            print("matplotlib is not installed: no plots (pip install 'energon-pack[examples]')")
     (out_dir / "buffer_sizes.json").write_text(json.dumps(result, indent=2))
     (out_dir / "buffer_sizes.md").write_text(markdown_table(cells) + "\n")
-    if plots:
-        result["plots"] = [str(p) for p in plot(cells, out_dir)]
     print(f"\nwrote {out_dir}/buffer_sizes.json, buffer_sizes.md" + (", buffer_*.png" if plots else ""))
     return result

@@ -1,0 +1,59 @@
+"""The README's main job and the examples run end to end on tiny data (no timing asserts)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from energon_pack.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_reports_both_modes(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    rc = main(["demo", "--data", str(tmp_path / "data"), "--samples", "120", "--packs", "4",
+               "--workers", "0", "--width", "4096", "--buffer", "16", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "carry (ours)" in printed and "rounds (Energon's PackingDataset + FFD)" in printed
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["mode"] for c in cells] == ["carry", "rounds"]
+    for c in cells:
+        assert c["packs"] == 4 and c["buffer"] == 16 and 0 < c["fill"] <= 1
+        assert c["real_tokens"] + (c["slots"] - c["real_tokens"]) == 4 * 4096
+        assert c["first_batch_s"] > 0 and c["peak_worker_rss_mb"] > 0
+    assert (tmp_path / "data" / ".nv-meta" / "dataset.yaml").exists()
+
+
+def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
+    from energon_pack.energon import make_demo_shards
+
+    data = make_demo_shards(tmp_path / "data", samples=80, per_shard=40)
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "compare_buffer_sizes.py"), "--data", str(data), "--buffers", "4,16",
+         "--workers", "1", "--packs", "3", "--width", "4096", "--out-dir", str(out)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    result = json.loads((out / "buffer_sizes.json").read_text())
+    cells = result["cells"]
+    assert [(c["mode"], c["buffer"]) for c in cells] == [("carry", 4), ("carry", 16), ("rounds", 4), ("rounds", 16)]
+    fields = {"mode", "buffer", "workers", "packs", "samples", "real_tokens", "slots", "fill", "samples_per_pack",
+              "packs_per_s", "samples_per_s", "first_batch_s", "peak_worker_rss_mb", "skips"}
+    for c in cells:
+        assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
+    assert {t["target"] for t in result["targets"]} == {"carry fill >= rounds fill at K=4",
+                                                         "carry fill >= rounds fill at K=16"}
+    assert (out / "buffer_sizes.md").read_text().count("\n") == 2 + 4
+    for name in ("fill", "rss", "latency"):
+        assert (out / f"buffer_{name}.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("command", [["make-demo", "--help"], ["prepare", "--help"], ["inspect", "--help"]])
+def test_cli_help(command):
+    with pytest.raises(SystemExit) as exc:
+        main(command)
+    assert exc.value.code == 0
