@@ -9,9 +9,11 @@ from energon_pack.packing import (
     OnlinePacker,
     OversizeError,
     PackingStats,
+    PackingStatsTracker,
     best_fit_decreasing,
     first_fit_decreasing,
 )
+from energon_pack.sft import InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler, inspect_jsonl
 from energon_pack.thd import (
     ThdLayout,
     ThdSegment,
@@ -27,17 +29,22 @@ __version__ = "0.1.0"
 __all__ = [
     "BinPacking",
     "ConfigError",
+    "InBatchPacker",
+    "JsonlSFTDataset",
     "OnlinePacker",
     "OversizeError",
     "PackingStats",
+    "PackingStatsTracker",
     "SampleSkipped",
     "ThdLayout",
     "ThdSegment",
+    "TokenBudgetBatchSampler",
     "aligned_length",
     "alignment_multiple",
     "best_fit_decreasing",
     "build_thd_batch",
     "first_fit_decreasing",
+    "inspect_jsonl",
     "shifted_labels_and_loss_mask",
     "thd_attention_mask",
 ]

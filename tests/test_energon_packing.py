@@ -19,6 +19,7 @@ from energon_pack.energon.chatml import CHATML_COOKERS
 
 from energon_pack.energon.demo_data import CORRUPT_KINDS, expected_skips
 from energon_pack.errors import ConfigError
+from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
@@ -69,12 +70,11 @@ def keys_of(batches):
     return [k for b in batches for k in b["__keys__"]]
 
 
-def last_stats_per_worker(batches):
-    stats = {}
+def tracked(batches):
+    tracker = PackingStatsTracker()
     for b in batches:
-        s = b["packing_stats"]
-        stats[(s["rank"], s["worker"])] = s
-    return stats
+        tracker.update(b["packing_stats"])
+    return tracker
 
 
 def expected_valid_keys():
@@ -88,19 +88,17 @@ def test_finite_epoch_covers_every_valid_sample_once_and_counts_skips(demo_shard
     batches = list(get_loader(train_ds(demo_shards, te, workers=workers, buffer=32)))
     keys = keys_of(batches)
     assert sorted(keys) == expected_valid_keys()  # nothing lost, nothing duplicated
-    stats = last_stats_per_worker(batches)
-    assert len(stats) == max(workers, 1)
-    skips = {}
-    for s in stats.values():
-        for reason, count in s["skips"]:
-            skips[reason] = skips.get(reason, 0) + count
+    tracker = tracked(batches)
+    assert len(tracker.per_worker()) == max(workers, 1)
+    total = tracker.total
+    skips = dict(total.skips)
     want = {}
     for kind, count in expected_skips(SAMPLES).items():
         if count:
             want[SKIP_REASON[kind]] = want.get(SKIP_REASON[kind], 0) + count
     assert skips == want and sum(want.values()) == SAMPLES - len(expected_valid_keys())
-    assert sum(s["samples"] for s in stats.values()) == len(keys)
-    assert sum(s["packs"] for s in stats.values()) == len(batches)
+    assert total.samples == len(keys) and total.packs == len(batches)
+    assert total.real_tokens == sum(b["real_tokens"] for b in batches)
     for b in batches:
         assert b["input_ids"].shape[1] <= 4096 and b["total_tokens"] == b["input_ids"].shape[1]
         assert b["real_tokens"] == int(b["cu_seqlens_q"][-1])

@@ -6,7 +6,7 @@ Pure Python + numpy: no torch, no Energon, so it is reusable by every loader pat
 from .costs import Cost, as_capacity, as_cost, as_cost_matrix
 from .offline import BinPacking, OversizeError, best_fit_decreasing, decreasing_order, first_fit_decreasing
 from .online import OnlinePacker
-from .stats import PackingStats
+from .stats import PackingStats, PackingStatsTracker
 
 __all__ = [
     "BinPacking",
@@ -14,6 +14,7 @@ __all__ = [
     "OnlinePacker",
     "OversizeError",
     "PackingStats",
+    "PackingStatsTracker",
     "as_capacity",
     "as_cost",
     "as_cost_matrix",

@@ -109,3 +109,36 @@ class PackingStats:
             samples_per_pack=Counter(dict(state["samples_per_pack"])),
             skips=Counter(dict(state["skips"])),
         )
+
+
+class PackingStatsTracker:
+    """One view of the stats of every loader worker, from the snapshots that batches carry.
+
+    Each batch holds ``packing_stats``: the cumulative stats of the worker that built it, with
+    its ``rank`` and ``worker``. Feed every batch's snapshot to :meth:`update`; :attr:`total`
+    merges the latest snapshot of each worker (gather ``state_dict()`` across ranks to see a
+    whole job).
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple, dict[str, Any]] = {}
+
+    def update(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot is not None:
+            self._latest[(snapshot.get("rank"), snapshot.get("worker"))] = snapshot
+
+    def per_worker(self) -> dict[tuple, PackingStats]:
+        return {key: PackingStats.from_state_dict(s) for key, s in sorted(self._latest.items(), key=str)}
+
+    @property
+    def total(self) -> PackingStats:
+        total = PackingStats()
+        for stats in self.per_worker().values():
+            total = total.merge(stats)
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"latest": [[list(k), v] for k, v in self._latest.items()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._latest = {tuple(k): v for k, v in state["latest"]}
