@@ -44,26 +44,29 @@ def decreasing_order(costs: np.ndarray, capacity: Cost) -> np.ndarray:
     return np.argsort(-share, kind="stable")
 
 
-def _split_oversize(costs: np.ndarray, capacity: Cost, on_oversize: OversizePolicy) -> np.ndarray:
-    too_big = (costs > np.asarray(capacity)).any(axis=1)
+def _validated(
+    costs: Sequence[CostLike] | np.ndarray, capacity: CostLike, on_oversize: OversizePolicy
+) -> tuple[Cost, np.ndarray, np.ndarray]:
+    """(capacity, cost matrix, oversize flags); raises for bad input or oversize with ``error``."""
+    if on_oversize not in ("error", "skip"):
+        raise ValueError(f"on_oversize must be 'error' or 'skip', got {on_oversize!r}")
+    cap = as_capacity(capacity)
+    arr = as_cost_matrix(costs, len(cap))
+    too_big = (arr > np.asarray(cap)).any(axis=1)
     if too_big.any() and on_oversize == "error":
         i = int(np.argmax(too_big))
         raise OversizeError(
-            f"item {i} with cost {costs[i].tolist()} exceeds capacity {list(capacity)}; "
+            f"item {i} with cost {arr[i].tolist()} exceeds capacity {list(cap)}; "
             "pass on_oversize='skip' to count and skip such items"
         )
-    if on_oversize not in ("error", "skip"):
-        raise ValueError(f"on_oversize must be 'error' or 'skip', got {on_oversize!r}")
-    return too_big
+    return cap, arr, too_big
 
 
 def first_fit_decreasing(
     costs: Sequence[CostLike] | np.ndarray, capacity: CostLike, *, on_oversize: OversizePolicy = "error"
 ) -> BinPacking:
     """Pack items into as few bins as first-fit-decreasing finds; groups list item indices."""
-    cap = as_capacity(capacity)
-    arr = as_cost_matrix(costs, len(cap))
-    too_big = _split_oversize(arr, cap, on_oversize)
+    cap, arr, too_big = _validated(costs, capacity, on_oversize)
     order = [int(i) for i in decreasing_order(arr, cap) if not too_big[i]]
     tree = _RoomTree(len(order), cap)
     groups: list[list[int]] = []
@@ -81,9 +84,7 @@ def best_fit_decreasing(
     costs: Sequence[CostLike] | np.ndarray, capacity: CostLike, *, on_oversize: OversizePolicy = "error"
 ) -> BinPacking:
     """Pack items into the tightest bin that fits, largest first; groups list item indices."""
-    cap = as_capacity(capacity)
-    arr = as_cost_matrix(costs, len(cap))
-    too_big = _split_oversize(arr, cap, on_oversize)
+    cap, arr, too_big = _validated(costs, capacity, on_oversize)
     bins = OpenBins(cap)
     for i in decreasing_order(arr, cap):
         if too_big[i]:
