@@ -13,7 +13,8 @@ built from ``cu_seqlens_q_padded`` / ``cu_seqlens_q`` (a block-diagonal causal m
 a varlen kernel such as Transformer Engine's THD attention for real models). The loss is
 summed over ``loss_mask`` and averaged over the supervised tokens of all ranks.
 
-Reported per step: loss, real tokens, fill, and real (not padded) tokens/s over all ranks.
+Reported per step: loss, real tokens, fill, and real (not padded) tokens/s over all ranks; at
+the end, the packing stats of rank 0's workers and the share of time rank 0 waited for data.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class TinyVLM(nn.Module):
         if batch.get("pixel_values") is not None:
             patches = self.vision(batch["pixel_values"].to(x.dtype))
             merged = patches.view(-1, 4, patches.shape[-1]).mean(1)  # 2x2 merge groups are consecutive rows
-            x = x.masked_scatter((ids == self.image_pad_id)[:, None], merged)
+            x = x.masked_scatter((ids == self.image_pad_id)[:, None], merged.to(x.dtype))
         mask = thd_attention_mask(batch["cu_seqlens_q_padded"], batch["cu_seqlens_q"], ids.numel()).to(x.device)
         rope = rope_tables(batch["position_ids"][0], x.shape[-1] // self.heads)
         for block in self.blocks:
@@ -105,11 +106,13 @@ def main() -> None:
     args = p.parse_args()
 
     device = torch.device(args.device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
@@ -136,10 +139,13 @@ def main() -> None:
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
     tracker = PackingStatsTracker()
     history = []
-    tokens_total, start = 0, None
-    for step, batch in enumerate(loader):
-        if step == args.steps:
-            break
+    tokens_total, start, data_wait = 0, None, 0.0
+    batches = iter(loader)
+    for step in range(args.steps):
+        fetch = time.perf_counter()
+        batch = next(batches)
+        if start is not None:
+            data_wait += time.perf_counter() - fetch  # time the GPU step waited for the loader
         tracker.update(batch["packing_stats"])
         batch = to_device(batch, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -172,9 +178,10 @@ def main() -> None:
     stats = tracker.total.summary()
     summary = {"world_size": world, "device": str(device), "steps": len(history), "width": args.width,
                "real_tokens_per_s_all_ranks": tokens_total / elapsed if elapsed and not math.isnan(elapsed) else None,
+               "rank0_data_wait_fraction": data_wait / elapsed if elapsed and not math.isnan(elapsed) else None,
                "rank0_packing_stats": stats, "history": history}
     if rank == 0:
-        print(f"rank 0 packing: {stats}")
+        print(f"rank 0 packing: {stats}; rank 0 waited for data {summary['rank0_data_wait_fraction']:.1%} of the time")
         if args.report:
             with open(args.report, "w") as f:
                 json.dump(summary, f, indent=2)
