@@ -253,3 +253,25 @@ def test_configuration_mistakes_name_the_knob(demo_shards):
         encoder(seq_lenght=10)
     with pytest.raises(ConfigError, match="packing_buffer_size"):
         train_ds(demo_shards, encoder(), buffer=0)
+
+
+class ImageCounts(KeysOnly):
+    @stateless
+    def batch(self, samples):
+        return [(s.__key__, sum(k.endswith(".jpg") for k in s.fields)) for s in samples]
+
+
+def test_image_limits_are_counted_skips_through_the_loader(demo_shards):
+    from energon_pack.qwen_vl import ChatConfig
+
+    ds = get_train_dataset(demo_shards, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=ImageCounts(),
+                           repeat=False)
+    images = dict(pair for batch in get_loader(ds) for pair in batch)
+    te = encoder(chat=ChatConfig(max_num_images=1))
+    batches = list(get_loader(train_ds(demo_shards, te, workers=2, buffer=16)))
+    keys = set(keys_of(batches))
+    many = {k for k, n in images.items() if n > 1}
+    assert many and not keys & many
+    assert keys == set(expected_valid_keys()) - many
+    assert dict(tracked(batches).total.skips)["too_many_images"] == len(many)
