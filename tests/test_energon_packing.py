@@ -275,3 +275,22 @@ def test_image_limits_are_counted_skips_through_the_loader(demo_shards):
     assert many and not keys & many
     assert keys == set(expected_valid_keys()) - many
     assert dict(tracked(batches).total.skips)["too_many_images"] == len(many)
+
+
+class FailingFinalPacker(QwenVLPackingTaskEncoder):
+    """A final packer that fails on packs holding sample 0000005: those samples must be counted."""
+
+    @stateless
+    def pack_selected_samples(self, samples):
+        if any(s.__key__ == "0000005" for s in samples):
+            raise ValueError("boom")
+        return super().pack_selected_samples(samples)
+
+
+def test_final_packer_failures_are_counted_not_lost(demo_shards):
+    te = FailingFinalPacker(preset=SMALL_PRESET, seq_length=4096)
+    batches = list(get_loader(train_ds(demo_shards, te, buffer=16)))
+    keys = set(keys_of(batches))
+    lost = set(expected_valid_keys()) - keys
+    assert "0000005" in lost and len(keys) == len(keys_of(batches))
+    assert dict(tracked(batches).total.skips)["final_pack_error"] == len(lost)

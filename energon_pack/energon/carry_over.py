@@ -145,15 +145,18 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             pack = self._encode_members(members)
             if not pack:
                 continue
+            packed = None
             with self._final_failures.handle_errors(pack):
                 restore_keys = tuple(get_sample_restore_key(s) for s in pack)
                 with self._final_packing_sample_index.ctx() as pack_idx:
                     packed = self.final_packer(pack)
                 assert not inspect.isgenerator(packed), "generator final packers are not supported"
-                if hasattr(packed, "packing_stats"):
-                    packed.packing_stats = self._stats_snapshot()
-                self._final_failures.reset()
-                yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
+            if packed is None:  # the final packer failed and Energon's handler logged it
+                self._packer.stats.record_skip("final_pack_error", len(pack))
+                continue
+            if hasattr(packed, "packing_stats"):
+                packed.packing_stats = self._stats_snapshot()
+            yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
 
     def _encode_members(self, members: List[Any]) -> List[Any]:
         """Post-encode (decode pixels) the members of one pack; failures become counted skips."""
