@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
@@ -62,7 +63,9 @@ class QwenTokenizer:
     def __init__(self, tokenizer: Any, cache_size: int = 4096) -> None:
         self.inner = tokenizer
         self._is_raw = _is_raw_tokenizers(tokenizer)
-        self._cache: dict[str, tuple[int, ...]] = {}
+        # LRU memo: chat headers repeat in every sample, and post-encode re-tokenizes the pieces
+        # that pre-encode counted a few hundred samples earlier.
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_size = cache_size
         if not self._is_raw and not isinstance(tokenizer, TokenizerLike):
             raise ConfigError("tokenizer", f"{type(tokenizer).__name__} has no encode/convert_tokens_to_ids",
@@ -98,15 +101,19 @@ class QwenTokenizer:
         """Token ids of ``text`` with no BOS/EOS added (special tokens in the text are recognised)."""
         if not text:
             return []
-        hit = self._cache.get(text)
+        cache = self._cache
+        hit = cache.get(text)
         if hit is not None:
+            cache.move_to_end(text)
             return list(hit)
         if self._is_raw:
             ids = self.inner.encode(text, add_special_tokens=False).ids
         else:
             ids = self.inner.encode(text, add_special_tokens=False)
-        if len(self._cache) < self._cache_size:
-            self._cache[text] = tuple(ids)
+        if self._cache_size:
+            cache[text] = tuple(ids)
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)  # least recently used
         return list(ids)
 
     def decode(self, ids: list[int]) -> str:
