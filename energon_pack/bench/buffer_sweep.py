@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .loader_bench import CellResult, cells_to_json, format_cells, run_cell
+from .targets import check, format_target
 
 DEFAULT_BUFFERS = (1, 4, 8, 16, 32, 64, 128, 256)
 MODES = ("carry", "rounds")
@@ -42,19 +43,14 @@ def targets(cells: list[CellResult]) -> list[dict[str, Any]]:
     checks = []
     for k in sorted({c.buffer for c in cells}):
         if ("carry", k) in by and ("rounds", k) in by:
-            checks.append(_check(f"carry fill >= rounds fill at K={k}", by["carry", k].fill - by["rounds", k].fill, ">=", 0.0))
+            checks.append(check(f"carry fill >= rounds fill at K={k}", by["carry", k].fill - by["rounds", k].fill, ">=", 0.0))
     small, large = ("carry", 8), ("carry", 256)
     if small in by and large in by:
-        checks.append(_check("carry worker RSS K=256 / K=8 <= 1.15",
+        checks.append(check("carry worker RSS K=256 / K=8 <= 1.15",
                              by[large].peak_worker_rss_mb / by[small].peak_worker_rss_mb, "<=", 1.15))
-        checks.append(_check("carry first-batch latency K=256 / K=8 <= 3",
+        checks.append(check("carry first-batch latency K=256 / K=8 <= 3",
                              by[large].first_batch_s / by[small].first_batch_s, "<=", 3.0))
     return checks
-
-
-def _check(name: str, value: float, op: str, bound: float) -> dict[str, Any]:
-    met = value >= bound if op == ">=" else value <= bound
-    return {"target": name, "value": round(value, 4), "op": op, "bound": bound, "met": bool(met)}
 
 
 def markdown_table(cells: list[CellResult]) -> str:
@@ -105,7 +101,7 @@ def main(path: str | Path, out_dir: str | Path, *, plots: bool = True, **kw: Any
     print(format_cells(cells))
     print()
     for t in result["targets"]:
-        print(f"[{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['value']} ({t['op']} {t['bound']})")
+        print(format_target(t))
     if plots:
         try:
             result["plots"] = [str(p) for p in plot(cells, out_dir)]

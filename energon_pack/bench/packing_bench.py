@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.bench.mixes import MIXES
+from energon_pack.bench.targets import check, format_target
 from energon_pack.packing import OnlinePacker, first_fit_decreasing
 
 DEFAULT_BUFFERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -83,22 +84,17 @@ def _targets(rows: list[dict[str, Any]], lookahead_packs: float) -> list[dict[st
     checks = []
     look = cell("lognormal", 8192, f"lookahead_packs={lookahead_packs:g}")
     if look:
-        checks.append(_check("lognormal w8192 lookahead_packs fill >= 99.5%", look["online_fill"], ">=", 0.995))
+        checks.append(check("lognormal w8192 lookahead_packs fill >= 99.5%", look["online_fill"], ">=", 0.995))
     k64 = cell("lognormal", 8192, 64)
     if k64:
-        checks.append(_check("lognormal w8192 K=64 fill >= 99%", k64["online_fill"], ">=", 0.99))
+        checks.append(check("lognormal w8192 K=64 fill >= 99%", k64["online_fill"], ">=", 0.99))
     k256 = cell("lognormal", 8192, 256)
     if k256:
-        checks.append(_check("lognormal w8192 K=256 us/sample <= 5", k256["online_us_per_sample"], "<=", 5.0))
+        checks.append(check("lognormal w8192 K=256 us/sample <= 5", k256["online_us_per_sample"], "<=", 5.0))
     worst = min((r["online_fill"] - r["rounds_fill"] for r in rows if "rounds_fill" in r), default=None)
     if worst is not None:
-        checks.append(_check("online fill - round FFD fill, worst cell >= 0", worst, ">=", 0.0))
+        checks.append(check("online fill - round FFD fill, worst cell >= 0", worst, ">=", 0.0))
     return checks
-
-
-def _check(name: str, value: float, op: str, bound: float) -> dict[str, Any]:
-    ok = value >= bound if op == ">=" else value <= bound
-    return {"target": name, "value": round(value, 6), "bound": bound, "op": op, "met": bool(ok)}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -114,7 +110,7 @@ def format_table(result: dict[str, Any]) -> str:
         )
     lines.append("")
     for t in result["targets"]:
-        lines.append(f"[{'met' if t['met'] else 'MISSED'}] {t['target']}: {t['value']} ({t['op']} {t['bound']})")
+        lines.append(format_target(t))
     return "\n".join(lines)
 
 

@@ -13,7 +13,10 @@ samples become counted skips with a reason.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import torch
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 
@@ -66,8 +69,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                                     preset=self.preset, config=self.chat)
         except SampleSkipped as skip:
             return SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
-        patches = sum(_prod(V.image_grid_thw(m.height, m.width, self.preset)) for m in image_metas)
-        patches += sum(_prod(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width, self.preset))
+        patches = sum(math.prod(V.image_grid_thw(m.height, m.width, self.preset)) for m in image_metas)
+        patches += sum(math.prod(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width, self.preset))
                        for m in video_metas)
         cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
         payload = {"conversation": conversation, "images": images, "videos": videos,
@@ -102,29 +105,13 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             enc.input_ids, enc.image_grid_thw, enc.video_grid_thw, enc.second_per_grid_ts,
             preset=self.preset, image_pad_id=special.image_pad, video_pad_id=special.video_pad,
         )
-        visual = {"image_grid_thw": enc.image_grid_thw, "video_grid_thw": enc.video_grid_thw}
-        if media.pixel_values is not None:
-            visual["pixel_values"] = media.pixel_values
-        if media.pixel_values_videos is not None:
-            visual["pixel_values_videos"] = media.pixel_values_videos
-            visual["second_per_grid_ts"] = _as_tensor(enc.second_per_grid_ts)
-        if not len(enc.image_grid_thw):
-            del visual["image_grid_thw"]
-        if not len(enc.video_grid_thw):
-            del visual["video_grid_thw"]
+        visual = {}
+        if len(enc.image_grid_thw):
+            visual.update(pixel_values=media.pixel_values, image_grid_thw=enc.image_grid_thw)
+        if len(enc.video_grid_thw):
+            visual.update(pixel_values_videos=media.pixel_values_videos, video_grid_thw=enc.video_grid_thw,
+                          second_per_grid_ts=torch.tensor(enc.second_per_grid_ts, dtype=torch.float32))
         segment = ThdSegment(enc.input_ids, enc.labels, enc.loss_mask, mrope_position_ids=positions,
                              visual=visual or None, key=sample.__key__)
         return EncodedSegment.derive_from(sample, segment=segment)
 
-
-def _prod(values: tuple[int, ...]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
-def _as_tensor(values: list[float]):
-    import torch
-
-    return torch.tensor(values, dtype=torch.float32)
