@@ -1,0 +1,369 @@
+"""Hugging Face transformers: run our packed THD rows through Qwen2-VL / Qwen2.5-VL / Qwen3-VL.
+
+Three pieces, checked against transformers 5.x (``models/qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``):
+
+* :func:`hf_forward_kwargs`: one packed batch (micro-batch size 1) -> the keyword arguments of
+  the models' ``forward``. Positions are ``(4, 1, T)``: row 0 holds the text positions that
+  restart at 0 in every segment (HF's text model reads packing from that row), rows 1-3 our
+  M-RoPE. No attention mask, ``use_cache=False``, and the flash varlen kwargs
+  ``cu_seq_lens_q/_k`` + ``max_length_q/_k`` from the *padded* cu_seqlens (each segment's
+  physical span; an alignment gap trails its segment and is loss-masked).
+* :func:`register_varlen_attention` / :func:`use_varlen_attention`: an attention function for
+  HF's ``AttentionInterface`` that attends inside each cu_seqlens segment: PyTorch's
+  ``varlen_attn`` (flash) on CUDA in fp16/bf16, SDPA with a block-diagonal mask otherwise.
+  Its name contains "flash", so the vision towers hand it their own (window/full) cu_seqlens
+  instead of looping over images.
+* :func:`packed_loss` / :func:`normalize_by_global_tokens`: the summed cross entropy on our
+  pre-shifted labels, and its normalisation by the supervised tokens of all data-parallel ranks.
+
+transformers is imported inside functions only, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from energon_pack.errors import ConfigError
+from energon_pack.thd import IGNORE_INDEX
+
+__all__ = [
+    "VARLEN_ATTENTION",
+    "global_token_count",
+    "hf_forward_kwargs",
+    "mm_token_type_ids",
+    "normalize_by_global_tokens",
+    "packed_forward",
+    "packed_loss",
+    "register_varlen_attention",
+    "use_varlen_attention",
+    "varlen_attention_forward",
+]
+
+#: Name under which :func:`varlen_attention_forward` is registered. It must contain "flash":
+#: HF's Qwen-VL vision attention checks ``"flash" in config._attn_implementation``
+#: (``is_flash_attention_requested``) and only then passes ``cu_seq_lens_q/_k`` and
+#: ``is_causal=False`` to the attention function (otherwise it loops over images).
+VARLEN_ATTENTION = "energon_pack_flash_varlen"
+
+_VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_VISUAL_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+_CACHE_WHY = (
+    "with a cache HF's mask builder skips packed-sequence detection (it reads the restarting text "
+    "positions only when attention_mask and cache are both None), so under sdpa/eager every token "
+    "attends across segment boundaries; a training forward never needs a cache"
+)
+
+
+# --------------------------------------------------------------------------------- forward kwargs
+def _config_of(model: Any) -> Any:
+    return getattr(model, "config", model)
+
+
+def _is_vision_language(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def _forward_params(model: Any) -> set[str] | None:
+    forward = getattr(model, "forward", None)
+    if forward is None:
+        return None
+    return set(inspect.signature(forward).parameters)
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
+    """HF's token types (0 text, 1 image pad, 2 video pad) for ``input_ids``, from the model config.
+
+    transformers 5.x needs them to compute M-RoPE itself (unpacked forward without
+    ``position_ids``); packed forwards get our positions and do not need them.
+    """
+    config = _config_of(config)
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    types[input_ids == config.image_token_id] = 1
+    types[input_ids == config.video_token_id] = 2
+    return types
+
+
+def hf_forward_kwargs(
+    batch: Mapping[str, Any],
+    *,
+    model: Any = None,
+    device: torch.device | str | None = None,
+    use_cache: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments for a HF Qwen-VL ``forward`` (ForConditionalGeneration or base model).
+
+    ``model`` (optional, a model or its config) enables the checks that need it: a text-only LLM
+    gets ``(1, T)`` positions and must not receive visual tensors; ``second_per_grid_ts`` is
+    passed only where ``forward`` takes it (Qwen2.5-VL). Without ``model`` a Qwen-VL model is
+    assumed. ``labels`` are not passed: HF's loss shifts them again; use :func:`packed_loss`.
+    """
+    if use_cache:
+        raise ConfigError("use_cache", f"must be False for packed rows: {_CACHE_WHY}", "leave use_cache=False")
+    input_ids = batch["input_ids"]
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ConfigError(
+            "micro_batch_size", f"input_ids must be one packed row [1, T], got {shape}",
+            "use micro-batch size 1 (one THD row per step; the packer fills the row instead of MBS)",
+        )
+    total = input_ids.shape[1]
+    position_ids = batch["position_ids"]
+    if tuple(position_ids.shape) != (1, total):
+        raise ConfigError("position_ids", f"expected shape (1, {total}), got {tuple(position_ids.shape)}",
+                          "pass the batch as built by the task encoder (micro-batch size 1)")
+    config = _config_of(model) if model is not None else None
+    vision_language = config is None or _is_vision_language(config)
+    if config is not None and _is_vision_language(config) and config.model_type not in _VL_MODEL_TYPES:
+        raise ConfigError("model", f"model_type {config.model_type!r} is not a Qwen-VL model",
+                          f"use one of {_VL_MODEL_TYPES} (or a text-only LLM)")
+    has_visual = any(batch.get(k) is not None for k in _VISUAL_FORWARD_KEYS)
+    mrope = batch.get("mrope_position_ids")
+
+    if vision_language:
+        if mrope is None:
+            if has_visual:
+                raise ConfigError(
+                    "mrope_position_ids", "the batch carries images/videos but no M-RoPE positions",
+                    "build it with QwenVLPackingTaskEncoder (it computes mrope_position_ids per segment)",
+                )
+            # Text only: HF's M-RoPE of a text sample is its text position on all three axes.
+            mrope = position_ids.unsqueeze(0).expand(3, 1, total)
+        if tuple(mrope.shape) != (3, 1, total):
+            raise ConfigError("mrope_position_ids", f"expected shape (3, 1, {total}), got {tuple(mrope.shape)}",
+                              "use micro-batch size 1 and the batch as built by the task encoder")
+        positions = torch.cat([position_ids.unsqueeze(0), mrope], dim=0)  # (4, 1, T): text row first
+    else:
+        if has_visual:
+            raise ConfigError("model", f"{config.model_type!r} is a text-only model but the batch has images/videos",
+                              "use a Qwen-VL model, or pack text-only data")
+        positions = position_ids
+
+    cu_q, cu_k = batch["cu_seqlens_q_padded"], batch["cu_seqlens_kv_padded"]
+    for name, cu in (("cu_seqlens_q_padded", cu_q), ("cu_seqlens_kv_padded", cu_k)):
+        if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
+            raise ConfigError(name, f"must run from 0 to the row length {total}, got {cu.tolist()}",
+                              "pass the batch as built by the task encoder (the last span absorbs the tail)")
+    kwargs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "position_ids": positions,
+        "attention_mask": None,
+        "use_cache": False,
+        "cu_seq_lens_q": cu_q.to(torch.int32),
+        "cu_seq_lens_k": cu_k.to(torch.int32),
+        "max_length_q": int(batch["max_seqlen_q"]),
+        "max_length_k": int(batch["max_seqlen_kv"]),
+    }
+    for key in _VISUAL_FORWARD_KEYS:
+        if batch.get(key) is not None:
+            kwargs[key] = batch[key]
+    if batch.get("second_per_grid_ts") is not None:
+        params = _forward_params(model) if model is not None and hasattr(model, "forward") else None
+        if params is None or "second_per_grid_ts" in params:
+            kwargs["second_per_grid_ts"] = batch["second_per_grid_ts"]
+    if device is not None:
+        kwargs = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return kwargs
+
+
+def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
+    """``model(**hf_forward_kwargs(batch, model=model), **extra)``, refusing overrides that break packing."""
+    if extra.get("use_cache"):
+        raise ConfigError("use_cache", f"must be False for packed rows: {_CACHE_WHY}", "drop use_cache=True")
+    for bad in ("cache", "past_key_values", "attention_mask", "labels"):
+        if extra.get(bad) is not None:
+            why = "HF's loss shifts labels again; use packed_loss" if bad == "labels" else _CACHE_WHY if "cache" in bad or "past" in bad \
+                else "an attention mask disables packed-sequence detection; segments come from cu_seqlens"
+            raise ConfigError(bad, f"must not be passed for a packed row: {why}", f"drop {bad}=")
+    extra.pop("use_cache", None)
+    device = next(model.parameters()).device
+    return model(**hf_forward_kwargs(batch, model=model, device=device), **extra)
+
+
+# --------------------------------------------------------------------------------- varlen attention
+def _segments_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens (int32) of one row whose positions restart at 0 in every segment."""
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0).reshape(-1)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        starts = torch.cat([starts.new_zeros(1), starts])
+    return torch.cat([starts, starts.new_tensor([pos.numel()])]).to(torch.int32)
+
+
+def _block_mask(cu: torch.Tensor, total: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """bool [T, T]: True where query i may attend key j (same cu segment, and j <= i if causal)."""
+    lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.int64)
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+    mask = segment[:, None] == segment[None, :]
+    if causal:
+        mask = mask & torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+def _torch_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function: attention inside each ``cu_seq_lens`` segment of one packed row.
+
+    ``query``/``key``/``value`` are ``(1, heads, T, head_dim)`` (GQA allowed); returns
+    ``((1, T, heads, head_dim), None)`` like HF's sdpa/flash functions. Causality comes from the
+    ``is_causal`` kwarg (the vision towers pass False) or else ``module.is_causal`` (decoder
+    layers: True). Without ``cu_seq_lens_q`` the segments come from ``position_ids`` restarts.
+    """
+    if sliding_window is not None or softcap is not None:
+        raise ConfigError("attn_implementation", f"{VARLEN_ATTENTION} supports neither sliding windows nor softcap",
+                          "use flash_attention_2 or sdpa for such models")
+    batch, heads_q, total, head_dim = query.shape
+    heads_k = key.shape[1]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    cu_q, cu_k = cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q
+    if cu_q is None:
+        if position_ids is not None and batch == 1 and position_ids.numel() == total:
+            cu_q = cu_k = _segments_from_positions(position_ids)
+        else:
+            cu_q = cu_k = torch.tensor([0, total], dtype=torch.int32)
+    if batch != 1:
+        raise ConfigError("micro_batch_size", f"{VARLEN_ATTENTION} expects one packed row, got batch {batch}",
+                          "use micro-batch size 1 (THD)")
+    if key.shape[2] != total or int(cu_q[-1]) != total or not torch.equal(cu_q.cpu(), cu_k.cpu()):
+        raise ConfigError("cu_seq_lens_q", f"self-attention segments must cover the row of {total} tokens "
+                          f"(cu_q ends at {int(cu_q[-1])}, keys {key.shape[2]})",
+                          "pass the padded cu_seqlens of the batch (hf_forward_kwargs does) and use_cache=False")
+    if attention_mask is not None:
+        raise ConfigError("attention_mask", f"{VARLEN_ATTENTION} takes its segments from cu_seqlens",
+                          "pass attention_mask=None (hf_forward_kwargs does)")
+    q, k, v = (t.transpose(1, 2)[0] for t in (query, key, value))  # (T, H, D)
+    varlen_attn = _torch_varlen()
+    flash_ok = (varlen_attn is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+                and (dropout == 0.0 or not module.training) and head_dim <= 256)
+    if flash_ok:
+        if max_length_q is None:
+            max_length_q = int((cu_q[1:] - cu_q[:-1]).max())
+        out = varlen_attn(
+            q, k, v, cu_q.to(query.device, torch.int32), cu_k.to(query.device, torch.int32),
+            int(max_length_q), int(max_length_q), scale=scaling,
+            window_size=(-1, 0) if causal else (-1, -1), enable_gqa=heads_q != heads_k,
+        )
+        return out.unsqueeze(0), None
+    mask = _block_mask(cu_q, total, causal, query.device)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
+        scale=scaling, enable_gqa=heads_q != heads_k,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
+    """Register :func:`varlen_attention_forward` with transformers' ``AttentionInterface``; returns the name.
+
+    Idempotent. ``name`` must contain "flash" so the vision towers pass their cu_seqlens. It is
+    deliberately not registered as a mask function: HF then builds no mask (our segments come
+    from ``cu_seq_lens_q``). Set it on a model with :func:`use_varlen_attention`.
+    """
+    if "flash" not in name:
+        raise ConfigError("name", f"{name!r} lacks 'flash'", "HF's vision towers pass cu_seqlens only to 'flash' names")
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, varlen_attention_forward)
+    return name
+
+
+def use_varlen_attention(model: Any, name: str = VARLEN_ATTENTION) -> str:
+    """Register the varlen attention and make ``model`` (and every sub-model: vision tower, LLM) use it.
+
+    Sets ``config._attn_implementation`` directly: ``model.set_attn_implementation(name)`` would
+    treat any "flash" name that is not ``flash_attention_N`` as a hub kernel to download.
+    """
+    from transformers import PreTrainedModel
+
+    register_varlen_attention(name)
+    configs = [model.config] + [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
+    seen: set[int] = set()
+    while configs:
+        config = configs.pop()
+        if id(config) in seen:
+            continue
+        seen.add(id(config))
+        config._attn_implementation_internal = name
+        configs.extend(getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None) is not None)
+    return name
+
+
+# --------------------------------------------------------------------------------- loss
+def packed_loss(
+    logits: torch.Tensor, batch: Mapping[str, Any], num_supervised_tokens: int | float | torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross entropy on the batch's PRE-SHIFTED ``labels`` (``labels[i]`` is the target at position i).
+
+    Per-token loss (fp32) weighted by ``loss_mask`` and summed. Returns ``(loss, local_count)``:
+    ``loss`` is the sum, or the sum divided by ``num_supervised_tokens`` when given (e.g. from
+    :func:`global_token_count`); ``local_count`` is this row's supervised tokens (a tensor).
+    """
+    labels, loss_mask = batch["labels"], batch["loss_mask"]
+    vocab = logits.shape[-1]
+    if logits.shape[:-1] != labels.shape:
+        raise ConfigError("logits", f"shape {tuple(logits.shape)} does not match labels {tuple(labels.shape)}",
+                          "pass the full logits of the packed row (logits_to_keep=0)")
+    labels = labels.to(logits.device)
+    loss_mask = loss_mask.to(logits.device, torch.float32)
+    token_loss = F.cross_entropy(logits.reshape(-1, vocab).float(), labels.reshape(-1).clamp(min=0),
+                                 reduction="none")
+    weight = loss_mask.reshape(-1) * (labels.reshape(-1) != IGNORE_INDEX)
+    loss = (token_loss * weight).sum()
+    count = weight.sum()
+    if num_supervised_tokens is not None:
+        loss = loss / torch.as_tensor(num_supervised_tokens, dtype=loss.dtype, device=loss.device).clamp(min=1)
+    return loss, count
+
+
+def global_token_count(local_count: torch.Tensor | float, group: Any = None) -> torch.Tensor:
+    """Supervised tokens summed over the data-parallel ranks (``all_reduce``); the local count without dist."""
+    count = torch.as_tensor(local_count, dtype=torch.float32).detach().clone()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        backend = torch.distributed.get_backend(group)
+        if backend == "nccl" and not count.is_cuda:
+            count = count.cuda()
+        torch.distributed.all_reduce(count, group=group)
+    return count
+
+
+def normalize_by_global_tokens(
+    loss_sum: torch.Tensor, local_count: torch.Tensor | float, *, group: Any = None, grads_averaged: bool = True
+) -> torch.Tensor:
+    """``loss_sum`` divided by the supervised tokens of all ranks: every token weighs the same.
+
+    DDP/FSDP average gradients over ranks, so with ``grads_averaged`` the result is multiplied
+    by the world size to make the averaged gradient the true token mean.
+    """
+    total = global_token_count(local_count, group).to(loss_sum.device).clamp(min=1)
+    world = 1
+    if grads_averaged and torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size(group)
+    return loss_sum * world / total

@@ -1,0 +1,369 @@
+"""HF transformers integration: packed Qwen-VL rows through HF models equal each sample run alone.
+
+Packs come from the real Energon loader over WebDataset shards written here (images, videos,
+text-only samples; CP=2 so every segment is aligned to 4 tokens and gaps trail the segments).
+Tiny random-init Qwen2-VL / Qwen2.5-VL / Qwen3-VL models (fp32, eval, seeded, no downloads) run
+each pack once through ``hf_forward_kwargs`` + our varlen attention and each member sample
+alone through HF's own path (HF computes M-RoPE itself, stock sdpa attention).
+"""
+
+import copy
+import io
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+from PIL import Image
+
+from energon_pack.energon import prepare_webdataset
+from energon_pack.errors import ConfigError
+from energon_pack.integrations import hf as H
+from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
+from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+VOCAB = 776  # the demo tokenizer has 773 ids
+MAX_DIFF: dict[str, dict[str, float]] = {}  # printed at the end (pytest -s)
+
+
+def _jpeg(w, h, seed):
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _turns(user, answer):
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """7 samples: text-only, one/two images (``json`` + ``0.jpg``...), videos (pickled ``videos``), image + video."""
+    root = tmp_path_factory.mktemp("hf_shards")
+    samples = [
+        ("t0", _turns("what is a pack?", "many samples in one row."), [], []),
+        ("i1", _turns("<image>\ndescribe the image.", "a noisy square."), [_jpeg(60, 50, 1)], []),
+        ("v2", _turns("<video>\nwhat happens?", "the frames change."), [], [[_jpeg(64, 48, 20 + f) for f in range(3)]]),
+        ("iv3", _turns("<image>\n<video>\ncompare them.", "both are noise."), [_jpeg(48, 72, 3)],
+         [[_jpeg(56, 56, 30 + f) for f in range(4)]]),
+        ("i4", _turns("<image>\n<image>\ntwo images?", "yes, two."), [_jpeg(40, 40, 4), _jpeg(90, 40, 5)], []),
+        ("t5", [{"role": "user", "content": "count to three."}, {"role": "assistant", "content": "one two three."},
+                {"role": "user", "content": "again?"}, {"role": "assistant", "content": "one two three!"}], [], []),
+        ("v6", _turns("<video>\nhow long?", "two steps."), [], [[_jpeg(40, 60, 60 + f) for f in range(2)]]),
+    ]
+    with wds.ShardWriter(str(root / "hf-%06d.tar"), maxcount=100, verbose=0) as sink:
+        for key, conv, images, videos in samples:
+            fields = {"__key__": key, "json": json.dumps(conv).encode()}
+            fields.update({f"{i}.jpg": img for i, img in enumerate(images)})
+            if videos:
+                fields["videos"] = pickle.dumps(videos)
+            sink.write(fields)
+    prepare_webdataset(root)
+    return root
+
+
+PRESETS = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}
+
+
+def small_preset(name):
+    """The model version's preset (patch, merge, temporal patch, rope style) with small pixel budgets."""
+    f2 = get_preset(name).factor ** 2
+    return get_preset(name, min_pixels=4 * f2, max_pixels=12 * f2, video_min_pixels=4 * f2, video_max_pixels=6 * f2)
+
+
+def load_packs(root, preset, *, cp=2, seq_length=1024):
+    te = QwenVLPackingTaskEncoder(preset=preset, seq_length=seq_length, cp=cp, pad_to_max_length=True)
+    ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=8, repeat=False)
+    return list(get_loader(ds)), te
+
+
+def tiny_model(name, tok):
+    """A tiny random-init HF model of the version ``name`` (fp32, eval, seeded), default sdpa attention."""
+    import transformers as tf
+
+    preset = get_preset(name)
+    sp = tok.special
+    ids = dict(image_token_id=sp.image_pad, video_token_id=sp.video_pad, vision_start_token_id=sp.vision_start,
+               vision_end_token_id=sp.vision_end)
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    vision = dict(depth=2, num_heads=2, patch_size=preset.patch_size, temporal_patch_size=preset.temporal_patch_size,
+                  spatial_merge_size=preset.merge_size, initializer_range=0.1)
+    torch.manual_seed(0)
+    if name == "qwen2-vl":
+        cfg = tf.Qwen2VLConfig(text_config=text, vision_config=dict(vision, embed_dim=32, hidden_size=64, mlp_ratio=2),
+                               **ids)
+        model = tf.Qwen2VLForConditionalGeneration(cfg)
+    elif name == "qwen2.5-vl":
+        cfg = tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+            vision, hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56,
+            fullatt_block_indexes=[1], tokens_per_second=int(preset.tokens_per_second)), **ids)
+        model = tf.Qwen2_5_VLForConditionalGeneration(cfg)
+    else:
+        cfg = tf.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
+            vision, hidden_size=32, intermediate_size=64, out_hidden_size=64, num_position_embeddings=64,
+            deepstack_visual_indexes=[0]), **ids)
+        model = tf.Qwen3VLForConditionalGeneration(cfg)
+    assert model.config.model_type == PRESETS[name]
+    return model.float().eval()
+
+
+def split_pack(batch, image_pad, video_pad):
+    """Each member sample of a pack alone: its real tokens, labels, loss mask and its own visual rows."""
+    cu, cu_pad = batch["cu_seqlens_q"].tolist(), batch["cu_seqlens_q_padded"].tolist()
+    img_grid, vid_grid = batch["image_grid_thw"], batch["video_grid_thw"]
+    cursors = {"img": [0, 0], "vid": [0, 0]}  # (grid row, pixel row)
+    out = []
+
+    def take(kind, grids, pixels, n_tokens):
+        rows, pix = [], []
+        row, prow = cursors[kind]
+        while n_tokens > 0:
+            g = grids[row]
+            n_tokens -= int(g.prod()) // 4
+            rows.append(g)
+            pix.append(pixels[prow: prow + int(g.prod())])
+            prow += int(g.prod())
+            row += 1
+        assert n_tokens == 0
+        cursors[kind] = [row, prow]
+        return (torch.stack(rows), torch.cat(pix)) if rows else (None, None)
+
+    for s in range(batch["num_segments"]):
+        start, length = cu_pad[s], cu[s + 1] - cu[s]
+        ids = batch["input_ids"][0, start: start + length]
+        seg = {"start": start, "length": length, "input_ids": ids[None],
+               "labels": batch["labels"][:, start: start + length], "loss_mask": batch["loss_mask"][:, start: start + length]}
+        n_img, n_vid = int((ids == image_pad).sum()), int((ids == video_pad).sum())
+        if n_img:
+            seg["image_grid_thw"], seg["pixel_values"] = take("img", img_grid, batch["pixel_values"], n_img)
+        if n_vid:
+            seg["video_grid_thw"], seg["pixel_values_videos"] = take("vid", vid_grid, batch["pixel_values_videos"], n_vid)
+            first = cursors["vid"][0] - len(seg["video_grid_thw"])
+            seg["second_per_grid_ts"] = batch["second_per_grid_ts"][first: cursors["vid"][0]]
+        out.append(seg)
+    assert img_grid is None or cursors["img"][0] == len(img_grid)
+    assert vid_grid is None or cursors["vid"][0] == len(vid_grid)
+    return out
+
+
+def alone_forward(model, seg):
+    """HF's own unpacked path: plain input_ids, no positions (HF computes M-RoPE), attention_mask None."""
+    kw = {k: seg[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw") if k in seg}
+    if "second_per_grid_ts" in seg and model.config.model_type == "qwen2_5_vl":
+        kw["second_per_grid_ts"] = seg["second_per_grid_ts"]
+    return model(input_ids=seg["input_ids"], attention_mask=None, use_cache=False,
+                 mm_token_type_ids=H.mm_token_type_ids(seg["input_ids"], model.config), **kw).logits
+
+
+def max_seg_diff(packed_logits, alone_logits, segments):
+    return max(float((packed_logits[0, s["start"]: s["start"] + s["length"]] - a[0]).abs().max())
+               for s, a in zip(segments, alone_logits))
+
+
+@pytest.fixture(scope="module", params=list(PRESETS))
+def setup(request, shards):
+    name = request.param
+    tok = load_demo_tokenizer()
+    packs, te = load_packs(shards, small_preset(name))
+    ref = tiny_model(name, tok)
+    packed = copy.deepcopy(ref)
+    assert H.use_varlen_attention(packed) == H.VARLEN_ATTENTION
+    return name, tok, packs, te, ref, packed
+
+
+def test_packs_cover_images_videos_text_and_gaps(setup):
+    name, tok, packs, te, *_ = setup
+    assert te.layout.pad_multiple == 4
+    assert sorted(k for b in packs for k in b["__keys__"]) == ["i1", "i4", "iv3", "t0", "t5", "v2", "v6"]
+    big = max(packs, key=lambda b: b["num_segments"])
+    ids = big["input_ids"][0]
+    assert big["num_segments"] >= 3
+    assert int((ids == tok.special.image_pad).sum()) > 0 and int((ids == tok.special.video_pad).sum()) > 0
+    assert any(k.startswith("t") for k in big["__keys__"])
+    # alignment gaps between segments (not only the fixed-width tail)
+    assert (big["cu_seqlens_q_padded"][1:-1] != big["cu_seqlens_q"][1:-1]).any()
+
+
+def test_packed_logits_loss_and_grads_equal_each_sample_alone(setup):
+    name, tok, packs, te, ref, packed = setup
+    max_logit = max_grad = 0.0
+    for batch in packs:
+        segments = split_pack(batch, tok.special.image_pad, tok.special.video_pad)
+        packed.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        out = H.packed_forward(packed, batch)
+        loss_pack, count = H.packed_loss(out.logits, batch)
+        loss_pack.backward()
+        alone, loss_alone, count_alone = [], 0.0, 0.0
+        for seg in segments:
+            logits = alone_forward(ref, seg)
+            loss, c = H.packed_loss(logits, seg)
+            loss.backward()
+            alone.append(logits.detach())
+            loss_alone, count_alone = loss_alone + loss.detach(), count_alone + c
+        diff = max_seg_diff(out.logits.detach(), alone, segments)
+        assert diff <= TOL, f"{name}: packed vs alone logits differ by {diff}"
+        max_logit = max(max_logit, diff)
+        assert count == count_alone == batch["supervised_tokens"] > 0
+        assert torch.allclose(loss_pack.detach(), loss_alone, rtol=1e-6, atol=1e-5), (loss_pack, loss_alone)
+        grads_pack = dict(packed.named_parameters())
+        n_compared = 0
+        for pname, p in ref.named_parameters():
+            g_ref, g_pack = p.grad, grads_pack[pname].grad
+            if g_ref is None and g_pack is None:
+                continue
+            g_ref = torch.zeros_like(p) if g_ref is None else g_ref
+            g_pack = torch.zeros_like(p) if g_pack is None else g_pack
+            d = float((g_ref - g_pack).abs().max())
+            max_grad = max(max_grad, d)
+            assert torch.allclose(g_pack, g_ref, rtol=1e-5, atol=1e-5), f"{name}: grad of {pname} differs by {d}"
+            n_compared += 1
+        assert n_compared > 20
+    MAX_DIFF.setdefault(name, {}).update(logits=max_logit, grads=max_grad)
+    print(f"\n[{name}] packs={len(packs)} max |logit diff| {max_logit:.2e}  max |grad diff| {max_grad:.2e}")
+
+
+def test_stock_sdpa_with_our_kwargs_equals_alone_and_the_checks_bite(setup):
+    """HF's own sdpa reads packing from row 0 of the (4,1,T) positions; break each ingredient and it leaks."""
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    segments = split_pack(batch, tok.special.image_pad, tok.special.video_pad)
+    with torch.no_grad():
+        alone = [alone_forward(ref, s) for s in segments]
+        good = max_seg_diff(ref(**H.hf_forward_kwargs(batch, model=ref)).logits, alone, segments)
+        assert good <= TOL
+
+        # (a) a segment boundary shifted by one token in cu_seqlens -> our varlen attention leaks
+        kw = H.hf_forward_kwargs(batch, model=packed)
+        cu = kw["cu_seq_lens_q"].clone()
+        cu[1] += 1
+        kw["cu_seq_lens_q"] = kw["cu_seq_lens_k"] = cu
+        shifted = max_seg_diff(packed(**kw).logits, alone, segments)
+
+        # (b) text positions continuing across segments (row 0 not restarting)
+        kw = H.hf_forward_kwargs(batch, model=ref)
+        kw["position_ids"] = kw["position_ids"].clone()
+        kw["position_ids"][0] = torch.arange(kw["position_ids"].shape[-1])
+        continued_sdpa = max_seg_diff(ref(**kw).logits, alone, segments)
+        for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+            kw.pop(k)  # without cu_seqlens our varlen attention also takes segments from row 0
+        continued_varlen = max_seg_diff(packed(**kw).logits, alone, segments)
+
+        # (c) a cache: HF skips packed-sequence detection, sdpa attends across segments
+        kw = H.hf_forward_kwargs(batch, model=ref)
+        kw["use_cache"] = True
+        cached = max_seg_diff(ref(**kw).logits, alone, segments)
+    MAX_DIFF.setdefault(name, {}).update(sdpa_packed=good, shifted_cu=shifted, row0_continued_sdpa=continued_sdpa,
+                                         row0_continued_varlen=continued_varlen, use_cache=cached)
+    print(f"\n[{name}] stock sdpa packed {good:.2e}; broken: cu+1 {shifted:.2e}, row0 continued sdpa "
+          f"{continued_sdpa:.2e} / varlen {continued_varlen:.2e}, use_cache=True {cached:.2e}")
+    for what, d in (("shifted cu_seqlens", shifted), ("row 0 continued (sdpa)", continued_sdpa),
+                    ("row 0 continued (varlen)", continued_varlen), ("use_cache=True", cached)):
+        assert d > 100 * TOL, f"{name}: {what} should break the comparison, max diff {d}"
+    with pytest.raises(ConfigError, match="use_cache"):
+        H.packed_forward(packed, batch, use_cache=True)
+    with pytest.raises(ConfigError, match="use_cache"):
+        H.hf_forward_kwargs(batch, use_cache=True)
+
+
+def test_vision_towers_take_the_varlen_path(setup):
+    """Our attention sees the vision cu_seqlens (non-causal) and the LLM's padded cu_seqlens (causal)."""
+    from transformers import AttentionInterface
+
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    calls = []
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        calls.append((type(module).__name__, kw.get("is_causal", module.is_causal), query.shape[2],
+                      kw.get("cu_seq_lens_q") is not None))
+        return H.varlen_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register(H.VARLEN_ATTENTION, spy)
+    try:
+        with torch.no_grad():
+            H.packed_forward(packed, batch)
+    finally:
+        H.register_varlen_attention()
+    vision = [c for c in calls if "Vision" in c[0]]
+    text = [c for c in calls if "Vision" not in c[0]]
+    T = batch["input_ids"].shape[1]
+    assert len(text) == 2 and all(c[1] is True and c[2] == T and c[3] for c in text)
+    assert len(vision) == 2 * 2  # 2 blocks, images and videos each
+    assert all(c[1] is False and c[3] for c in vision)
+    # one call covers all images of the pack (not one call per image)
+    n_img_patches = int(batch["image_grid_thw"].prod(1).sum())
+    assert n_img_patches in [c[2] for c in vision]
+
+
+def test_varlen_attention_block_mask_matches_per_segment_sdpa():
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 5, 12, 16], dtype=torch.int32)  # includes an empty segment
+    q, k, v = torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+
+    class M(torch.nn.Module):
+        is_causal = True
+
+    for causal in (True, False):
+        out, _ = H.varlen_attention_forward(M().eval(), q, k, v, None, scaling=0.3, is_causal=causal,
+                                            cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            if e == s:
+                continue
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, s:e].repeat_interleave(2, 1), v[:, :, s:e].repeat_interleave(2, 1),
+                is_causal=causal, scale=0.3).transpose(1, 2)
+            assert torch.allclose(out[:, s:e], ref, atol=1e-6)
+    assert H.register_varlen_attention() == H.register_varlen_attention() == H.VARLEN_ATTENTION
+
+
+def test_misuse_raises_config_error(shards):
+    packs, _ = load_packs(shards, small_preset("qwen2.5-vl"))
+    batch = dict(max(packs, key=lambda b: b["num_segments"]))
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        H.hf_forward_kwargs({**batch, "input_ids": batch["input_ids"].repeat(2, 1)})
+    with pytest.raises(ConfigError, match="mrope_position_ids"):
+        H.hf_forward_kwargs({**batch, "mrope_position_ids": None})
+    with pytest.raises(ConfigError, match="mrope_position_ids"):
+        H.hf_forward_kwargs({**batch, "mrope_position_ids": batch["mrope_position_ids"].repeat(1, 2, 1)})
+    # text-only batches (no visual tensors): M-RoPE of text = text position on all three axes
+    text = {**batch, "mrope_position_ids": None, **{k: None for k in ("pixel_values", "image_grid_thw",
+                                                                         "pixel_values_videos", "video_grid_thw")}}
+    kw = H.hf_forward_kwargs(text)
+    assert kw["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
+    assert torch.equal(kw["position_ids"][1], batch["position_ids"]) and torch.equal(kw["position_ids"][3], batch["position_ids"])
+    kw = H.hf_forward_kwargs(batch)
+    assert kw["attention_mask"] is None and kw["use_cache"] is False and "labels" not in kw
+    assert torch.equal(kw["cu_seq_lens_q"], batch["cu_seqlens_q_padded"]) and kw["max_length_q"] == int(batch["max_seqlen_q"])
+    assert torch.equal(kw["position_ids"][0], batch["position_ids"]) and torch.equal(kw["position_ids"][1:], batch["mrope_position_ids"])
+
+
+def test_packed_loss_and_normalisation():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 6, 11)
+    batch = {"labels": torch.tensor([[3, -100, 5, 7, -100, -100]]), "loss_mask": torch.tensor([[1.0, 0, 1, 1, 0, 0]])}
+    loss, count = H.packed_loss(logits, batch)
+    expected = sum(torch.nn.functional.cross_entropy(logits[0, i], torch.tensor(t)) for i, t in ((0, 3), (2, 5), (3, 7)))
+    assert count == 3 and torch.allclose(loss, expected)  # no shift: labels[i] is the target at i
+    mean, _ = H.packed_loss(logits, batch, num_supervised_tokens=6)
+    assert torch.allclose(mean, expected / 6)
+    assert not torch.distributed.is_initialized()
+    assert float(H.global_token_count(count)) == 3.0
+    assert torch.allclose(H.normalize_by_global_tokens(loss, count), expected / 3)
+
+
+def test_report_max_differences():
+    """Runs last in this file: print the per-version numbers (pytest -s)."""
+    for name, d in sorted(MAX_DIFF.items()):
+        print(f"\n[{name}] " + ", ".join(f"{k}={v:.2e}" for k, v in d.items()))
