@@ -70,7 +70,7 @@ def shards(tmp_path_factory):
     return root
 
 
-def load_packs(root, preset, *, cp=2, seq_length=1024):
+def load_packs(root, preset, *, cp=2, seq_length=192):
     te = QwenVLPackingTaskEncoder(preset=preset, seq_length=seq_length, cp=cp, pad_to_max_length=True)
     ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
@@ -95,6 +95,9 @@ def test_packs_cover_images_videos_text_and_gaps(setup):
     assert sorted(k for b in packs for k in b["__keys__"]) == ["i1", "i4", "iv3", "t0", "t5", "v2", "v6"]
     big = max(packs, key=lambda b: b["num_segments"])
     ids = big["input_ids"][0]
+    for b in packs:
+        print(f"\n[{name}] pack {b['__keys__']} real lengths {b['cu_seqlens_q'].diff().tolist()} "
+              f"spans {b['cu_seqlens_q_padded'].diff().tolist()}")
     assert big["num_segments"] >= 3
     assert int((ids == tok.special.image_pad).sum()) > 0 and int((ids == tok.special.video_pad).sum()) > 0
     assert any(k.startswith("t") for k in big["__keys__"])
