@@ -1,0 +1,587 @@
+"""Megatron-Bridge: our packed THD rows in the form Bridge's VLM step reads, its config checks,
+a dataset provider for Bridge recipes, and Bridge-prepared ChatML datasets read as they are.
+
+Bridge's VLM step (``megatron.bridge.training.vlm_step.get_batch_from_iterator``) keeps an
+allow-list of batch keys and sets every other key to None: ``visual_inputs`` (one object whose
+every field gets ``.cuda()``), ``tokens``/``input_ids``, ``position_ids``, ``labels``,
+``loss_mask``, ``attention_mask`` (only when the dataset provides masks), ``cu_seqlens_q``,
+``cu_seqlens_kv``, ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded`` and the host scalars
+``max_seqlen_q``/``max_seqlen_kv``. Our flat ``pixel_values``/``image_grid_thw``/... would be
+dropped there, so :func:`to_bridge_batch` moves them into one ``visual_inputs`` object (Bridge's
+``GenericVisualInputs`` when importable, else :class:`VisualInputs` with the same fields and
+``normalized_for_model()``).
+
+``position_ids``: Bridge's Qwen2/2.5-VL model recomputes M-RoPE per segment from
+``cu_seqlens_q`` / ``cu_seqlens_q_padded`` and overwrites what it is given, so we pass the
+per-segment 1-D positions [1, T] like Bridge's own encoder. Bridge's Qwen3-VL model uses a
+passed [3, B, T] tensor as is, so for Qwen3-VL we pass our ``mrope_position_ids`` [3, 1, T]
+(equal to Bridge's own per-segment positions on every real token; gaps are never attended).
+
+Nothing here imports Bridge, Megatron-Core or Energon at module import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, fields
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from energon_pack.errors import ConfigError
+from energon_pack.thd import VISUAL_KEYS, alignment_multiple
+
+__all__ = [
+    "BRIDGE_BATCH_KEYS",
+    "BRIDGE_CHATML_DATASET_CLASSES",
+    "BridgeChatMLDataset",
+    "BridgeQwenVLPackingTaskEncoder",
+    "METADATA_KEYS",
+    "VisualInputs",
+    "bridge_chatml_to_sample",
+    "bridge_dataset_kwargs",
+    "bridge_visual_inputs_class",
+    "check_bridge_config",
+    "cook_bridge_chatml",
+    "make_bridge_dataset_provider",
+    "read_bridge_dataset",
+    "to_bridge_batch",
+]
+
+#: The keys of a converted batch that Bridge's VLM step reads (``tokens`` is not emitted: the step
+#: falls back to ``input_ids`` when it is absent, as with Bridge's own Qwen-VL encoder).
+BRIDGE_BATCH_KEYS = (
+    "input_ids", "position_ids", "labels", "loss_mask", "attention_mask", "visual_inputs",
+    "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
+    "max_seqlen_q", "max_seqlen_kv", "total_tokens",
+)
+#: Energon bookkeeping (restore keys) and our per-worker counters; Bridge's step sets them to None.
+METADATA_KEYS = ("__key__", "__keys__", "__restore_key__", "packing_stats")
+
+POSITION_MODES = ("auto", "mrope", "flat")
+
+#: dataset.yaml classes that describe Bridge's ChatML WebDataset (module, class).
+BRIDGE_CHATML_DATASET_CLASSES = (
+    ("megatron.bridge.data.energon.task_encoder_utils", "ChatMLWebdataset"),
+    ("megatron.bridge.models.qwen_vl.data.energon", "ChatMLWebdataset"),  # Bridge's re-export
+)
+
+
+# ---------------------------------------------------------------------------------- visual inputs
+@dataclass
+class VisualInputs:
+    """Stand-in for Bridge's ``GenericVisualInputs`` (same fields, same two methods).
+
+    Used only when Bridge is not importable; :func:`to_bridge_batch` prefers Bridge's class.
+    """
+
+    pixel_values: Optional[torch.Tensor] = None
+    pixel_values_videos: Optional[torch.Tensor] = None
+    image_grid_thw: Optional[torch.Tensor] = None
+    video_grid_thw: Optional[torch.Tensor] = None
+    second_per_grid_ts: Optional[torch.Tensor] = None
+    image_sizes: Optional[torch.Tensor] = None
+    image_position_ids: Optional[torch.Tensor] = None
+    mm_token_type_ids: Optional[torch.Tensor] = None
+
+    def as_model_kwargs(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def normalized_for_model(self) -> dict[str, torch.Tensor]:
+        """Set fields; batched Qwen tensors flattened: pixels [B,N,C,H,W] -> [B*N,C,H,W], grids [B,N,3] -> [B*N,3]."""
+        out = self.as_model_kwargs()
+        for name in ("pixel_values", "pixel_values_videos"):
+            value = out.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() == 5:
+                out[name] = value.reshape(value.shape[0] * value.shape[1], *value.shape[2:])
+        for name in ("image_grid_thw", "video_grid_thw"):
+            value = out.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() == 3:
+                out[name] = value.reshape(-1, value.shape[-1])
+        return out
+
+
+def bridge_visual_inputs_class() -> type:
+    """Bridge's ``GenericVisualInputs`` when importable, else :class:`VisualInputs`."""
+    try:
+        from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+    except Exception:  # Bridge absent, or its package __init__ needs Megatron-Core / TE
+        return VisualInputs
+    return GenericVisualInputs
+
+
+# ---------------------------------------------------------------------------------- the batch
+def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_cls: type | None = None) -> dict:
+    """Our THD row (README "The batch contract") -> the dict Bridge's VLM step reads.
+
+    Keys: :data:`BRIDGE_BATCH_KEYS` plus the Energon/statistics :data:`METADATA_KEYS` present in
+    ``batch``. Tensors are not copied. ``position_ids``: ``"mrope"`` passes
+    ``mrope_position_ids`` [3, 1, T] when the batch has them (Qwen3-VL uses them as they are),
+    ``"flat"`` the per-segment 1-D positions [1, T] (Qwen2/2.5-VL recompute M-RoPE inside the
+    model). ``visual_inputs`` is always an object; fields no segment has are None.
+    """
+    if position_ids not in ("mrope", "flat"):
+        raise ConfigError("position_ids", f"unknown mode {position_ids!r}", "use 'mrope' or 'flat'")
+    missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
+    if missing:
+        raise ValueError(f"not a packed THD batch: missing {missing}")
+    if batch["input_ids"].dim() != 2 or batch["input_ids"].shape[0] != 1:
+        raise ValueError(f"Bridge's packed VLM step needs one THD row [1, T], got {tuple(batch['input_ids'].shape)}")
+    cls = visual_inputs_cls or bridge_visual_inputs_class()
+    visual = cls(**{k: batch.get(k) for k in VISUAL_KEYS})
+    mrope = batch.get("mrope_position_ids")
+    out = {
+        "input_ids": batch["input_ids"],
+        "position_ids": mrope if position_ids == "mrope" and mrope is not None else batch["position_ids"],
+        "labels": batch["labels"],
+        "loss_mask": batch["loss_mask"],
+        "attention_mask": None,
+        "visual_inputs": visual,
+        "cu_seqlens_q": batch["cu_seqlens_q"],
+        "cu_seqlens_kv": batch.get("cu_seqlens_kv", batch["cu_seqlens_q"]),
+        "cu_seqlens_q_padded": batch.get("cu_seqlens_q_padded"),
+        "cu_seqlens_kv_padded": batch.get("cu_seqlens_kv_padded", batch.get("cu_seqlens_q_padded")),
+        "max_seqlen_q": batch["max_seqlen_q"],
+        "max_seqlen_kv": batch.get("max_seqlen_kv", batch["max_seqlen_q"]),
+        "total_tokens": batch.get("total_tokens", int(batch["input_ids"].shape[1])),
+    }
+    if out["cu_seqlens_q_padded"] is None:  # Bridge: absent when equal to the logical boundaries
+        del out["cu_seqlens_q_padded"], out["cu_seqlens_kv_padded"]
+    for key in METADATA_KEYS:
+        if key in batch:
+            out[key] = batch[key]
+    return out
+
+
+# ---------------------------------------------------------------------------------- Bridge's ChatML samples
+_PICKLED_LIST_SUFFIXES = ("jpgs", "mp4s", "videos", "imgs", "images", "pkl", "pickle")
+
+
+def _member_suffix(name: str) -> str:
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def _is_pickled(raw: bytes) -> bool:
+    return len(raw) > 1 and raw[:1] == b"\x80"  # pickle protocol >= 2 header
+
+
+def _encoded_image(image: Any) -> bytes:
+    """One image as encoded bytes: bytes pass through; Bridge's decoded float [C,H,W] in [0,1]
+    tensors (webdataset ``torchrgb``) and PIL images become lossless PNG (uint8 by rounding)."""
+    if isinstance(image, (bytes, bytearray)):
+        return bytes(image)
+    from PIL import Image
+
+    if isinstance(image, torch.Tensor):
+        if image.dim() != 3:
+            raise ValueError(f"expected an image tensor [C, H, W], got shape {tuple(image.shape)}")
+        array = image.detach().to(torch.float32).mul(255).round().clamp(0, 255).to(torch.uint8)
+        image = Image.fromarray(array.permute(1, 2, 0).numpy().squeeze(-1) if array.shape[0] == 1
+                                else array.permute(1, 2, 0).numpy())
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"unsupported image type {type(image).__name__}")
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _images(value: Any) -> list[bytes]:
+    if value is None:
+        return []
+    if isinstance(value, (bytes, bytearray)):  # undecoded member: a pickled list or one image
+        return [_encoded_image(x) for x in pickle.loads(value)] if _is_pickled(value) else [bytes(value)]
+    if isinstance(value, torch.Tensor):
+        return [_encoded_image(x) for x in (value if value.dim() == 4 else [value])]
+    return [_encoded_image(x) for x in value]
+
+
+def _videos(value: Any) -> list[list[bytes]]:
+    if value is None:
+        return []
+    if isinstance(value, (bytes, bytearray)):
+        value = pickle.loads(value)
+    return [_images(video) for video in value]
+
+
+def bridge_chatml_to_sample(sample: Any):
+    """Bridge's typed ``ChatMLSample`` (``conversation``, ``imgs``, ``videos``) -> our ChatML sample.
+
+    Accepts what Bridge's ``ChatMLWebdataset`` yields with its decoders (float image tensors,
+    lists of frame tensors) and without (raw member bytes). Images end up as encoded bytes, as
+    our pre-encode step reads sizes from headers and decodes only the members of emitted packs.
+    """
+    import json
+
+    from energon_pack.energon import ChatMLSample
+
+    conversation = sample.conversation
+    if not isinstance(conversation, (bytes, bytearray, str)):
+        conversation = json.dumps(conversation)
+    if getattr(sample, "tools", None):
+        raise ValueError("Bridge ChatML samples with a separate 'tools' field are not supported by this encoder")
+    fields_ = {"json": conversation, "jpgs": _images(getattr(sample, "imgs", None))}
+    videos = _videos(getattr(sample, "videos", None))
+    if videos:
+        fields_["videos"] = videos
+    return ChatMLSample.derive_from(sample, fields=fields_)
+
+
+#: Subflavor under which :func:`bridge_dataset_kwargs` hands Bridge's field map to the cooker.
+FIELD_MAP_SUBFLAVOR = "energon_pack_bridge_field_map"
+
+
+def cook_bridge_chatml(crude: dict):
+    """Crude WebDataset dict -> our ChatML sample, honouring Bridge's dataset.yaml ``field_map``.
+
+    The map (Bridge sample field -> tar member name, e.g. ``conversation: json``, ``imgs: jpgs``,
+    ``videos: videos``) arrives in the sample's subflavors (see :func:`bridge_dataset_kwargs`);
+    without it this is our plain ChatML cooker. Copies raw bytes only, so it never fails.
+    """
+    from megatron.energon import basic_sample_keys
+
+    from energon_pack.energon import ChatMLSample, cook_chatml
+    from energon_pack.energon.chatml import IMAGE_EXTENSIONS
+
+    field_map = (crude.get("__subflavors__") or {}).get(FIELD_MAP_SUBFLAVOR)
+    if not field_map:
+        return cook_chatml(crude)
+    out = {}
+    for field, member in field_map.items():
+        if member not in crude:
+            continue
+        if field == "conversation":
+            out["json"] = crude[member]
+        elif field == "imgs":
+            out[member if _member_suffix(member) in IMAGE_EXTENSIONS else "jpgs"] = crude[member]
+        elif field == "videos":
+            out["videos"] = crude[member]
+        else:
+            out[field] = crude[member]
+    return ChatMLSample(**basic_sample_keys(crude), fields=out)
+
+
+cook_bridge_chatml.__stateless__ = True  # what Energon's @stateless sets (no seeding needed)
+
+
+# ---------------------------------------------------------------------------------- Bridge datasets
+@dataclass(frozen=True)
+class BridgeChatMLDataset:
+    """What a prepared dataset's ``.nv-meta/dataset.yaml`` declares."""
+
+    module: str
+    cls: str
+    field_map: dict
+    subflavors: dict
+
+    @property
+    def is_bridge_chatml(self) -> bool:
+        return (self.module, self.cls) in BRIDGE_CHATML_DATASET_CLASSES
+
+    @property
+    def is_crude(self) -> bool:
+        return self.module == "megatron.energon" and self.cls == "CrudeWebdataset"
+
+
+def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
+    """Parse ``path/.nv-meta/dataset.yaml`` (Bridge writes ``__module__``, ``__class__``, ``field_map``, ``subflavors``)."""
+    import yaml
+
+    meta = Path(path) / ".nv-meta" / "dataset.yaml"
+    if not meta.is_file():
+        raise ConfigError("dataset path", f"{meta} does not exist", "prepare the dataset (Energon / Bridge prepare_webdataset) first")
+    data = yaml.safe_load(meta.read_text()) or {}
+    return BridgeChatMLDataset(
+        module=str(data.get("__module__", "")), cls=str(data.get("__class__", "")),
+        field_map=dict(data.get("field_map") or {}), subflavors=dict(data.get("subflavors") or {}),
+    )
+
+
+def _config_dir() -> Path:
+    root = os.environ.get("ENERGON_PACK_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "energon_pack")
+    return Path(root) / "bridge_dataset_configs"
+
+
+def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = None) -> dict:
+    """``get_train_dataset`` / ``EnergonMultiModalDataModule`` kwargs that read a Bridge-prepared
+    ChatML dataset as it is, through Energon's crude path (no Bridge import, no image decoding,
+    nothing written into the dataset).
+
+    Bridge's ``dataset.yaml`` names its ``ChatMLWebdataset`` class, which Energon would import and
+    whose decoders turn every image into a float tensor before our encoder sees it. Instead we
+    point Energon's ``dataset_config`` at a CrudeWebdataset description (written once per field
+    map under ``config_dir``, default ``$ENERGON_PACK_CACHE`` or ``~/.cache/energon_pack``) that
+    carries Bridge's field map as a subflavor for :func:`cook_bridge_chatml`. The shards, index
+    and ``split.yaml`` are Bridge's. Returns ``{}`` for a dataset already declared crude.
+    """
+    spec = read_bridge_dataset(path)
+    if spec.is_crude:
+        return {}
+    if not spec.is_bridge_chatml:
+        raise ConfigError(
+            "dataset.yaml", f"declares {spec.module}.{spec.cls}, not Bridge's ChatMLWebdataset nor a CrudeWebdataset",
+            "prepare the shards as Bridge's ChatML WebDataset or with energon_pack.energon.prepare_webdataset",
+        )
+    import yaml
+
+    subflavors = {**spec.subflavors, FIELD_MAP_SUBFLAVOR: spec.field_map}
+    text = yaml.safe_dump({"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": subflavors},
+                          sort_keys=True)
+    folder = Path(config_dir) if config_dir is not None else _config_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"crude-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not target.is_file() or target.read_text() != text:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)  # atomic: several ranks may write the same file
+    return {"dataset_config": str(target.resolve())}
+
+
+# ---------------------------------------------------------------------------------- the task encoder
+def _build_encoder_class() -> type:
+    from megatron.energon import Cooker, stateless
+
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
+        """:class:`QwenVLPackingTaskEncoder` whose batches are in the form Bridge's VLM step reads.
+
+        ``bridge_position_ids``: ``"auto"`` (default) gives ``"mrope"`` [3, 1, T] for Qwen3-VL
+        presets and ``"flat"`` [1, T] for Qwen2/2.5-VL (Bridge recomputes those inside the model).
+        Reads our ChatML shards, Bridge's ChatML shards through the crude path (see
+        :func:`bridge_dataset_kwargs`), and Bridge's typed ``ChatMLSample`` when Energon loads a
+        Bridge ``dataset.yaml`` with Bridge installed (decoded images are re-encoded as PNG).
+        """
+
+        cookers = [Cooker(cook_bridge_chatml)]
+
+        def __init__(self, *, bridge_position_ids: str = "auto", **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            if bridge_position_ids not in POSITION_MODES:
+                raise ConfigError("bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}")
+            if bridge_position_ids == "auto":
+                bridge_position_ids = "mrope" if self.preset.name.startswith("qwen3") else "flat"
+            self.bridge_position_ids = bridge_position_ids
+
+        @stateless
+        def preencode_sample(self, sample: Any):
+            if not hasattr(sample, "fields") and hasattr(sample, "conversation"):
+                from energon_pack.energon import SkippedSample
+
+                try:
+                    sample = bridge_chatml_to_sample(sample)
+                except Exception as exc:  # undecodable media: a counted skip, like our own path
+                    return SkippedSample.derive_from(sample, reason="bad_media", detail=str(exc))
+            return super().preencode_sample(sample)
+
+        @stateless
+        def encode_batch(self, batch: dict) -> dict:
+            return to_bridge_batch(batch, position_ids=self.bridge_position_ids)
+
+    BridgeQwenVLPackingTaskEncoder.__module__ = __name__
+    BridgeQwenVLPackingTaskEncoder.__qualname__ = "BridgeQwenVLPackingTaskEncoder"  # picklable by name
+    return BridgeQwenVLPackingTaskEncoder
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: build Energon-dependent classes on first use
+    if name == "BridgeQwenVLPackingTaskEncoder":
+        cls = globals()[name] = _build_encoder_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------- config checks
+_MISSING = object()
+
+
+def _get(cfg: Any, path: str, default: Any = _MISSING) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        if obj is None:
+            return default
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return default
+    return obj
+
+
+def _is_vlm_forward_step(func: Any) -> bool:
+    while isinstance(func, partial):
+        func = func.func
+    return (getattr(func, "__module__", None), getattr(func, "__name__", None)) == (
+        "megatron.bridge.training.vlm_step", "forward_step")
+
+
+def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None) -> None:
+    """Check a Bridge ``ConfigContainer`` (or any object with the same attribute paths) for packed
+    THD training with our encoder; raises :class:`ConfigError` naming every wrong setting.
+
+    Bridge enforces these itself only for its own native Energon packing
+    (``ConfigContainer.validate``); with a dataset provider nothing does. Checked: MBS 1
+    (``train.micro_batch_size``), per-token loss (``model.calculate_per_token_loss=True``:
+    otherwise each pack's loss is divided by its own token count and packs are reweighted),
+    ``ddp.average_in_collective=False``, no pipeline parallelism, no MTP, no CUDA graphs, MoE
+    EP overlap and ``delay_wgrad_compute`` off (model and ``comm_overlap``), no Qwen3-VL
+    DistTrain, and, with ``task_encoder``, CP/TP/SP/eval-CP equal to the encoder's
+    (same alignment multiple), ``model.seq_length`` >= the pack width, and a fixed width when
+    EP > 1 (Bridge forces one). ``forward_step_func`` must be ``vlm_step.forward_step``.
+    """
+    errors: list[ConfigError] = []
+
+    def bad(knob: str, problem: str, fix: str) -> None:
+        errors.append(ConfigError(knob, problem, fix))
+
+    mbs = _get(cfg, "train.micro_batch_size")
+    if mbs != 1:
+        bad("train.micro_batch_size", f"is {mbs!r}; one packed THD row is one micro-batch", "set train.micro_batch_size=1 (and scale global_batch_size in packs)")
+    if _get(cfg, "model.calculate_per_token_loss") is not True:
+        bad("model.calculate_per_token_loss", f"is {_get(cfg, 'model.calculate_per_token_loss', None)!r}; packs hold different numbers of "
+            "supervised tokens, so a per-pack mean silently reweights the loss pack by pack", "set model.calculate_per_token_loss=True")
+    if _get(cfg, "ddp.average_in_collective", False) is not False:
+        bad("ddp.average_in_collective", "is True; gradients must be summed and divided by the global token count", "set ddp.average_in_collective=False")
+    pp = _get(cfg, "model.pipeline_model_parallel_size", 1)
+    if pp not in (None, 1):
+        bad("model.pipeline_model_parallel_size", f"is {pp}; Bridge's packed VLM path does not support pipeline parallelism", "set model.pipeline_model_parallel_size=1")
+    mtp = _get(cfg, "model.mtp_num_layers", None) or 0
+    if mtp > 0:
+        bad("model.mtp_num_layers", f"is {mtp}; MTP is not supported with packed sequences", "set model.mtp_num_layers=None")
+    for knob in ("model.cuda_graph_impl", "model.vision_cuda_graph_impl"):
+        value = _get(cfg, knob, None)
+        if value not in (None, "none"):
+            bad(knob, f"is {value!r}; CUDA graphs need static shapes, packs vary", f"set {knob}='none'")
+    if _get(cfg, "model.enable_cuda_graph", False) is True:
+        bad("model.enable_cuda_graph", "is True", "set model.enable_cuda_graph=False")
+    for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
+        for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
+            if _get(cfg, f"{owner}.{name}", False) is True:
+                bad(f"{owner}.{name}", "is True; the combined-1F1B schedule plan drops visual inputs and packed-sequence metadata",
+                    f"set {owner}.{name}=False")
+    if _get(cfg, "model.dist_train.use_dist_train", False) is True:
+        bad("model.dist_train.use_dist_train", "is True; Qwen3-VL DistTrain does not take packed batches", "disable DistTrain")
+    if forward_step_func is not None and not _is_vlm_forward_step(forward_step_func):
+        name = f"{getattr(forward_step_func, '__module__', '?')}.{getattr(forward_step_func, '__name__', forward_step_func)}"
+        bad("forward_step_func", f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
+            "(qwen3_vl_step rejects pre-packed batches)", "pass megatron.bridge.training.vlm_step.forward_step to finetune()")
+
+    packing = getattr(task_encoder, "packing", None) if task_encoder is not None else None
+    if task_encoder is not None and packing is None:
+        raise TypeError(f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)")
+    if packing is not None:
+        cp = _get(cfg, "model.context_parallel_size", 1) or 1
+        tp = _get(cfg, "model.tensor_model_parallel_size", 1) or 1
+        sp = bool(_get(cfg, "model.sequence_parallel", False))
+        eval_cp = _get(cfg, "dist.eval_context_parallel_size", None)
+        for knob, model_value, ours in (("model.context_parallel_size", cp, packing.cp),
+                                         ("model.tensor_model_parallel_size", tp, packing.tp),
+                                         ("model.sequence_parallel", sp, packing.sp),
+                                         ("dist.eval_context_parallel_size", eval_cp, packing.eval_cp)):
+            if model_value != ours:
+                enc_knob = {"model.context_parallel_size": "cp", "model.tensor_model_parallel_size": "tp",
+                            "model.sequence_parallel": "sp", "dist.eval_context_parallel_size": "eval_cp"}[knob]
+                bad(knob, f"is {model_value!r} but the task encoder packs for {enc_knob}={ours!r}",
+                    f"build the encoder with {enc_knob}={model_value!r} (or set {knob}={ours!r})")
+        want = alignment_multiple(cp, tp, sp, eval_cp)
+        have = task_encoder.layout.pad_multiple
+        if want != have:
+            bad("task_encoder alignment", f"segments are aligned to {have}, the model needs lcm(2*CP, CP*TP if SP) = {want}",
+                f"build the encoder with cp={cp}, tp={tp}, sp={sp}")
+        seq_length = _get(cfg, "model.seq_length", None)
+        if seq_length is not None and seq_length < packing.seq_length:
+            bad("model.seq_length", f"is {seq_length}, below the pack width {packing.seq_length}",
+                f"set model.seq_length>={packing.seq_length} or build the encoder with seq_length={seq_length}")
+        ep = _get(cfg, "model.expert_model_parallel_size", 1) or 1
+        if ep > 1 and not packing.pad_to_max_length:
+            bad("task_encoder pad_to_max_length", f"is False with expert_model_parallel_size={ep}; Bridge needs fixed-width rows then",
+                "build the encoder with pad_to_max_length=True")
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        err = ConfigError(", ".join(e.knob for e in errors), f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
+                          "change each setting as listed")
+        err.errors = errors
+        raise err
+
+
+# ---------------------------------------------------------------------------------- dataset provider
+_PROVIDER_CLASS: type | None = None
+
+
+def _provider_fields() -> dict:
+    return dict(
+        path=(str, ""), task_encoder=(Any, None), seq_length=(Optional[int], None), packing_buffer_size=(int, 64),
+        shuffle_buffer_size=(int, 100), max_samples_per_sequence=(Optional[int], None), num_val_workers=(Optional[int], None),
+        do_validation=(bool, False), validation_task_encoder=(Any, None),
+        dataset_kwargs=(dict, dataclasses.field(default_factory=dict)), dataloader_type=(Optional[str], "external"),
+    )
+
+
+def _build_datasets(self, context: Any) -> tuple:
+    """Bridge's dataset-provider hook: Energon loaders (train, val, None) over our encoder."""
+    from megatron.bridge.data.energon.base_energon_datamodule import EnergonMultiModalDataModule
+
+    if self.task_encoder is None or not self.path:
+        raise ConfigError("dataset", "the provider needs path and task_encoder", "pass both to make_bridge_dataset_provider")
+    kwargs = {**bridge_dataset_kwargs(self.path), **self.dataset_kwargs}
+    datamodule = EnergonMultiModalDataModule(
+        path=self.path, tokenizer=getattr(context, "tokenizer", None),
+        seq_length=self.seq_length or self.task_encoder.packing.seq_length,
+        task_encoder=self.task_encoder, validation_task_encoder=self.validation_task_encoder or self.task_encoder,
+        micro_batch_size=1, num_workers=self.num_workers, num_val_workers=self.num_val_workers,
+        pin_memory=self.pin_memory, shuffle_buffer_size=self.shuffle_buffer_size,
+        max_samples_per_sequence=self.max_samples_per_sequence, packing_buffer_size=self.packing_buffer_size,
+        pg_collection=getattr(context, "pg_collection", None), **kwargs,
+    )
+    train = datamodule.train_dataloader() if context.train_samples > 0 else None
+    val = iter(datamodule.val_dataloader()) if self.do_validation and context.valid_samples > 0 else None
+    return train, val, None
+
+
+def _provider_class() -> type:
+    """A dataclass subclassing Bridge's ``DatasetProvider`` (Bridge dispatches on isinstance);
+    a plain dataclass with Bridge's dataloader fields when Bridge is not importable."""
+    global _PROVIDER_CLASS
+    if _PROVIDER_CLASS is not None:
+        return _PROVIDER_CLASS
+    try:
+        from megatron.bridge.data.base import DatasetProvider
+        bases: tuple = (DatasetProvider,)
+        extra: dict = {}
+    except Exception:
+        bases = ()
+        extra = dict(num_workers=(int, 2), data_sharding=(bool, True), pin_memory=(bool, True), drop_last=(bool, True),
+                     persistent_workers=(bool, True), trust_remote_code=(Optional[bool], None),
+                     dataloader_save=(Optional[str], None), dataloader_load=(Optional[str], None))
+    spec = {**extra, **_provider_fields()}
+    made = []
+    for name, (typ, default) in spec.items():
+        made.append((name, typ, default if isinstance(default, dataclasses.Field) else dataclasses.field(default=default)))
+    cls = dataclasses.make_dataclass(
+        "EnergonPackDatasetProvider", made, bases=bases, kw_only=True,
+        namespace={"build_datasets": _build_datasets, "__doc__": "Bridge dataset provider over an energon_pack task encoder."},
+    )
+    cls.__module__ = __name__
+    if hasattr(cls, "__abstractmethods__"):
+        cls.__abstractmethods__ = frozenset()
+    _PROVIDER_CLASS = cls
+    return cls
+
+
+def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing_buffer_size: int = 64, **kwargs: Any):
+    """A ``ConfigContainer.dataset`` for a Bridge recipe: Energon loaders over ``task_encoder``.
+
+    ``kwargs``: ``shuffle_buffer_size``, ``max_samples_per_sequence``, ``num_workers``,
+    ``num_val_workers``, ``do_validation`` (default False), ``validation_task_encoder``,
+    ``dataset_kwargs`` (extra ``get_train_dataset`` kwargs), ``pin_memory``, ... A Bridge-prepared
+    ChatML dataset is read as it is (:func:`bridge_dataset_kwargs`). ``dataloader_type`` is
+    ``"external"``: Bridge uses the Energon loader as it is, like its own Energon datasets.
+    """
+    return _provider_class()(path=str(path), task_encoder=task_encoder, packing_buffer_size=packing_buffer_size,
+                             seq_length=task_encoder.packing.seq_length, **kwargs)
