@@ -20,11 +20,15 @@ from energon_pack.errors import ConfigError
 
 IGNORE_INDEX = -100
 
+#: What to do with a sample longer than the width: a counted skip, an error, or (text only) truncation.
+OVERLENGTH_POLICIES = ("skip", "truncate", "error")
+
 #: Visual tensors a segment may carry; each is concatenated along dim 0 in segment order.
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 __all__ = [
     "IGNORE_INDEX",
+    "OVERLENGTH_POLICIES",
     "VISUAL_KEYS",
     "ThdLayout",
     "ThdSegment",

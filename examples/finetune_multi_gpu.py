@@ -77,10 +77,12 @@ class TinyVLM(nn.Module):
     def forward(self, batch: dict) -> torch.Tensor:
         ids = batch["input_ids"][0]
         x = self.embed(ids)
-        if batch.get("pixel_values") is not None:
-            patches = self.vision(batch["pixel_values"].to(x.dtype))
-            merged = patches.view(-1, 4, patches.shape[-1]).mean(1)  # 2x2 merge groups are consecutive rows
-            x = x.masked_scatter((ids == self.image_pad_id)[:, None], merged.to(x.dtype))
+        pixels = batch.get("pixel_values")
+        if pixels is None:  # a text-only pack runs the projector on no rows, so DDP still sees its grads
+            pixels = x.new_zeros(0, self.vision.in_features)
+        patches = self.vision(pixels.to(x.dtype))
+        merged = patches.view(-1, 4, patches.shape[-1]).mean(1)  # 2x2 merge groups are consecutive rows
+        x = x.masked_scatter((ids == self.image_pad_id)[:, None], merged.to(x.dtype))
         mask = thd_attention_mask(batch["cu_seqlens_q_padded"], batch["cu_seqlens_q"], ids.numel()).to(x.device)
         rope = rope_tables(batch["position_ids"][0], x.shape[-1] // self.heads)
         for block in self.blocks:

@@ -68,8 +68,9 @@ def _reference_string(conv, images, videos, preset, config):
         return out
 
     text = ""
-    if config.system_prompt is not None and msgs[0].role != "system":
-        text += f"<|im_start|>system\n{config.system_prompt}<|im_end|>\n"
+    system_prompt = config.resolve_system_prompt(preset.default_system_prompt)
+    if system_prompt is not None and msgs[0].role != "system":
+        text += f"<|im_start|>system\n{system_prompt}<|im_end|>\n"
     ii = vi = 0
     first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), 0)
     for j, m in enumerate(msgs):
@@ -185,7 +186,9 @@ def test_exact_labels_and_loss_mask_both_shapes():
     llava = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello there"}]
     a = preencode_chat(openai, tokenizer=TOK, preset=Q2)
     b = preencode_chat(llava, tokenizer=TOK, preset=Q2)
-    expected_ids = ([SP.im_start] + _ids("user\nHi") + [SP.im_end] + _ids("\n") + [SP.im_start]
+    # Qwen2-VL's official template inserts its default system turn
+    expected_ids = ([SP.im_start] + _ids("system\nYou are a helpful assistant.") + [SP.im_end] + _ids("\n")
+                    + [SP.im_start] + _ids("user\nHi") + [SP.im_end] + _ids("\n") + [SP.im_start]
                     + _ids("assistant\nHello there") + [SP.im_end] + _ids("\n"))
     assert a.input_ids.tolist() == b.input_ids.tolist() == expected_ids
     assert torch.equal(a.labels, b.labels) and torch.equal(a.loss_mask, b.loss_mask)
@@ -210,6 +213,14 @@ def test_loss_policies_and_system_prompt():
     assert _trained_text(full) == "S<|im_end|>Q1<|im_end|>A1<|im_end|>Q2<|im_end|>A2<|im_end|>"
     text = RAW.decode(full.input_ids.tolist(), skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1")
+    # the template default per preset; None means no system turn at all
+    for preset, expected in ((Q2, "You are a helpful assistant."), (get_preset("qwen2.5-vl"), "You are a helpful assistant."),
+                             (get_preset("qwen3-vl"), None)):
+        text = RAW.decode(preencode_chat(conv, tokenizer=TOK, preset=preset).input_ids.tolist(), skip_special_tokens=False)
+        head = f"<|im_start|>system\n{expected}<|im_end|>\n" if expected else ""
+        assert text.startswith(head + "<|im_start|>user\nQ1"), preset.name
+        none = preencode_chat(conv, tokenizer=TOK, preset=preset, config=ChatConfig(system_prompt=None))
+        assert RAW.decode(none.input_ids.tolist(), skip_special_tokens=False).startswith("<|im_start|>user\nQ1")
     # an existing system turn is kept and the configured prompt is not added
     with_sys = [{"role": "system", "content": "Own"}] + conv
     text = RAW.decode(preencode_chat(with_sys, tokenizer=TOK, preset=Q2, config=ChatConfig(system_prompt="S"))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.bench.mixes import lognormal_text
-from energon_pack.qwen_vl.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
+from energon_pack.chat.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import cache_path, load_line_index
 from energon_pack.sft.inspect import best_baseline

@@ -6,8 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from energon_pack.errors import ConfigError
-from energon_pack.sft.dataset import OVERLENGTH_POLICIES
-from energon_pack.thd import ThdLayout, alignment_multiple
+from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 
 PACKING_MODES = ("carry", "rounds")
 

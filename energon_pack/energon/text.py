@@ -58,7 +58,7 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
 
     def __init__(self, *, tokenizer: Any = None, format: str = "prompt_completion",
                  config: PackingConfig | None = None, **kw: Any) -> None:
-        from energon_pack.qwen_vl.tokenizer import load_demo_tokenizer
+        from energon_pack.chat.tokenizer import load_demo_tokenizer
         from energon_pack.sft.formats import make_format
 
         super().__init__()

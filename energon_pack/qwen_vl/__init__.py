@@ -1,35 +1,38 @@
-"""Qwen-VL sample encoding: presets, size-only token counts, ChatML + loss masks, M-RoPE.
+"""Qwen-VL sample encoding: presets, size-only token counts, vision blocks in ChatML, M-RoPE.
 
-Pure functions (no megatron.energon import); the Energon task encoder builds on them.
+Pure functions (no megatron.energon import); the Energon task encoder builds on them. The
+model-neutral chat names (``ChatConfig``, the tokenizer adapter, ...) live in
+:mod:`energon_pack.chat` and are re-exported here for convenience.
 """
 
-from .chat import (
+from ..chat import (
     LOSS_POLICIES,
-    ChatConfig,
-    EncodedChat,
-    ImageMeta,
-    Message,
-    VideoMeta,
-    VisualInputs,
-    encode_chat,
-    encoded_length,
-    image_metas_from_bytes,
-    normalize_conversation,
-    place_media,
-    postencode_media,
-    preencode_chat,
-)
-from .mrope import mrope_position_ids
-from .presets import PRESETS, VisionPreset, get_preset
-from .tokenizer import (
     QWEN_SPECIAL_TOKENS,
+    TEMPLATE_DEFAULT,
+    ChatConfig,
+    Message,
     QwenTokenizer,
     SpecialIds,
     TokenizerLike,
     as_qwen_tokenizer,
     load_demo_tokenizer,
     load_demo_tokenizer_raw,
+    normalize_conversation,
+    place_media,
 )
+from .chat import (
+    EncodedChat,
+    ImageMeta,
+    VideoMeta,
+    VisualInputs,
+    encode_chat,
+    encoded_length,
+    image_metas_from_bytes,
+    postencode_media,
+    preencode_chat,
+)
+from .mrope import mrope_position_ids
+from .presets import PRESETS, VisionPreset, get_preset
 from .vision import (
     image_grid_thw,
     image_size_from_bytes,
@@ -44,7 +47,7 @@ from .vision import (
 )
 
 __all__ = [
-    "LOSS_POLICIES", "PRESETS", "QWEN_SPECIAL_TOKENS", "ChatConfig", "EncodedChat", "ImageMeta", "Message",
+    "LOSS_POLICIES", "PRESETS", "QWEN_SPECIAL_TOKENS", "TEMPLATE_DEFAULT", "ChatConfig", "EncodedChat", "ImageMeta", "Message",
     "QwenTokenizer", "SpecialIds", "TokenizerLike", "VideoMeta", "VisionPreset", "VisualInputs", "as_qwen_tokenizer",
     "encode_chat", "encoded_length", "get_preset", "image_grid_thw", "image_metas_from_bytes", "image_size_from_bytes",
     "load_demo_tokenizer", "load_demo_tokenizer_raw", "mrope_position_ids", "normalize_conversation", "patchify_image",

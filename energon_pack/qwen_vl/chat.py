@@ -1,4 +1,4 @@
-"""ChatML rendering with Qwen vision blocks, loss masks and exact lengths from metadata.
+"""Qwen-VL samples: vision blocks inside the model-neutral ChatML rendering, exact lengths from metadata.
 
 Two phases:
 
@@ -8,36 +8,29 @@ Two phases:
   ``length`` (or :func:`encoded_length`) to decide.
 * **postencode** (:func:`postencode_media`): decode + patchify only for samples actually emitted.
 
-Token layout per turn: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. An image is
+Turns are rendered by :mod:`energon_pack.chat` (with the preset's template system prompt
+by default); this module writes the vision blocks. An image is
 ``<|vision_start|>`` + ``<|image_pad|>`` x N + ``<|vision_end|>``; a Qwen2/2.5-VL video the same
 with ``<|video_pad|>``; a Qwen3-VL video is, per temporal grid step, ``<{t:.1f} seconds>`` +
 ``<|vision_start|>`` + pads(h*w/merge^2) + ``<|vision_end|>`` (the original Qwen3-VL processor
 layout; timestamps average the first/last frame time of each step).
-
-Text between two special tokens is tokenised as one string, so the ids equal those of
-tokenising the whole rendered string at once (tested).
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError, SampleSkipped
+from ..chat import ChatConfig, ChatMLBuilder, normalize_conversation, place_media, render_chat, require_assistant_turn
+from ..chat.tokenizer import as_qwen_tokenizer
+from ..errors import SampleSkipped
 from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
 from . import vision as V
 from .presets import VisionPreset
-from .tokenizer import QwenTokenizer, as_qwen_tokenizer
-
-LOSS_POLICIES = ("assistant", "last_turn", "all")
-ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
-_PLACEHOLDER = re.compile(r"<image>|<video>")
 
 
 @dataclass(frozen=True)
@@ -52,33 +45,6 @@ class VideoMeta:
     width: int
     height: int
     fps: float | None = None  # frame rate of the given (sampled) frames; preset.video_fps when None
-
-
-@dataclass(frozen=True)
-class ChatConfig:
-    """Rendering and sample limits (Bridge defaults for the limits)."""
-
-    system_prompt: str | None = None  # used when the conversation has no system turn
-    loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
-    max_num_images: int = 10  # more -> SampleSkipped("too_many_images")
-    max_num_frames: int = 60  # longer videos are truncated to their first frames (Bridge)
-    max_visual_tokens: int = 16384  # more -> SampleSkipped("too_many_visual_tokens")
-
-    def __post_init__(self) -> None:
-        if self.loss_policy not in LOSS_POLICIES:
-            raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
-        for knob in ("max_num_images", "max_num_frames", "max_visual_tokens"):
-            value = getattr(self, knob)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if knob == "max_num_images" else 1):
-                raise ConfigError(knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. {getattr(ChatConfig, knob)}")
-        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
-            raise ConfigError("system_prompt", "must be a string or None", "pass a str")
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    parts: tuple[tuple[str, str], ...]  # ("text", s) | ("image", "") | ("video", "")
 
 
 @dataclass
@@ -102,121 +68,6 @@ class EncodedChat:
         return sum(self.image_token_counts) + sum(self.video_token_counts)
 
 
-# ----------------------------------------------------------------------------------------------
-# Conversation normalisation
-# ----------------------------------------------------------------------------------------------
-
-
-def normalize_conversation(conversation: Any) -> list[Message]:
-    """[{"role","content"}] / LLaVA [{"from","value"}] / a dict wrapping messages|conversations|conversation
-    (JSON strings accepted) -> messages whose content is split into text / image / video parts."""
-    conv = conversation
-    if isinstance(conv, (bytes, str)):
-        try:
-            conv = json.loads(conv)
-        except ValueError as exc:
-            raise SampleSkipped("bad_conversation", f"conversation is not JSON: {exc}") from None
-    if isinstance(conv, Mapping):
-        for key in ("messages", "conversations", "conversation"):
-            if key in conv:
-                conv = conv[key]
-                break
-        else:
-            raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation")
-        if isinstance(conv, (bytes, str)):
-            return normalize_conversation(conv)
-    if not isinstance(conv, Sequence) or isinstance(conv, (str, bytes)):
-        raise SampleSkipped("bad_conversation", f"expected a list of turns, got {type(conv).__name__}")
-    if len(conv) == 0:
-        raise SampleSkipped("empty_conversation", "conversation has no turns")
-    messages = []
-    for i, turn in enumerate(conv):
-        if not isinstance(turn, Mapping):
-            raise SampleSkipped("bad_conversation", f"turn {i} is {type(turn).__name__}, not a dict")
-        if "role" in turn:
-            role, content = turn["role"], turn.get("content")
-        elif "from" in turn:
-            role, content = turn["from"], turn.get("value")
-        else:
-            raise SampleSkipped("bad_conversation", f"turn {i} has neither role nor from")
-        if not isinstance(role, str) or not role:
-            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {role!r}")
-        role = ROLE_ALIASES.get(role.lower(), role)
-        messages.append(Message(role, _parts(content, i)))
-    return messages
-
-
-def _split_text(text: str) -> list[tuple[str, str]]:
-    parts: list[tuple[str, str]] = []
-    pos = 0
-    for m in _PLACEHOLDER.finditer(text):
-        if m.start() > pos:
-            parts.append(("text", text[pos:m.start()]))
-        parts.append(("image" if m.group() == "<image>" else "video", ""))
-        pos = m.end()
-    if pos < len(text):
-        parts.append(("text", text[pos:]))
-    return parts
-
-
-def _parts(content: Any, i: int) -> tuple[tuple[str, str], ...]:
-    if content is None:
-        return ()
-    if isinstance(content, str):
-        return tuple(_split_text(content))
-    if isinstance(content, Sequence):
-        parts: list[tuple[str, str]] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.extend(_split_text(part))
-            elif isinstance(part, Mapping) and part.get("type") in ("image", "image_url"):
-                parts.append(("image", ""))
-            elif isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
-                parts.append(("video", ""))
-            elif isinstance(part, Mapping) and part.get("type") == "text":
-                parts.extend(_split_text(str(part.get("text", ""))))
-            else:
-                raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {part!r}")
-        return tuple(parts)
-    raise SampleSkipped("bad_conversation", f"turn {i} content is {type(content).__name__}")
-
-
-def place_media(messages: list[Message], num_images: int, num_videos: int) -> list[Message]:
-    """Check placeholder counts against the media; with no placeholders of a kind, put that kind's
-    media first in the first user turn (images, then videos)."""
-    counts = {"image": 0, "video": 0}
-    for msg in messages:
-        for kind, _ in msg.parts:
-            if kind in counts:
-                counts[kind] += 1
-    prepend: list[tuple[str, str]] = []
-    for kind, have in (("image", num_images), ("video", num_videos)):
-        if counts[kind] == 0 and have > 0:
-            prepend.extend([(kind, "")] * have)
-        elif counts[kind] != have:
-            raise SampleSkipped("media_count_mismatch", f"{counts[kind]} <{kind}> placeholder(s) but {have} {kind}(s)")
-    if not prepend:
-        return messages
-    target = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
-    out = list(messages)
-    out[target] = Message(out[target].role, tuple(prepend) + out[target].parts)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Rendering
-# ----------------------------------------------------------------------------------------------
-
-
-def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
-    assistant_idx = [i for i, m in enumerate(messages) if m.role == "assistant"]
-    if policy == "all":
-        return [True] * len(messages)
-    if policy == "last_turn":
-        return [i == assistant_idx[-1] for i in range(len(messages))]
-    return [m.role == "assistant" for m in messages]
-
-
 def _qwen3_timestamps(num_frames: int, fps: float, temporal_patch_size: int) -> list[float]:
     indices = list(range(num_frames))
     if len(indices) % temporal_patch_size:
@@ -225,65 +76,11 @@ def _qwen3_timestamps(num_frames: int, fps: float, temporal_patch_size: int) -> 
     return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
 
 
-class _Builder:
-    """Collects the token stream: text runs are flushed (tokenised once) at each special token."""
-
-    def __init__(self, tok: QwenTokenizer, materialize: bool) -> None:
-        self.tok = tok
-        self.materialize = materialize
-        self.ids: list[int] = []
-        self.mask: list[bool] = []
-        self.length = 0
-        self._run: list[tuple[str, bool]] = []
-
-    def text(self, s: str, trained: bool) -> None:
-        if s:
-            self._run.append((s, trained))
-
-    def flush(self) -> None:
-        if not self._run:
-            return
-        full = "".join(s for s, _ in self._run)
-        ids = self.tok.encode(full)
-        flags = [False] * len(ids)
-        # tokens before the common-prefix boundary of each span belong to the spans before it
-        start_tok, char = 0, 0
-        for j, (s, trained) in enumerate(self._run):
-            char += len(s)
-            if j == len(self._run) - 1:
-                end_tok = len(ids)
-            else:
-                prefix = self.tok.encode(full[:char])
-                end_tok = 0
-                while end_tok < min(len(prefix), len(ids)) and prefix[end_tok] == ids[end_tok]:
-                    end_tok += 1
-                end_tok = max(end_tok, start_tok)
-            if trained:
-                for k in range(start_tok, end_tok):
-                    flags[k] = True
-            start_tok = end_tok
-        self.length += len(ids)
-        if self.materialize:
-            self.ids.extend(ids)
-            self.mask.extend(flags)
-        self._run = []
-
-    def special(self, tid: int, trained: bool, count: int = 1) -> None:
-        self.flush()
-        self.length += count
-        if self.materialize:
-            self.ids.extend([tid] * count)
-            self.mask.extend([trained] * count)
-
-
-def _render(messages, image_metas, video_metas, tok, preset, config, materialize):
+def _render(messages, image_metas, video_metas, tok, preset, config, materialize) -> tuple[ChatMLBuilder, dict]:
     if len(image_metas) > config.max_num_images:
         raise SampleSkipped("too_many_images", f"{len(image_metas)} images > max_num_images {config.max_num_images}")
-    if not any(m.role == "assistant" for m in messages):
-        raise SampleSkipped("no_assistant_turn", "conversation has no assistant turn")
+    require_assistant_turn(messages)
     messages = place_media(messages, len(image_metas), len(video_metas))
-    if config.system_prompt is not None and messages[0].role != "system":
-        messages = [Message("system", (("text", config.system_prompt),))] + messages
 
     image_grids = [V.image_grid_thw(m.height, m.width, preset) for m in image_metas]
     merge2 = preset.merge_size**2
@@ -297,40 +94,34 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
         raise SampleSkipped("too_many_visual_tokens", f"{total} visual tokens > max_visual_tokens {config.max_visual_tokens}")
 
     sp = tok.special
-    b = _Builder(tok, materialize)
-    trained_turns = _turn_trained(messages, config.loss_policy)
-    next_image = next_video = 0
-    for msg, trained in zip(messages, trained_turns):
-        b.special(sp.im_start, False)
-        b.text(f"{msg.role}\n", False)
-        for kind, payload in msg.parts:
-            if kind == "text":
-                b.text(payload, trained)
-            elif kind == "image":
+    cursor = {"image": 0, "video": 0}
+
+    def vision_block(b: ChatMLBuilder, kind: str) -> None:
+        i = cursor[kind]
+        cursor[kind] += 1
+        if kind == "image":
+            b.special(sp.vision_start, False)
+            b.special(sp.image_pad, False, image_counts[i])
+            b.special(sp.vision_end, False)
+        elif preset.rope_style == "qwen3":
+            _t, h, w = video_grids[i]
+            fps = video_metas[i].fps or preset.video_fps
+            for ts in _qwen3_timestamps(frames[i], fps, preset.temporal_patch_size):
+                b.text(f"<{ts:.1f} seconds>", False)
                 b.special(sp.vision_start, False)
-                b.special(sp.image_pad, False, image_counts[next_image])
+                b.special(sp.video_pad, False, h * w // merge2)
                 b.special(sp.vision_end, False)
-                next_image += 1
-            else:
-                t, h, w = video_grids[next_video]
-                if preset.rope_style == "qwen3":
-                    fps = video_metas[next_video].fps or preset.video_fps
-                    for ts in _qwen3_timestamps(frames[next_video], fps, preset.temporal_patch_size):
-                        b.text(f"<{ts:.1f} seconds>", False)
-                        b.special(sp.vision_start, False)
-                        b.special(sp.video_pad, False, h * w // merge2)
-                        b.special(sp.vision_end, False)
-                else:
-                    b.special(sp.vision_start, False)
-                    b.special(sp.video_pad, False, video_counts[next_video])
-                    b.special(sp.vision_end, False)
-                next_video += 1
-        b.special(sp.im_end, trained)
-        b.text("\n", False)
-    b.flush()
+        else:
+            b.special(sp.vision_start, False)
+            b.special(sp.video_pad, False, video_counts[i])
+            b.special(sp.vision_end, False)
+
+    builder = render_chat(messages, tok, loss_policy=config.loss_policy,
+                          system_prompt=config.resolve_system_prompt(preset.default_system_prompt),
+                          media_block=vision_block, materialize=materialize)
     info = dict(image_grids=image_grids, video_grids=video_grids, image_counts=image_counts,
                 video_counts=video_counts, sec_per_grid=sec_per_grid, frames=frames)
-    return b, info
+    return builder, info
 
 
 def _metas(images, videos) -> tuple[list[ImageMeta], list[VideoMeta]]:
@@ -357,11 +148,7 @@ def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, in
     ims, vids = _metas(images, videos)
     tok = as_qwen_tokenizer(tokenizer)
     b, info = _render(normalize_conversation(conversation), ims, vids, tok, preset, config, materialize=True)
-    input_ids = torch.tensor(b.ids, dtype=torch.int64)
-    skipped = torch.tensor(sorted(tok.special.skipped), dtype=torch.int64)
-    target = torch.tensor(b.mask, dtype=torch.bool) & ~torch.isin(input_ids, skipped)
-    if not bool(target[1:].any()):
-        raise SampleSkipped("no_trained_tokens", f"loss policy {config.loss_policy!r} leaves no supervised token")
+    input_ids, target = b.supervised(config.loss_policy)
     labels, loss_mask = shifted_labels_and_loss_mask(input_ids, target, IGNORE_INDEX)
     return EncodedChat(
         input_ids=input_ids, labels=labels, loss_mask=loss_mask, target_mask=target, length=len(b.ids),

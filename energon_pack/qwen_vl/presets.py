@@ -4,7 +4,8 @@ Qwen2-VL values are the class defaults of transformers' ``Qwen2VLImageProcessor`
 ``Qwen2VLVideoProcessor``; Qwen2.5-VL uses the same image processor with ``max_pixels``
 12845056 (hub preprocessor_config) and ``tokens_per_second`` 2 for video M-RoPE; Qwen3-VL uses
 patch 16, mean/std 0.5 and the ``Qwen3VLVideoProcessor`` defaults. Every field can be overridden
-through :func:`get_preset`.
+through :func:`get_preset`. ``default_system_prompt`` is the official Instruct template's
+(:mod:`energon_pack.chat.templates`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..chat.templates import template_system_prompt
 from ..errors import ConfigError
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -40,6 +42,7 @@ class VisionPreset:
     video_fps: float  # frame rate assumed for a video given as frames without its own fps
     tokens_per_second: float  # Qwen2.5-VL temporal M-RoPE scale (t index = t * sec_per_grid * tps)
     rope_style: str  # "qwen2" | "qwen2.5" | "qwen3"
+    default_system_prompt: str | None = None  # what the official Instruct template inserts without a system turn
 
     @property
     def factor(self) -> int:
@@ -77,6 +80,9 @@ class VisionPreset:
             raise ConfigError("rope_style", f"unknown style {self.rope_style!r}", f"use one of {ROPE_STYLES}")
         if not self.video_fps > 0:
             raise ConfigError("video_fps", f"must be > 0, got {self.video_fps!r}", "pass the frame rate of sampled frames")
+        if self.default_system_prompt is not None and not isinstance(self.default_system_prompt, str):
+            raise ConfigError("default_system_prompt", f"must be a string or None, got {self.default_system_prompt!r}",
+                              "pass the template's system prompt text, or None")
         if not self.tokens_per_second > 0:
             raise ConfigError("tokens_per_second", f"must be > 0, got {self.tokens_per_second!r}", "use 2 (Qwen2.5-VL)")
         return self
@@ -88,21 +94,21 @@ PRESETS: dict[str, VisionPreset] = {
         min_pixels=56 * 56, max_pixels=28 * 28 * 1280,
         image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, resample="bicubic",
         video_min_pixels=128 * 28 * 28, video_max_pixels=28 * 28 * 768, video_fps=2.0,
-        tokens_per_second=1.0, rope_style="qwen2",
+        tokens_per_second=1.0, rope_style="qwen2", default_system_prompt=template_system_prompt("qwen2-vl"),
     ),
     "qwen2.5-vl": VisionPreset(
         name="qwen2.5-vl", patch_size=14, merge_size=2, temporal_patch_size=2,
         min_pixels=3136, max_pixels=12845056,
         image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, resample="bicubic",
         video_min_pixels=128 * 28 * 28, video_max_pixels=28 * 28 * 768, video_fps=2.0,
-        tokens_per_second=2.0, rope_style="qwen2.5",
+        tokens_per_second=2.0, rope_style="qwen2.5", default_system_prompt=template_system_prompt("qwen2.5-vl"),
     ),
     "qwen3-vl": VisionPreset(
         name="qwen3-vl", patch_size=16, merge_size=2, temporal_patch_size=2,
         min_pixels=65536, max_pixels=16777216,
         image_mean=HALF, image_std=HALF, resample="bicubic",
         video_min_pixels=128 * 32 * 32, video_max_pixels=32 * 32 * 768, video_fps=2.0,
-        tokens_per_second=1.0, rope_style="qwen3",
+        tokens_per_second=1.0, rope_style="qwen3", default_system_prompt=template_system_prompt("qwen3-vl"),
     ),
 }
 

@@ -20,6 +20,7 @@ import torch
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 
+from energon_pack.chat.tokenizer import as_qwen_tokenizer, load_demo_tokenizer
 from energon_pack.energon.chatml import CHATML_COOKERS, ChatMLSample, parse_chatml
 from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
@@ -28,10 +29,11 @@ from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.thd import ThdSegment
 
 from . import vision as V
-from .chat import ChatConfig, ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat
+from energon_pack.chat import ChatConfig
+
+from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat
 from .mrope import mrope_position_ids
 from .presets import VisionPreset, get_preset
-from .tokenizer import as_qwen_tokenizer, load_demo_tokenizer
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):

@@ -26,12 +26,12 @@ import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
+from ..thd import OVERLENGTH_POLICIES
 from .formats import FORMATS, Encoded, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
-OVERLENGTH_POLICIES = ("skip", "truncate", "error")
 LENGTHS_VERSION = 1
 MAX_LOGGED_DETAILS = 10000
 

@@ -5,8 +5,9 @@
   (``"full"``), Megatron-Bridge's ``PromptCompletionSFTPreprocessingConfig`` semantics. The chat
   template is never used.
 * :class:`ChatFormat`: ``messages`` (role/content) or ShareGPT ``conversations`` (from/value)
-  rendered as ChatML by :func:`energon_pack.qwen_vl.preencode_chat` (a text chat is a chat with
-  no media), loss on assistant turns by default.
+  rendered as ChatML by :func:`energon_pack.chat.encode_text_chat`, loss on assistant turns by
+  default, no system prompt unless ``system_prompt`` is given (text chat follows no one model's
+  template).
 
 Both raise :class:`SampleSkipped` with a reason code for unusable records. The target mask is
 *unshifted* (token ``i`` is supervised); the packer shifts it inside each segment.
@@ -22,9 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
-from ..qwen_vl.chat import LOSS_POLICIES, ChatConfig, preencode_chat
-from ..qwen_vl.presets import get_preset
-from ..qwen_vl.tokenizer import ENDOFTEXT, as_qwen_tokenizer
+from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, encode_text_chat
 
 FORMATS = ("prompt_completion", "chat")
 
@@ -179,16 +178,12 @@ class ChatFormat:
         object.__setattr__(self, "_config", ChatConfig(system_prompt=self.system_prompt, loss_policy=self.loss_policy))
 
     def encode(self, record: Any) -> Encoded:
-        # The preset only matters for media; text chats have none.
-        enc = preencode_chat(record, tokenizer=self.tokenizer, preset=_TEXT_PRESET, config=self._config)
-        return Encoded(enc.input_ids.numpy(), enc.target_mask.numpy())
+        input_ids, target = encode_text_chat(record, tokenizer=self.tokenizer, config=self._config)
+        return Encoded(input_ids.numpy(), target.numpy())
 
     def fingerprint(self) -> str:
         knobs = (self.loss_policy, self.system_prompt, tokenizer_fingerprint(self.tokenizer))
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
-
-
-_TEXT_PRESET = get_preset("qwen2.5-vl")
 
 
 def make_format(format: str, tokenizer: Any, **kw: Any) -> SFTFormat:

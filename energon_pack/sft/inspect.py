@@ -23,7 +23,7 @@ MAX_OVERFLOW = 0.01
 
 def load_tokenizer(spec: Any = None) -> Any:
     """None -> the shipped demo tokenizer; a ``tokenizer.json`` path or a local HF directory (never downloads)."""
-    from ..qwen_vl.tokenizer import load_demo_tokenizer
+    from ..chat.tokenizer import load_demo_tokenizer
 
     if spec is None or spec == "demo":
         return load_demo_tokenizer()

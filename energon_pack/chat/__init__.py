@@ -1,0 +1,24 @@
+"""Model-neutral chat: conversation shapes, ChatML rendering, loss policies, the tokenizer
+protocol and the official templates' prompt defaults. The Qwen-VL path (vision blocks,
+M-RoPE) and the GPT-SFT path both build on it."""
+
+from .conversation import ROLE_ALIASES, Message, normalize_conversation, place_media, require_assistant_turn
+from .render import LOSS_POLICIES, ChatConfig, ChatMLBuilder, encode_text_chat, render_chat
+from .templates import TEMPLATE_DEFAULT, TEMPLATE_SYSTEM_PROMPTS, template_system_prompt
+from .tokenizer import (
+    ENDOFTEXT,
+    QWEN_SPECIAL_TOKENS,
+    QwenTokenizer,
+    SpecialIds,
+    TokenizerLike,
+    as_qwen_tokenizer,
+    load_demo_tokenizer,
+    load_demo_tokenizer_raw,
+)
+
+__all__ = [
+    "ENDOFTEXT", "LOSS_POLICIES", "QWEN_SPECIAL_TOKENS", "ROLE_ALIASES", "TEMPLATE_DEFAULT", "TEMPLATE_SYSTEM_PROMPTS",
+    "ChatConfig", "ChatMLBuilder", "Message", "QwenTokenizer", "SpecialIds", "TokenizerLike", "as_qwen_tokenizer",
+    "encode_text_chat", "load_demo_tokenizer", "load_demo_tokenizer_raw", "normalize_conversation", "place_media",
+    "render_chat", "require_assistant_turn", "template_system_prompt",
+]

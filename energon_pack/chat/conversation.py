@@ -1,0 +1,127 @@
+"""Conversations in the shapes users store them -> a list of :class:`Message` with media parts.
+
+Accepted: ``[{"role", "content"}]`` (content a string or a list of OpenAI/HF-style parts),
+LLaVA/ShareGPT ``[{"from", "value"}]``, or a dict wrapping ``messages`` / ``conversations`` /
+``conversation`` (JSON strings accepted). ``<image>`` / ``<video>`` in text are placeholders.
+Every unusable shape raises :class:`~energon_pack.errors.SampleSkipped` with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SampleSkipped
+
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
+_PLACEHOLDER = re.compile(r"<image>|<video>")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    parts: tuple[tuple[str, str], ...]  # ("text", s) | ("image", "") | ("video", "")
+
+
+def normalize_conversation(conversation: Any) -> list[Message]:
+    """Any accepted conversation shape -> messages whose content is split into text / image / video parts."""
+    conv = conversation
+    if isinstance(conv, (bytes, str)):
+        try:
+            conv = json.loads(conv)
+        except ValueError as exc:
+            raise SampleSkipped("bad_conversation", f"conversation is not JSON: {exc}") from None
+    if isinstance(conv, Mapping):
+        for key in ("messages", "conversations", "conversation"):
+            if key in conv:
+                conv = conv[key]
+                break
+        else:
+            raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation")
+        if isinstance(conv, (bytes, str)):
+            return normalize_conversation(conv)
+    if not isinstance(conv, Sequence) or isinstance(conv, (str, bytes)):
+        raise SampleSkipped("bad_conversation", f"expected a list of turns, got {type(conv).__name__}")
+    if len(conv) == 0:
+        raise SampleSkipped("empty_conversation", "conversation has no turns")
+    messages = []
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, Mapping):
+            raise SampleSkipped("bad_conversation", f"turn {i} is {type(turn).__name__}, not a dict")
+        if "role" in turn:
+            role, content = turn["role"], turn.get("content")
+        elif "from" in turn:
+            role, content = turn["from"], turn.get("value")
+        else:
+            raise SampleSkipped("bad_conversation", f"turn {i} has neither role nor from")
+        if not isinstance(role, str) or not role:
+            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {role!r}")
+        role = ROLE_ALIASES.get(role.lower(), role)
+        messages.append(Message(role, _parts(content, i)))
+    return messages
+
+
+def _split_text(text: str) -> list[tuple[str, str]]:
+    parts: list[tuple[str, str]] = []
+    pos = 0
+    for m in _PLACEHOLDER.finditer(text):
+        if m.start() > pos:
+            parts.append(("text", text[pos:m.start()]))
+        parts.append(("image" if m.group() == "<image>" else "video", ""))
+        pos = m.end()
+    if pos < len(text):
+        parts.append(("text", text[pos:]))
+    return parts
+
+
+def _parts(content: Any, i: int) -> tuple[tuple[str, str], ...]:
+    if content is None:
+        return ()
+    if isinstance(content, str):
+        return tuple(_split_text(content))
+    if isinstance(content, Sequence):
+        parts: list[tuple[str, str]] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.extend(_split_text(part))
+            elif isinstance(part, Mapping) and part.get("type") in ("image", "image_url"):
+                parts.append(("image", ""))
+            elif isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
+                parts.append(("video", ""))
+            elif isinstance(part, Mapping) and part.get("type") == "text":
+                parts.extend(_split_text(str(part.get("text", ""))))
+            else:
+                raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {part!r}")
+        return tuple(parts)
+    raise SampleSkipped("bad_conversation", f"turn {i} content is {type(content).__name__}")
+
+
+def require_assistant_turn(messages: list[Message]) -> None:
+    """SampleSkipped("no_assistant_turn") for a conversation with nothing to learn from."""
+    if not any(m.role == "assistant" for m in messages):
+        raise SampleSkipped("no_assistant_turn", "conversation has no assistant turn")
+
+
+def place_media(messages: list[Message], num_images: int, num_videos: int) -> list[Message]:
+    """Check placeholder counts against the media; with no placeholders of a kind, put that kind's
+    media first in the first user turn (images, then videos)."""
+    counts = {"image": 0, "video": 0}
+    for msg in messages:
+        for kind, _ in msg.parts:
+            if kind in counts:
+                counts[kind] += 1
+    prepend: list[tuple[str, str]] = []
+    for kind, have in (("image", num_images), ("video", num_videos)):
+        if counts[kind] == 0 and have > 0:
+            prepend.extend([(kind, "")] * have)
+        elif counts[kind] != have:
+            raise SampleSkipped("media_count_mismatch", f"{counts[kind]} <{kind}> placeholder(s) but {have} {kind}(s)")
+    if not prepend:
+        return messages
+    target = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
+    out = list(messages)
+    out[target] = Message(out[target].role, tuple(prepend) + out[target].parts)
+    return out

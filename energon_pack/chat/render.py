@@ -1,0 +1,165 @@
+"""ChatML rendering into token ids with a per-token "supervised" mask, by loss policy.
+
+Token layout per turn: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. Text between two special
+tokens is tokenised as one string, so the ids equal those of tokenising the whole rendered
+string at once (tested). Media parts are rendered by a callback the model family supplies
+(:mod:`energon_pack.qwen_vl` writes its vision blocks); the text-only path has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError, SampleSkipped
+from .conversation import Message, normalize_conversation, place_media, require_assistant_turn
+from .templates import TEMPLATE_DEFAULT
+from .tokenizer import QwenTokenizer, as_qwen_tokenizer
+
+LOSS_POLICIES = ("assistant", "last_turn", "all")
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """Rendering and sample limits (Bridge defaults for the limits).
+
+    ``system_prompt``: inserted when the conversation has no system turn. The default,
+    ``TEMPLATE_DEFAULT``, is the official template's own (Qwen2/2.5-VL: "You are a helpful
+    assistant."; Qwen3-VL and text chat: none); ``None`` inserts none; a string inserts it.
+    """
+
+    system_prompt: str | None = TEMPLATE_DEFAULT  # type: ignore[assignment]
+    loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
+    max_num_images: int = 10  # more -> SampleSkipped("too_many_images")
+    max_num_frames: int = 60  # longer videos are truncated to their first frames (Bridge)
+    max_visual_tokens: int = 16384  # more -> SampleSkipped("too_many_visual_tokens")
+
+    def __post_init__(self) -> None:
+        if self.loss_policy not in LOSS_POLICIES:
+            raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
+        for knob in ("max_num_images", "max_num_frames", "max_visual_tokens"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if knob == "max_num_images" else 1):
+                raise ConfigError(knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. {getattr(ChatConfig, knob)}")
+        if self.system_prompt is not TEMPLATE_DEFAULT and self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError("system_prompt", "must be a string, None (no system turn) or TEMPLATE_DEFAULT",
+                              "pass a str, or None for no system prompt")
+
+    def resolve_system_prompt(self, template_default: str | None) -> str | None:
+        """The system prompt to insert, given the model family's template default."""
+        return template_default if self.system_prompt is TEMPLATE_DEFAULT else self.system_prompt
+
+
+class ChatMLBuilder:
+    """Collects the token stream: text runs are flushed (tokenised once) at each special token."""
+
+    def __init__(self, tok: QwenTokenizer, materialize: bool) -> None:
+        self.tok = tok
+        self.materialize = materialize
+        self.ids: list[int] = []
+        self.mask: list[bool] = []
+        self.length = 0
+        self._run: list[tuple[str, bool]] = []
+
+    def text(self, s: str, trained: bool) -> None:
+        if s:
+            self._run.append((s, trained))
+
+    def flush(self) -> None:
+        if not self._run:
+            return
+        full = "".join(s for s, _ in self._run)
+        ids = self.tok.encode(full)
+        flags = [False] * len(ids)
+        # tokens before the common-prefix boundary of each span belong to the spans before it
+        start_tok, char = 0, 0
+        for j, (s, trained) in enumerate(self._run):
+            char += len(s)
+            if j == len(self._run) - 1:
+                end_tok = len(ids)
+            else:
+                prefix = self.tok.encode(full[:char])
+                end_tok = 0
+                while end_tok < min(len(prefix), len(ids)) and prefix[end_tok] == ids[end_tok]:
+                    end_tok += 1
+                end_tok = max(end_tok, start_tok)
+            if trained:
+                for k in range(start_tok, end_tok):
+                    flags[k] = True
+            start_tok = end_tok
+        self.length += len(ids)
+        if self.materialize:
+            self.ids.extend(ids)
+            self.mask.extend(flags)
+        self._run = []
+
+    def special(self, tid: int, trained: bool, count: int = 1) -> None:
+        self.flush()
+        self.length += count
+        if self.materialize:
+            self.ids.extend([tid] * count)
+            self.mask.extend([trained] * count)
+
+    def supervised(self, loss_policy: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids int64, unshifted target mask bool); control tokens are never targets.
+
+        SampleSkipped("no_trained_tokens") when nothing after the first token is supervised.
+        """
+        input_ids = torch.tensor(self.ids, dtype=torch.int64)
+        skipped = torch.tensor(sorted(self.tok.special.skipped), dtype=torch.int64)
+        target = torch.tensor(self.mask, dtype=torch.bool) & ~torch.isin(input_ids, skipped)
+        if not bool(target[1:].any()):
+            raise SampleSkipped("no_trained_tokens", f"loss policy {loss_policy!r} leaves no supervised token")
+        return input_ids, target
+
+
+MediaBlock = Callable[[ChatMLBuilder, str], None]
+
+
+def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
+    if policy == "all":
+        return [True] * len(messages)
+    if policy == "last_turn":
+        last = max(i for i, m in enumerate(messages) if m.role == "assistant")
+        return [i == last for i in range(len(messages))]
+    return [m.role == "assistant" for m in messages]
+
+
+def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str, system_prompt: str | None,
+                media_block: MediaBlock | None = None, materialize: bool = True) -> ChatMLBuilder:
+    """Render ``messages`` (media already placed) as ChatML; ``media_block(builder, kind)`` writes
+    each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn."""
+    if system_prompt is not None and messages[0].role != "system":
+        messages = [Message("system", (("text", system_prompt),))] + list(messages)
+    sp = tok.special
+    b = ChatMLBuilder(tok, materialize)
+    for msg, trained in zip(messages, _turn_trained(messages, loss_policy)):
+        b.special(sp.im_start, False)
+        b.text(f"{msg.role}\n", False)
+        for kind, payload in msg.parts:
+            if kind == "text":
+                b.text(payload, trained)
+            elif media_block is None:
+                raise SampleSkipped("media_count_mismatch", f"a <{kind}> part in a text-only conversation")
+            else:
+                media_block(b, kind)
+        b.special(sp.im_end, trained)
+        b.text("\n", False)
+    b.flush()
+    return b
+
+
+def encode_text_chat(conversation, *, tokenizer, config: ChatConfig | None = None,
+                     template_default: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A text-only conversation -> (input_ids, unshifted target mask); media placeholders are a
+    counted ``media_count_mismatch`` skip."""
+    config = config or ChatConfig()
+    tok = as_qwen_tokenizer(tokenizer)
+    messages = normalize_conversation(conversation)
+    require_assistant_turn(messages)
+    messages = place_media(messages, 0, 0)
+    b = render_chat(messages, tok, loss_policy=config.loss_policy,
+                    system_prompt=config.resolve_system_prompt(template_default))
+    return b.supervised(config.loss_policy)
