@@ -417,17 +417,14 @@ def test_qwen2_later_system_turn_matches(preset_name):
     assert_same(our_ids(preset_name, msgs), official_ids(preset_name, msgs))
 
 
-@pytest.mark.xfail(strict=True, reason="our renderer turns a literal '<image>' inside a text part into an image")
 @pytest.mark.parametrize("preset_name", PRESET_NAMES)
-def test_divergence_literal_image_placeholder_in_text_part(preset_name):
+def test_literal_image_placeholder_in_text_part_stays_text(preset_name):
     msgs = [S("s"), U(IMG, T("the tag <image> is HTML-ish")), A("a")]
     assert our_ids(preset_name, msgs, [(64, 64)]) == official_ids(preset_name, msgs, [(64, 64)])
 
 
-@pytest.mark.xfail(strict=True, reason="the templates accept parts without 'type' ({'text': ..}, {'image': ..}, "
-                                       "{'image_url': ..}, {'video': ..}); our renderer skips them as bad_conversation")
 @pytest.mark.parametrize("part", [{"text": "hi"}, {"image": "x.png"}, {"image_url": {"url": "x.png"}}])
-def test_divergence_untyped_content_parts(part):
+def test_untyped_content_parts_classified_by_key(part):
     msgs = [S("s"), U(part, T(" q")), A("a")]
     images = [] if "text" in part else [(64, 64)]
     assert our_ids("qwen2-vl", msgs, images) == official_ids("qwen2-vl", msgs, images)

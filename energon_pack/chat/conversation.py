@@ -87,16 +87,27 @@ def _parts(content: Any, i: int) -> tuple[tuple[str, str], ...]:
         for part in content:
             if isinstance(part, str):
                 parts.extend(_split_text(part))
-            elif isinstance(part, Mapping) and part.get("type") in ("image", "image_url"):
-                parts.append(("image", ""))
-            elif isinstance(part, Mapping) and part.get("type") in ("video", "video_url"):
-                parts.append(("video", ""))
-            elif isinstance(part, Mapping) and part.get("type") == "text":
-                parts.extend(_split_text(str(part.get("text", ""))))
-            else:
+                continue
+            kind = _part_kind(part)
+            if kind is None:
                 raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {part!r}")
+            # a typed text part is literal text, as in the official templates: "<image>" stays text
+            parts.append(("text", str(part.get("text", ""))) if kind == "text" else (kind, ""))
         return tuple(parts)
     raise SampleSkipped("bad_conversation", f"turn {i} content is {type(content).__name__}")
+
+
+_PART_TYPES = {"text": "text", "image": "image", "image_url": "image", "video": "video", "video_url": "video"}
+
+
+def _part_kind(part: Any) -> str | None:
+    """"text" | "image" | "video" for an OpenAI/HF content part: by its ``type``, or, like the
+    official Qwen-VL templates, by its key when it has no ``type``; None when unsupported."""
+    if not isinstance(part, Mapping):
+        return None
+    if "type" in part:
+        return _PART_TYPES.get(part["type"])
+    return next((_PART_TYPES[key] for key in ("image", "image_url", "video", "video_url", "text") if key in part), None)
 
 
 def require_assistant_turn(messages: list[Message]) -> None:
