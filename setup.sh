@@ -12,3 +12,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/pip install --quiet "torch==2.13.0"
 fi
 .venv/bin/pip install --quiet -e ".[test,examples]"
+# Test-only: Megatron-Bridge's pure-Python wheel (no deps; it declares Python >= 3.12 but its
+# modules run on 3.11), so tests/test_integration_bridge.py runs Bridge's own VLM-step batch and
+# M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
+.venv/bin/pip install --quiet --no-deps --ignore-requires-python "megatron-bridge==0.6.2"

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-STUB_PREFIXES = ("megatron.core", "transformer_engine", "torchvision")
+STUB_PREFIXES = ("megatron.core", "transformer_engine")  # never torchvision: transformers would think it installed
 STUB_MODULES = (
     "megatron.bridge.training.config", "megatron.bridge.training.losses", "megatron.bridge.training.state",
     "megatron.bridge.training.utils.flop_utils", "megatron.bridge.training.utils.pg_utils",

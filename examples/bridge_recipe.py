@@ -1,0 +1,159 @@
+"""A Megatron-Bridge Qwen2.5-VL finetuning recipe fed by our packing task encoder.
+
+    python examples/bridge_recipe.py --data /path/to/energon_dataset        # on a Bridge + Megatron-Core machine
+    python examples/bridge_recipe.py --check                                 # anywhere: no GPU, no Megatron-Core
+
+Full mode takes Bridge's ``qwen25_vl_7b_sft_config()`` recipe, replaces its dataset with a provider
+over ``BridgeQwenVLPackingTaskEncoder``, applies the settings packed THD rows need, checks them
+with ``check_bridge_config`` and runs ``finetune(cfg, forward_step_func=vlm_step.forward_step)``.
+
+``--check`` builds the same settings on a plain config object with Bridge's attribute paths, runs
+``check_bridge_config``, streams a few packs from demo shards (written with
+``make_demo_shards`` when ``--data`` does not exist yet) and pushes each through Bridge's
+``vlm_step.get_batch`` when Bridge's source is importable (on a CPU machine through the light
+import route of ``tests/_bridge_light.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from energon_pack.integrations.bridge import BridgeQwenVLPackingTaskEncoder, check_bridge_config, make_bridge_dataset_provider
+
+# What packed THD rows need from a Bridge config (attribute path -> value).
+SETTINGS = {
+    "train.micro_batch_size": 1,                 # one THD row per micro-batch; global batch counts packs
+    "model.calculate_per_token_loss": True,      # loss summed over tokens, divided by the global token count
+    "ddp.average_in_collective": False,
+    "model.pipeline_model_parallel_size": 1,
+    "model.mtp_num_layers": None,
+    "model.cuda_graph_impl": "none",
+    "model.overlap_moe_expert_parallel_comm": False,
+    "model.delay_wgrad_compute": False,
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="demo_data_bridge", help="Energon dataset (ours or Bridge-prepared ChatML)")
+    p.add_argument("--check", action="store_true", help="CPU check: config checks + a few packs through Bridge's get_batch")
+    p.add_argument("--seq-length", type=int, default=4096)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--sp", action="store_true")
+    p.add_argument("--packing-buffer-size", type=int, default=64)
+    p.add_argument("--samples", type=int, default=200, help="demo samples to write in --check mode")
+    p.add_argument("--packs", type=int, default=3, help="packs to stream in --check mode")
+    return p.parse_args()
+
+
+def apply(cfg, settings):
+    for path, value in settings.items():
+        owner, _, attr = path.rpartition(".")
+        obj = cfg
+        for part in owner.split("."):
+            obj = getattr(obj, part)
+        setattr(obj, attr, value)
+
+
+def make_encoder(args):
+    return BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=args.seq_length, cp=args.cp, tp=args.tp,
+                                          sp=args.sp, pad_to_max_length=True)
+
+
+def parallel_settings(args):
+    return {"model.context_parallel_size": args.cp, "model.tensor_model_parallel_size": args.tp,
+            "model.sequence_parallel": args.sp, "model.seq_length": args.seq_length}
+
+
+def print_settings(settings):
+    print("Bridge settings for packed THD rows:")
+    for path, value in settings.items():
+        print(f"  {path} = {value!r}")
+    print("  forward_step_func = megatron.bridge.training.vlm_step.forward_step")
+
+
+def full(args):
+    from megatron.bridge.recipes.qwen_vl.qwen25_vl import qwen25_vl_7b_sft_config
+    from megatron.bridge.training.finetune import finetune
+    from megatron.bridge.training.vlm_step import forward_step
+
+    te = make_encoder(args)
+    cfg = qwen25_vl_7b_sft_config()
+    cfg.dataset = make_bridge_dataset_provider(args.data, te, packing_buffer_size=args.packing_buffer_size, num_workers=4)
+    settings = {**SETTINGS, **parallel_settings(args)}
+    apply(cfg, settings)
+    print_settings(settings)
+    check_bridge_config(cfg, te, forward_step_func=forward_step)
+    print("check_bridge_config: ok")
+    finetune(cfg, forward_step_func=forward_step)
+
+
+def bridge_get_batch():
+    """Bridge's ``vlm_step.get_batch_from_iterator``: normal import, else the CPU light route."""
+    try:
+        from megatron.bridge.training.vlm_step import get_batch_from_iterator
+        return get_batch_from_iterator
+    except Exception:
+        pass
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    try:
+        from _bridge_light import bridge_module, bridge_version
+    except ImportError:
+        return None
+    if bridge_version() is None:
+        return None
+    import torch
+
+    torch.Tensor.cuda = lambda self, *a, **k: self  # CPU check only: Bridge moves every tensor with .cuda()
+    return bridge_module("training.vlm_step").get_batch_from_iterator
+
+
+def check(args):
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    from energon_pack.energon import make_demo_shards
+    from energon_pack.integrations.bridge import BRIDGE_BATCH_KEYS, bridge_dataset_kwargs
+
+    get_batch = bridge_get_batch()  # before the encoder: visual_inputs is then Bridge's own class
+    te = make_encoder(args)
+    ns = SimpleNamespace
+    cfg = ns(train=ns(), model=ns(), ddp=ns(), dist=ns(eval_context_parallel_size=None), comm_overlap=None)
+    settings = {**SETTINGS, **parallel_settings(args)}
+    apply(cfg, settings)
+    print_settings(settings)
+    check_bridge_config(cfg, te)
+    print("check_bridge_config: ok")
+
+    data = Path(args.data)
+    if not (data / ".nv-meta").is_dir():
+        make_demo_shards(data, samples=args.samples, per_shard=50)
+    ds = get_train_dataset(str(data), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=args.packing_buffer_size, **bridge_dataset_kwargs(data))
+    loader = iter(get_loader(ds))
+    for i in range(args.packs):
+        batch = next(loader)
+        missing = set(BRIDGE_BATCH_KEYS) - set(batch)
+        assert not missing, missing
+        vi = batch["visual_inputs"]
+        images = 0 if vi.image_grid_thw is None else int(vi.image_grid_thw.shape[0])
+        print(f"pack {i}: {len(batch['__keys__'])} samples, {images} images, input_ids {tuple(batch['input_ids'].shape)}, "
+              f"position_ids {tuple(batch['position_ids'].shape)}, visual_inputs {type(vi).__module__}.{type(vi).__name__}")
+        if get_batch is not None:
+            kept = get_batch(iter([batch]), is_first_pp_stage=True, is_last_pp_stage=True)
+            assert kept["input_ids"] is batch["input_ids"] and kept["visual_inputs"] is not None
+            assert (kept["visual_inputs"].pixel_values is None) == (vi.pixel_values is None)
+    print("through Bridge's get_batch: ok" if get_batch is not None else "Bridge not importable: get_batch not run")
+
+
+def main():
+    args = parse_args()
+    check(args) if args.check else full(args)
+
+
+if __name__ == "__main__":
+    main()
