@@ -212,6 +212,13 @@ def _torch_varlen():
     return varlen_attn
 
 
+def _varlen_params(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -266,10 +273,20 @@ def varlen_attention_forward(
     if flash_ok:
         if max_length_q is None:
             max_length_q = int((cu_q[1:] - cu_q[:-1]).max())
+        params = _varlen_params(varlen_attn)
+        extra: dict[str, Any] = {}
+        if "window_size" in params:  # torch >= 2.11: causal is window (-1, 0)
+            extra["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            extra["is_causal"] = causal
+        if heads_q != heads_k:
+            if "enable_gqa" in params:
+                extra["enable_gqa"] = True
+            else:  # query head h uses kv head h // (heads_q // heads_k), as HF's repeat_kv
+                k, v = (t.repeat_interleave(heads_q // heads_k, dim=1) for t in (k, v))
         out = varlen_attn(
             q, k, v, cu_q.to(query.device, torch.int32), cu_k.to(query.device, torch.int32),
-            int(max_length_q), int(max_length_q), scale=scaling,
-            window_size=(-1, 0) if causal else (-1, -1), enable_gqa=heads_q != heads_k,
+            int(max_length_q), int(max_length_q), scale=scaling, **extra,
         )
         return out.unsqueeze(0), None
     mask = _block_mask(cu_q, total, causal, query.device)
