@@ -192,6 +192,10 @@ def test_stock_sdpa_with_our_kwargs_equals_alone_and_the_checks_bite(setup):
         H.packed_forward(packed, batch, use_cache=True)
     with pytest.raises(ConfigError, match="use_cache"):
         H.hf_forward_kwargs(batch, use_cache=True)
+    with pytest.raises(ConfigError, match="labels"):
+        H.packed_forward(packed, batch, labels=batch["labels"])
+    with pytest.raises(ConfigError, match="attention_mask"):
+        H.packed_forward(packed, batch, attention_mask=torch.ones_like(batch["input_ids"]))
 
 
 def test_vision_towers_take_the_varlen_path(setup):

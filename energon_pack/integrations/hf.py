@@ -174,10 +174,14 @@ def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
     """``model(**hf_forward_kwargs(batch, model=model), **extra)``, refusing overrides that break packing."""
     if extra.get("use_cache"):
         raise ConfigError("use_cache", f"must be False for packed rows: {_CACHE_WHY}", "drop use_cache=True")
-    for bad in ("cache", "past_key_values", "attention_mask", "labels"):
+    refused = {
+        "cache": _CACHE_WHY,
+        "past_key_values": _CACHE_WHY,
+        "attention_mask": "a mask disables HF's packed-sequence detection; the segments come from cu_seqlens",
+        "labels": "HF's loss shifts labels again, ours are pre-shifted; use packed_loss(logits, batch)",
+    }
+    for bad, why in refused.items():
         if extra.get(bad) is not None:
-            why = "HF's loss shifts labels again; use packed_loss" if bad == "labels" else _CACHE_WHY if "cache" in bad or "past" in bad \
-                else "an attention mask disables packed-sequence detection; segments come from cu_seqlens"
             raise ConfigError(bad, f"must not be passed for a packed row: {why}", f"drop {bad}=")
     extra.pop("use_cache", None)
     device = next(model.parameters()).device
