@@ -17,7 +17,7 @@ per-segment 1-D positions [1, T] like Bridge's own encoder. Bridge's Qwen3-VL mo
 passed [3, B, T] tensor as is, so for Qwen3-VL we pass our ``mrope_position_ids`` [3, 1, T]
 (equal to Bridge's own per-segment positions on every real token; gaps are never attended).
 
-Nothing here imports Bridge, Megatron-Core or Energon at module import time.
+Nothing here imports Bridge or Megatron-Core at module import time.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import pickle
 import tempfile
@@ -34,8 +35,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+import yaml
 
+from megatron.energon import Cooker, basic_sample_keys, stateless
+
+from energon_pack.energon import ChatMLSample, SkippedSample, cook_chatml
+from energon_pack.energon.chatml import IMAGE_EXTENSIONS
 from energon_pack.errors import ConfigError
+from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.thd import VISUAL_KEYS, alignment_multiple
 
 __all__ = [
@@ -218,10 +225,6 @@ def bridge_chatml_to_sample(sample: Any):
     lists of frame tensors) and without (raw member bytes). Images end up as encoded bytes, as
     our pre-encode step reads sizes from headers and decodes only the members of emitted packs.
     """
-    import json
-
-    from energon_pack.energon import ChatMLSample
-
     conversation = sample.conversation
     if not isinstance(conversation, (bytes, bytearray, str)):
         conversation = json.dumps(conversation)
@@ -245,11 +248,6 @@ def cook_bridge_chatml(crude: dict):
     ``videos: videos``) arrives in the sample's subflavors (see :func:`bridge_dataset_kwargs`);
     without it this is our plain ChatML cooker. Copies raw bytes only, so it never fails.
     """
-    from megatron.energon import basic_sample_keys
-
-    from energon_pack.energon import ChatMLSample, cook_chatml
-    from energon_pack.energon.chatml import IMAGE_EXTENSIONS
-
     field_map = (crude.get("__subflavors__") or {}).get(FIELD_MAP_SUBFLAVOR)
     if not field_map:
         return cook_chatml(crude)
@@ -292,7 +290,7 @@ class BridgeChatMLDataset:
 
 def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
     """Parse ``path/.nv-meta/dataset.yaml`` (Bridge writes ``__module__``, ``__class__``, ``field_map``, ``subflavors``)."""
-    import yaml
+
 
     meta = Path(path) / ".nv-meta" / "dataset.yaml"
     if not meta.is_file():
@@ -329,7 +327,7 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
             "dataset.yaml", f"declares {spec.module}.{spec.cls}, not Bridge's ChatMLWebdataset nor a CrudeWebdataset",
             "prepare the shards as Bridge's ChatML WebDataset or with energon_pack.energon.prepare_webdataset",
         )
-    import yaml
+
 
     subflavors = {**spec.subflavors, FIELD_MAP_SUBFLAVOR: spec.field_map}
     text = yaml.safe_dump({"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": subflavors},
@@ -346,56 +344,38 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
 
 
 # ---------------------------------------------------------------------------------- the task encoder
-def _build_encoder_class() -> type:
-    from megatron.energon import Cooker, stateless
+class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
+    """:class:`QwenVLPackingTaskEncoder` whose batches are in the form Bridge's VLM step reads.
 
-    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+    ``bridge_position_ids``: ``"auto"`` (default) gives ``"mrope"`` [3, 1, T] for Qwen3-VL
+    presets and ``"flat"`` [1, T] for Qwen2/2.5-VL (Bridge recomputes those inside the model).
+    Reads our ChatML shards, Bridge's ChatML shards through the crude path (see
+    :func:`bridge_dataset_kwargs`), and Bridge's typed ``ChatMLSample`` when Energon loads a
+    Bridge ``dataset.yaml`` with Bridge installed (decoded images are re-encoded as PNG).
+    """
 
-    class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
-        """:class:`QwenVLPackingTaskEncoder` whose batches are in the form Bridge's VLM step reads.
+    cookers = [Cooker(cook_bridge_chatml)]
 
-        ``bridge_position_ids``: ``"auto"`` (default) gives ``"mrope"`` [3, 1, T] for Qwen3-VL
-        presets and ``"flat"`` [1, T] for Qwen2/2.5-VL (Bridge recomputes those inside the model).
-        Reads our ChatML shards, Bridge's ChatML shards through the crude path (see
-        :func:`bridge_dataset_kwargs`), and Bridge's typed ``ChatMLSample`` when Energon loads a
-        Bridge ``dataset.yaml`` with Bridge installed (decoded images are re-encoded as PNG).
-        """
+    def __init__(self, *, bridge_position_ids: str = "auto", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if bridge_position_ids not in POSITION_MODES:
+            raise ConfigError("bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}")
+        if bridge_position_ids == "auto":
+            bridge_position_ids = "mrope" if self.preset.rope_style == "qwen3" else "flat"
+        self.bridge_position_ids = bridge_position_ids
 
-        cookers = [Cooker(cook_bridge_chatml)]
+    @stateless
+    def preencode_sample(self, sample: Any):
+        if not hasattr(sample, "fields") and hasattr(sample, "conversation"):
+            try:
+                sample = bridge_chatml_to_sample(sample)
+            except Exception as exc:  # undecodable media: a counted skip, like our own path
+                return SkippedSample.derive_from(sample, reason="bad_media", detail=str(exc))
+        return super().preencode_sample(sample)
 
-        def __init__(self, *, bridge_position_ids: str = "auto", **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            if bridge_position_ids not in POSITION_MODES:
-                raise ConfigError("bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}")
-            if bridge_position_ids == "auto":
-                bridge_position_ids = "mrope" if self.preset.name.startswith("qwen3") else "flat"
-            self.bridge_position_ids = bridge_position_ids
-
-        @stateless
-        def preencode_sample(self, sample: Any):
-            if not hasattr(sample, "fields") and hasattr(sample, "conversation"):
-                from energon_pack.energon import SkippedSample
-
-                try:
-                    sample = bridge_chatml_to_sample(sample)
-                except Exception as exc:  # undecodable media: a counted skip, like our own path
-                    return SkippedSample.derive_from(sample, reason="bad_media", detail=str(exc))
-            return super().preencode_sample(sample)
-
-        @stateless
-        def encode_batch(self, batch: dict) -> dict:
-            return to_bridge_batch(batch, position_ids=self.bridge_position_ids)
-
-    BridgeQwenVLPackingTaskEncoder.__module__ = __name__
-    BridgeQwenVLPackingTaskEncoder.__qualname__ = "BridgeQwenVLPackingTaskEncoder"  # picklable by name
-    return BridgeQwenVLPackingTaskEncoder
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: build Energon-dependent classes on first use
-    if name == "BridgeQwenVLPackingTaskEncoder":
-        cls = globals()[name] = _build_encoder_class()
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    @stateless
+    def encode_batch(self, batch: dict) -> dict:
+        return to_bridge_batch(batch, position_ids=self.bridge_position_ids)
 
 
 # ---------------------------------------------------------------------------------- config checks
