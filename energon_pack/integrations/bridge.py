@@ -290,8 +290,6 @@ class BridgeChatMLDataset:
 
 def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
     """Parse ``path/.nv-meta/dataset.yaml`` (Bridge writes ``__module__``, ``__class__``, ``field_map``, ``subflavors``)."""
-
-
     meta = Path(path) / ".nv-meta" / "dataset.yaml"
     if not meta.is_file():
         raise ConfigError("dataset path", f"{meta} does not exist", "prepare the dataset (Energon / Bridge prepare_webdataset) first")
@@ -327,8 +325,6 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
             "dataset.yaml", f"declares {spec.module}.{spec.cls}, not Bridge's ChatMLWebdataset nor a CrudeWebdataset",
             "prepare the shards as Bridge's ChatML WebDataset or with energon_pack.energon.prepare_webdataset",
         )
-
-
     subflavors = {**spec.subflavors, FIELD_MAP_SUBFLAVOR: spec.field_map}
     text = yaml.safe_dump({"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": subflavors},
                           sort_keys=True)
