@@ -202,7 +202,9 @@ CASES: dict[str, tuple[list[dict], list[tuple[int, int]], list[VideoMeta]]] = {
     "video_and_image": ([U(VID, T("and "), IMG, T(" what happens?")), A("It moves.")], [(320, 240)],
                         [VideoMeta(8, 320, 240, 2.0)]),
     "video_odd_frames_system": ([S("Watch."), U(T("Clip: "), VID), A("Seen.")], [], [VideoMeta(7, 640, 360, 4.0)]),
-    "literal_special_text": ([U(T("say <|im_end|> literally"), IMG), A("no <|vision_start|>")], [(128, 128)], []),
+    # look-alikes of control tokens stay text (a real one typed in text is a counted skip:
+    # tests/test_hostile_input.py)
+    "literal_lookalike_text": ([U(T("say <|im_end| > or <im_end> literally"), IMG), A("no <|vision_start")], [(128, 128)], []),
 }
 WITH_SYSTEM = sorted(k for k, (msgs, _, _) in CASES.items() if msgs[0]["role"] == "system")
 WITHOUT_SYSTEM = sorted(k for k, (msgs, _, _) in CASES.items() if msgs[0]["role"] != "system")

@@ -97,7 +97,7 @@ def _reference_string(conv, images, videos, preset, config):
     return text
 
 
-WORDS = "the cat dog 12 ? ! describe  image\n\n picture red 3.5 , 的 图片 <|im_end|>".split(" ")
+WORDS = "the cat dog 12 ? ! describe  image\n\n picture red 3.5 , 的 图片 <|im_end".split(" ")
 
 
 def _random_sample(rng: random.Random):

@@ -8,13 +8,14 @@ Every unusable shape raises :class:`~energon_pack.errors.SampleSkipped` with a r
 
 from __future__ import annotations
 
-import json
 import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SampleSkipped
+from ..records import check_depth, loads_checked
 
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
 _PLACEHOLDER = re.compile(r"<image>|<video>")
@@ -29,20 +30,32 @@ class Message:
 def normalize_conversation(conversation: Any) -> list[Message]:
     """Any accepted conversation shape -> messages whose content is split into text / image / video parts."""
     conv = conversation
-    if isinstance(conv, (bytes, str)):
-        try:
-            conv = json.loads(conv)
-        except ValueError as exc:
-            raise SampleSkipped("bad_conversation", f"conversation is not JSON: {exc}") from None
-    if isinstance(conv, Mapping):
+    # iterative, bounded unwrapping: a JSON string, a dict around the turns, a JSON string in it
+    for _ in range(3):
+        if isinstance(conv, (bytes, bytearray)):
+            try:
+                conv = bytes(conv).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SampleSkipped("invalid_utf8", f"conversation: {exc}") from None
+        if isinstance(conv, str):
+            try:
+                conv = loads_checked(conv)
+            except SampleSkipped as exc:
+                if exc.reason == "invalid_json" and exc.detail.startswith("nested too deeply"):
+                    raise
+                raise SampleSkipped("bad_conversation", f"conversation is not JSON: {exc.detail}") from None
+        else:
+            check_depth(conv)  # a deep object from a non-JSON source breaks repr/pickle later
+        if not isinstance(conv, Mapping):
+            break
         for key in ("messages", "conversations", "conversation"):
             if key in conv:
                 conv = conv[key]
                 break
         else:
             raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation")
-        if isinstance(conv, (bytes, str)):
-            return normalize_conversation(conv)
+        if not isinstance(conv, (str, bytes, bytearray)):
+            break
     if not isinstance(conv, Sequence) or isinstance(conv, (str, bytes)):
         raise SampleSkipped("bad_conversation", f"expected a list of turns, got {type(conv).__name__}")
     if len(conv) == 0:
@@ -58,7 +71,7 @@ def normalize_conversation(conversation: Any) -> list[Message]:
         else:
             raise SampleSkipped("bad_conversation", f"turn {i} has neither role nor from")
         if not isinstance(role, str) or not role:
-            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {role!r}")
+            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {_short(role)}")
         role = ROLE_ALIASES.get(role.lower(), role)
         messages.append(Message(role, _parts(content, i)))
     return messages
@@ -90,11 +103,22 @@ def _parts(content: Any, i: int) -> tuple[tuple[str, str], ...]:
                 continue
             kind = _part_kind(part)
             if kind is None:
-                raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {part!r}")
-            # a typed text part is literal text, as in the official templates: "<image>" stays text
-            parts.append(("text", str(part.get("text", ""))) if kind == "text" else (kind, ""))
+                raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {_short(part)}")
+            if kind == "text":
+                # a typed text part is literal text, as in the official templates: "<image>" stays text
+                text = part.get("text", "")
+                if not isinstance(text, (str, int, float)) or isinstance(text, bool):
+                    raise SampleSkipped("bad_conversation", f"turn {i} has a text part of type {type(text).__name__}")
+                parts.append(("text", str(text)))
+            else:
+                parts.append((kind, ""))
         return tuple(parts)
     raise SampleSkipped("bad_conversation", f"turn {i} content is {type(content).__name__}")
+
+
+def _short(value: Any) -> str:
+    """A bounded repr (depth and length capped): safe on hostile, deeply nested values."""
+    return reprlib.repr(value)
 
 
 _PART_TYPES = {"text": "text", "image": "image", "image_url": "image", "video": "video", "video_url": "video"}
@@ -106,7 +130,8 @@ def _part_kind(part: Any) -> str | None:
     if not isinstance(part, Mapping):
         return None
     if "type" in part:
-        return _PART_TYPES.get(part["type"])
+        kind = part["type"]
+        return _PART_TYPES.get(kind) if isinstance(kind, str) else None
     return next((_PART_TYPES[key] for key in ("image", "image_url", "video", "video_url", "text") if key in part), None)
 
 

@@ -2,7 +2,10 @@
 
 Token layout per turn: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. Text between two special
 tokens is tokenised as one string, so the ids equal those of tokenising the whole rendered
-string at once (tested). Media parts are rendered by a callback the model family supplies
+string at once (tested). Text never produces control tokens: a run that tokenizes to one of the
+tokenizer's special tokens (a typed ``<|image_pad|>`` or ``<|im_end|>``) is a counted
+``control_token_in_text`` skip, and text that is not valid Unicode (a lone surrogate) an
+``invalid_text`` skip; control tokens are only written by :meth:`ChatMLBuilder.special`. Media parts are rendered by a callback the model family supplies
 (:mod:`energon_pack.qwen_vl` writes its vision blocks); the text-only path has none.
 """
 
@@ -71,7 +74,7 @@ class ChatMLBuilder:
         if not self._run:
             return
         full = "".join(s for s, _ in self._run)
-        ids = self.tok.encode(full)
+        ids = self.tok.encode_text(full)  # text never produces control tokens (counted skip)
         flags = [False] * len(ids)
         # tokens before the common-prefix boundary of each span belong to the spans before it
         start_tok, char = 0, 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SampleSkipped
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -85,6 +85,8 @@ class QwenTokenizer:
             im_start=ids[IM_START], im_end=ids[IM_END], vision_start=ids[VISION_START], vision_end=ids[VISION_END],
             vision_pad=ids[VISION_PAD], image_pad=ids[IMAGE_PAD], video_pad=ids[VIDEO_PAD], pad=pad,
         )
+        #: ids that text must never produce: the Qwen special tokens + the tokenizer's special tokens
+        self.control_ids: frozenset[int] = control_token_ids(tokenizer) | frozenset(ids.values())
 
     @property
     def pad_id(self) -> int:
@@ -106,6 +108,7 @@ class QwenTokenizer:
         if hit is not None:
             cache.move_to_end(text)
             return list(hit)
+        check_text(text)
         if self._is_raw:
             ids = self.inner.encode(text, add_special_tokens=False).ids
         else:
@@ -116,10 +119,56 @@ class QwenTokenizer:
                 cache.popitem(last=False)  # least recently used
         return list(ids)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of user/assistant/system *text*: SampleSkipped("control_token_in_text") when it
+        produces a control token (a typed ``<|image_pad|>``, ``<|im_end|>``, ...)."""
+        ids = self.encode(text)
+        reject_control_tokens(ids, self.control_ids, self.decode)
+        return ids
+
     def decode(self, ids: list[int]) -> str:
         if self._is_raw:
             return self.inner.decode(list(ids), skip_special_tokens=False)
         return self.inner.decode(list(ids), skip_special_tokens=False)
+
+
+def check_text(text: str) -> None:
+    """SampleSkipped("invalid_text") for a string that is not valid Unicode text (a lone surrogate
+    such as JSON's ``"\\ud800"``: tokenizers refuse it with a TypeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SampleSkipped("invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
+                                            f"{text[exc.start:exc.end]!r})") from None
+
+
+def control_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens (special added tokens, HF ``all_special_ids``), minus
+    the unknown token (ordinary text may legitimately map to it). Non-special added tokens (e.g.
+    Qwen's ``<tool_call>``, ``<think>``) are text that templates write, so they are allowed."""
+    ids: set[int] = set()
+    if _is_raw_tokenizers(tokenizer):
+        ids.update(tid for tid, tok in tokenizer.get_added_tokens_decoder().items() if tok.special)
+        return frozenset(ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    if isinstance(decoder, dict):
+        ids.update(tid for tid, tok in decoder.items() if getattr(tok, "special", False))
+    special = getattr(tokenizer, "all_special_ids", None)
+    if isinstance(special, (list, tuple, set, frozenset)):
+        ids.update(int(t) for t in special if isinstance(t, int))
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids.discard(unk)
+    return frozenset(ids)
+
+
+def reject_control_tokens(ids: list[int], control_ids: frozenset[int], decode: Any = None) -> None:
+    """SampleSkipped("control_token_in_text") when text tokenized to a control token."""
+    if not control_ids or control_ids.isdisjoint(ids):
+        return
+    bad = next(t for t in ids if t in control_ids)
+    name = decode([bad]) if decode is not None else str(bad)
+    raise SampleSkipped("control_token_in_text",
+                        f"text contains the control token {name!r} (id {bad}); text never produces control tokens")
 
 
 def _is_raw_tokenizers(obj: Any) -> bool:

@@ -4,7 +4,8 @@ Supported shard layouts (one tar member per field, webdataset naming ``KEY.FIELD
 
 - ours: ``json`` holds the conversation (a list of turns, or a dict with ``messages`` /
   ``conversations`` / ``conversation``); images are ``jpg``/``png``/... members, several per
-  sample as ``0.jpg``, ``1.png``, ... (ordered by name);
+  sample as ``0.jpg``, ``1.png``, ... (ordered by name, numbers as numbers; extensions in any
+  case: ``0.JPG`` is an image);
 - Megatron-Bridge's ChatML layout: ``conversation.json`` (or ``json``), ``jpgs`` / ``imgs`` (a
   pickled list of encoded images) and ``videos`` (a pickled list of frame lists).
 
@@ -26,7 +27,9 @@ from energon_pack.records import decode_json_record
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
 PICKLED_IMAGE_FIELDS = ("jpgs", "imgs", "images")
-_IMAGE_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(IMAGE_EXTENSIONS))
+# Energon hands the cooker tar member suffixes as stored (``x.0.JPG`` -> field ``0.JPG``; no
+# lower-casing), so extensions match case-insensitively.
+_IMAGE_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(IMAGE_EXTENSIONS), re.IGNORECASE)
 
 
 @edataclass
@@ -47,7 +50,8 @@ CHATML_COOKERS = [Cooker(cook_chatml)]
 
 
 def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+    """``2.jpg`` before ``10.JPG``: digit runs compare as numbers, the rest case-insensitively."""
+    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name)]
 
 
 def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[bytes]]]:
@@ -67,7 +71,10 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[byte
         if name in fields:
             images.extend(_unpickle_list(fields[name], name))
     if "videos" in fields:
-        videos = [list(frames) for frames in _unpickle_list(fields["videos"], "videos")]
+        for i, frames in enumerate(_unpickle_list(fields["videos"], "videos")):
+            if not isinstance(frames, (list, tuple)):
+                raise SampleSkipped("bad_media", f"video {i} is {type(frames).__name__}, expected a list of frames")
+            videos.append(list(frames))
     return conversation, images, videos
 
 

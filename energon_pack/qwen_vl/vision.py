@@ -149,28 +149,67 @@ def second_per_grid_t(preset: VisionPreset, fps: float | None = None) -> float:
     return preset.temporal_patch_size / float(fps if fps is not None else preset.video_fps)
 
 
+EXIF_ORIENTATION = 0x0112
+#: EXIF orientation -> the transpose that shows the image upright (PIL.ImageOps.exif_transpose's map)
+_ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF Orientation (1-8) of an opened image, read from its header: 1 when absent or invalid.
+
+    PIL reads EXIF (and the XMP ``tiff:Orientation`` fallback, as ``exif_transpose`` does) at
+    open time for JPEG, WebP and TIFF, so no pixel is decoded. A PNG whose ``eXIf`` chunk comes
+    after the image data would need a decode to see it: it counts as 1 here, and the decode
+    phase's size check turns the disagreement into a counted ``image_size_mismatch``.
+    """
+    try:
+        if img.format == "PNG" and "exif" not in img.info and not getattr(img, "_exif", None):
+            return 1
+        value = img.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # malformed EXIF: treat as upright (both phases agree)
+        return 1
+    return value if isinstance(value, int) and value in _ORIENTATION_TRANSPOSE else 1
+
+
 def image_size_from_bytes(data: bytes) -> tuple[int, int]:
-    """(width, height) of an encoded image, read from its header only (PIL lazy open, no decode)."""
+    """(width, height) of an encoded image *as displayed*, read from its header only (PIL lazy
+    open, no decode): EXIF orientations 5-8 (rotated by 90 degrees) swap width and height, as
+    transformers' ``load_image`` (``PIL.ImageOps.exif_transpose``) does before resizing."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
+            orientation = exif_orientation(img)
     except Exception as exc:  # PIL raises many types for garbage
         raise SampleSkipped("corrupt_image", f"unreadable image header: {type(exc).__name__}: {exc}") from None
     if width <= 0 or height <= 0:
         raise SampleSkipped("corrupt_image", f"zero-size image ({width}x{height})")
-    return width, height
+    return (height, width) if orientation >= 5 else (width, height)
 
 
 def open_image(data: bytes | Image.Image) -> Image.Image:
-    """A decoded PIL image from bytes (or a PIL image as is); SampleSkipped when it cannot be decoded."""
-    if isinstance(data, Image.Image):
-        img = data
-    else:
-        try:
+    """A decoded PIL image from bytes (or a PIL image), upright: the EXIF orientation is applied
+    like ``PIL.ImageOps.exif_transpose`` (what transformers' ``load_image`` does); SampleSkipped
+    when it cannot be decoded."""
+    try:
+        if isinstance(data, Image.Image):
+            img = data
+            img.load()
+        else:
             img = Image.open(io.BytesIO(data))
             img.load()
-        except Exception as exc:
-            raise SampleSkipped("corrupt_image", f"cannot decode image: {type(exc).__name__}: {exc}") from None
+        orientation = exif_orientation(img)
+        if orientation != 1:
+            img = img.transpose(_ORIENTATION_TRANSPOSE[orientation])
+    except Exception as exc:
+        raise SampleSkipped("corrupt_image", f"cannot decode image: {type(exc).__name__}: {exc}") from None
     if img.width <= 0 or img.height <= 0:
         raise SampleSkipped("corrupt_image", f"zero-size image ({img.width}x{img.height})")
     return img

@@ -32,7 +32,7 @@ from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_ca
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
-LENGTHS_VERSION = 1
+LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 MAX_LOGGED_DETAILS = 10000
 
 

@@ -9,7 +9,9 @@
   default, no system prompt unless ``system_prompt`` is given (text chat follows no one model's
   template).
 
-Both raise :class:`SampleSkipped` with a reason code for unusable records. The target mask is
+Both raise :class:`SampleSkipped` with a reason code for unusable records; text (prompt,
+completion, message content) that tokenizes to a control token is ``control_token_in_text``
+and text with a lone surrogate ``invalid_text``. The target mask is
 *unshifted* (token ``i`` is supervised); the packer shifts it inside each segment.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
 from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, encode_text_chat
+from ..chat.tokenizer import check_text, control_token_ids, reject_control_tokens
 
 FORMATS = ("prompt_completion", "chat")
 
@@ -71,12 +74,19 @@ class PlainTokenizer:
         pad = getattr(tokenizer, "pad_token_id", None)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.pad_id = pad if isinstance(pad, int) else eos if isinstance(eos, int) else 0
+        self.control_ids = control_token_ids(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
+        check_text(text)
         out = self.inner.encode(text, add_special_tokens=False)
         return list(out.ids) if self._raw else list(out)
+
+    def encode_text(self, text: str) -> list[int]:
+        ids = self.encode(text)
+        reject_control_tokens(ids, self.control_ids, lambda t: self.inner.decode(t, skip_special_tokens=False))
+        return ids
 
     def token_to_id(self, token: str) -> int | None:
         return self.inner.token_to_id(token) if self._raw else self.inner.convert_tokens_to_ids(token)
@@ -146,9 +156,10 @@ class PromptCompletionFormat:
         completion = _text_field(record, self.completion_field, "empty_completion")
         if self.strip_whitespace:
             prompt, completion = prompt.strip(), completion.strip()
-        prompt_ids = ([self.bos_id] if self.add_bos else []) + self.tokenizer.encode(
+        # prompt and completion are text: a control token typed in them is a counted skip
+        prompt_ids = ([self.bos_id] if self.add_bos else []) + self.tokenizer.encode_text(
             self.template.format_map({"prompt": prompt, self.prompt_field: prompt}))
-        completion_ids = self.tokenizer.encode(self.separator + completion) + ([self.eos_id] if self.add_eos else [])
+        completion_ids = self.tokenizer.encode_text(self.separator + completion) + ([self.eos_id] if self.add_eos else [])
         ids = np.asarray(prompt_ids + completion_ids, dtype=np.int64)
         mask = np.ones(len(ids), dtype=bool)
         if self.loss == "completion":

@@ -1,7 +1,7 @@
 """Line-offset index of a JSONL file over mmap, cached beside the file with a fingerprint.
 
 The index is the array of line *ends* (byte offset of each ``\\n``, or the file size for a last
-line without one): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
+line without one; in a file with no ``\\n`` at all, each lone ``\\r``: old Mac line endings): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
 (``flatnonzero(chunk == 10)`` over the mmap, chunk by chunk, so memory stays bounded) and saved
 as ``<file>.idx.npy`` plus ``<file>.idx.json`` holding a fingerprint of the source (size,
 mtime, hashes of the first and last MiB). A changed file, a corrupt or unreadable cache, or a
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: CR-only files are split at \r
 CHUNK_BYTES = 1 << 22  # 4 MiB per numpy scan: stays in cache (64 MiB chunks are ~2x slower)
 HASH_BYTES = 1 << 20
 
@@ -58,11 +58,28 @@ def open_mmap(path: str | os.PathLike) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
+LF, CR = 10, 13
+
+
+def _scan(data: np.ndarray, byte: int, chunk_bytes: int) -> np.ndarray:
+    parts = [np.flatnonzero(data[start : start + chunk_bytes] == byte) + start for start in range(0, len(data), chunk_bytes)]
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
+
+
 def scan_line_ends(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
-    """int64 end offset of every line in ``data`` (uint8); a final line without ``\\n`` ends at ``len``."""
-    parts = [np.flatnonzero(data[start : start + chunk_bytes] == 10) + start for start in range(0, len(data), chunk_bytes)]
-    ends = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
-    if len(data) and data[-1] != 10:
+    """int64 end offset of every line in ``data`` (uint8); a final line without a terminator ends at ``len``.
+
+    Lines end at ``\\n`` (a ``\\r`` before it stays in the line: JSON ignores it as whitespace).
+    A file with no ``\\n`` but with ``\\r`` has old Mac (CR-only) line endings: its lines end at
+    each ``\\r``, so the user gets their lines rather than one giant broken record.
+    """
+    terminator = LF
+    ends = _scan(data, LF, chunk_bytes)
+    if len(ends) == 0 and len(data):
+        cr = _scan(data, CR, chunk_bytes)
+        if len(cr):
+            terminator, ends = CR, cr
+    if len(data) and data[-1] != terminator:
         ends = np.append(ends, len(data))
     return ends
 
@@ -106,8 +123,10 @@ def load_line_index(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     meta = {"version": INDEX_VERSION, "kind": "line_ends", "source": file_fingerprint(path)}
     npy = cache_path(path, ".idx.npy", cache_dir)
     cached = load_cached(npy, meta)
-    expected_last = len(data) - int(len(data) > 0 and data[-1] == 10)
-    if cached is not None and (int(cached[0][-1]) == expected_last if len(cached[0]) else len(data) == 0):
+    n = len(data)
+    # the last end is the final terminator, or the file size (a final \r may be either)
+    expected_last = {n - 1} if n and data[-1] == LF else {n - 1, n} if n and data[-1] == CR else {n}
+    if cached is not None and (int(cached[0][-1]) in expected_last if len(cached[0]) else n == 0):
         return cached[0]
     ends = scan_line_ends(data)
     save_cached(ends, npy, meta)
