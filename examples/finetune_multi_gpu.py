@@ -1,20 +1,40 @@
-"""A data-parallel finetuning loop fed by the packer: one fixed-width THD row per micro-batch.
+"""Data-parallel finetuning of a real Hugging Face Qwen-VL model on packed THD rows (one row per micro-batch).
 
-Launch one process per GPU (NCCL), or per CPU process for a smoke test (gloo):
+The model is a transformers ``Qwen2_5_VLForConditionalGeneration`` (default; ``--model qwen2-vl |
+qwen2.5-vl | qwen3-vl``) built from a config and randomly initialised, never downloaded:
+``--size tiny`` (CPU tests) or ``--size 3b`` (Qwen2.5-VL-3B shape: vision 32 x 1280, LLM 36 x 2048,
+16 heads / 2 KV heads, MLP 11008; Qwen3-VL uses the 4B shape; vocabulary = the demo tokenizer's
+size rounded up to 64, special ids from our tokenizer). bf16 weights on CUDA, fp32 on CPU; AdamW.
 
-    torchrun --nproc-per-node 2 examples/finetune_multi_gpu.py --data demo_data --steps 50
-    torchrun --nproc-per-node 2 examples/finetune_multi_gpu.py --device cpu --steps 3 --width 2048 --dim 64
+One process per GPU (NCCL) or per CPU process (gloo):
 
-Each rank reads its own shard range through Energon (``WorkerConfig.default_worker_config``
-takes rank and world size from ``torch.distributed``). The model is a small causal LM with a
-Qwen-style vision projector: ``pixel_values`` patches are embedded, merged 2x2 and written
-into the ``<|image_pad|>`` positions. Attention never crosses a segment boundary: the mask is
-built from ``cu_seqlens_q_padded`` / ``cu_seqlens_q`` (a block-diagonal causal mask; swap in
-a varlen kernel such as Transformer Engine's THD attention for real models). The loss is
-summed over ``loss_mask`` and averaged over the supervised tokens of all ranks.
+    torchrun --nproc-per-node 2 examples/finetune_multi_gpu.py --data demo_data --steps 50 --size 3b
+    torchrun --nproc-per-node 2 examples/finetune_multi_gpu.py --device cpu --size tiny --steps 3 --width 1024
 
-Reported per step: loss, real tokens, fill, and real (not padded) tokens/s over all ranks; at
-the end, the packing stats of rank 0's workers and the share of time rank 0 waited for data.
+Several nodes (the same command on every node; c10d rendezvous on the first node's address):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank R --rdzv-backend c10d --rdzv-id job1 \\
+        --rdzv-endpoint HOST:29500 examples/finetune_multi_gpu.py --data /shared/data --size 3b
+    # SLURM, one torchrun per node:
+    srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes $SLURM_NNODES --nproc-per-node 8 \\
+        --node-rank $SLURM_NODEID --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \\
+        --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 \\
+        examples/finetune_multi_gpu.py --data /shared/data --size 3b'
+
+Every rank builds its own Energon savable loader (``WorkerConfig.default_worker_config`` reads rank
+and world size from ``torch.distributed``, so ranks read disjoint shard ranges) with
+``QwenVLPackingTaskEncoder``. Attention: ``use_varlen_attention`` (torch's flash ``varlen_attn``
+on CUDA in bf16 for the LLM and the vision tower; block-diagonal SDPA on CPU). Loss:
+``packed_loss`` summed over ``loss_mask``, divided by the supervised tokens of all ranks
+(``normalize_by_global_tokens``, x world size because DDP averages gradients).
+
+``--save-at K --ckpt DIR`` saves the model, the optimizer and every rank's loader state
+(``loader.save_state_rank()``) after K steps; ``--resume DIR`` restores all three and continues with
+step K: the losses equal those of an uninterrupted run (seeded init, no dropout, same packs).
+
+Per step: loss, real tokens, step time and the time spent waiting for the loader. Rank 0 writes
+``--report JSON``: losses per step, real tokens/s (all ranks), fill, data-wait share, and the
+``__keys__`` each rank trained on.
 """
 
 from __future__ import annotations
@@ -25,169 +45,316 @@ import math
 import os
 import time
 import warnings
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
-from energon_pack import PackingStatsTracker, thd_attention_mask
+from energon_pack.integrations.hf import hf_forward_kwargs, normalize_by_global_tokens, packed_loss, use_varlen_attention
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, d // self.heads).permute(1, 2, 0, 3)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [heads, T, head_dim]
-        x = x + self.proj(attn.transpose(0, 1).reshape(t, d))
-        return x + self.mlp(self.norm2(x))
+MODELS = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen3_vl"}
+SIZES = ("tiny", "3b")
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of rotary embeddings for per-segment positions (they restart at 0 in every segment)."""
-    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float()[:, None] * inv[None, :]
-    return angles.cos(), angles.sin()
+# --------------------------------------------------------------------------------- model
+def vocab_size(tokenizer: Any, multiple: int = 64) -> int:
+    inner = tokenizer.inner
+    n = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner)
+    return int(math.ceil(n / multiple) * multiple)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+def model_config(name: str, size: str, tokenizer: Any) -> Any:
+    """A transformers config of the Qwen-VL version ``name`` in shape ``size``; ids from ``tokenizer``."""
+    import transformers as tf
+
+    from energon_pack.qwen_vl import get_preset
+
+    if name not in MODELS:
+        raise SystemExit(f"--model must be one of {sorted(MODELS)}")
+    if size not in SIZES:
+        raise SystemExit(f"--size must be one of {SIZES}")
+    preset = get_preset(name)
+    sp = tokenizer.special
+    ids = dict(image_token_id=sp.image_pad, video_token_id=sp.video_pad, vision_start_token_id=sp.vision_start,
+               vision_end_token_id=sp.vision_end)
+    vision = dict(patch_size=preset.patch_size, temporal_patch_size=preset.temporal_patch_size,
+                  spatial_merge_size=preset.merge_size, in_channels=3)
+    tiny = size == "tiny"
+    if name == "qwen3-vl":  # Qwen3-VL-4B shape
+        hidden, layers, heads, kv, inter, head_dim = (64, 2, 4, 2, 128, 16) if tiny else (2560, 36, 32, 8, 9728, 128)
+        section = [2, 3, 3] if tiny else [24, 20, 20]
+    else:  # Qwen2-VL / Qwen2.5-VL 3B LLM shape
+        hidden, layers, heads, kv, inter = (64, 2, 4, 2, 128) if tiny else (2048, 36, 16, 2, 11008)
+        head_dim = hidden // heads
+        section = [2, 3, 3] if tiny else [16, 24, 24]
+    text = dict(vocab_size=vocab_size(tokenizer), hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
+                bos_token_id=None, eos_token_id=sp.im_end, pad_token_id=sp.pad, attention_dropout=0.0,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0 if tiny else 1000000.0,
+                                 "mrope_section": section})
+    if tiny:
+        text["initializer_range"] = vision["initializer_range"] = 0.1
+    if name == "qwen2-vl":
+        v = dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2) if tiny else dict(depth=32, embed_dim=1280,
+                                                                                   num_heads=16, mlp_ratio=4)
+        return tf.Qwen2VLConfig(text_config=text, vision_config=dict(vision, hidden_size=hidden, **v),
+                                tie_word_embeddings=not tiny, **ids)
+    if name == "qwen2.5-vl":
+        v = (dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1]) if tiny else
+             dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, fullatt_block_indexes=[7, 15, 23, 31]))
+        return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+            vision, out_hidden_size=hidden, window_size=112, tokens_per_second=int(preset.tokens_per_second), **v),
+            tie_word_embeddings=not tiny, **ids)
+    v = (dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=64,
+              deepstack_visual_indexes=[0]) if tiny else
+         dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304,
+              deepstack_visual_indexes=[5, 11, 17]))
+    return tf.Qwen3VLConfig(text_config=dict(text, head_dim=head_dim), vision_config=dict(vision, out_hidden_size=hidden, **v),
+                            tie_word_embeddings=not tiny, **ids)
 
 
-class TinyVLM(nn.Module):
-    def __init__(self, vocab: int, patch_dim: int, image_pad_id: int, dim: int = 256, layers: int = 4, heads: int = 4):
-        super().__init__()
-        self.image_pad_id, self.heads = image_pad_id, heads
-        self.embed = nn.Embedding(vocab, dim)
-        self.vision = nn.Linear(patch_dim, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+def build_model(name: str, size: str, tokenizer: Any, *, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+    """Randomly initialised HF Qwen-VL model (seeded: every rank builds the same weights), in train mode.
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        ids = batch["input_ids"][0]
-        x = self.embed(ids)
-        pixels = batch.get("pixel_values")
-        if pixels is None:  # a text-only pack runs the projector on no rows, so DDP still sees its grads
-            pixels = x.new_zeros(0, self.vision.in_features)
-        patches = self.vision(pixels.to(x.dtype))
-        merged = patches.view(-1, 4, patches.shape[-1]).mean(1)  # 2x2 merge groups are consecutive rows
-        x = x.masked_scatter((ids == self.image_pad_id)[:, None], merged.to(x.dtype))
-        mask = thd_attention_mask(batch["cu_seqlens_q_padded"], batch["cu_seqlens_q"], ids.numel()).to(x.device)
-        rope = rope_tables(batch["position_ids"][0], x.shape[-1] // self.heads)
-        for block in self.blocks:
-            x = block(x, mask, rope)
-        return self.head(self.norm(x))
+    Stock attention (sdpa); :func:`prepare_model` switches it to our varlen attention. Built
+    directly on ``device`` in ``dtype`` (a 3B model initialises in seconds on a GPU).
+    """
+    import transformers as tf
+
+    cfg = model_config(name, size, tokenizer)
+    cls = {"qwen2-vl": tf.Qwen2VLForConditionalGeneration, "qwen2.5-vl": tf.Qwen2_5_VLForConditionalGeneration,
+           "qwen3-vl": tf.Qwen3VLForConditionalGeneration}[name]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = cls._from_config(cfg, dtype=dtype)
+    assert model.config.model_type == MODELS[name]
+    return model.to(device=device, dtype=dtype).train()
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def prepare_model(model: Any) -> Any:
+    """Our varlen attention for the LLM and the vision tower (flash ``varlen_attn`` on CUDA bf16)."""
+    use_varlen_attention(model)
+    return model
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default="demo_data")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--width", type=int, default=8192)
-    p.add_argument("--buffer", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--report", default=None, help="write a JSON summary here (rank 0)")
-    args = p.parse_args()
+def param_counts(model: Any) -> dict[str, int]:
+    visual = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    total = sum(p.numel() for p in model.parameters())
+    return {"total": total, "vision": visual, "llm": total - visual}
 
-    device = torch.device(args.device)
+
+def vision_params(model: Any) -> list[torch.nn.Parameter]:
+    return [p for n, p in model.named_parameters() if ".visual." in f".{n}"]
+
+
+def has_visual(batch: dict) -> bool:
+    return batch.get("pixel_values") is not None or batch.get("pixel_values_videos") is not None
+
+
+def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = None,
+                 touch_vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training loss of one packed row: ``(loss, loss_sum, local_count)``.
+
+    ``runner`` is what is called (the DDP wrapper; ``model`` itself by default); the kwargs are
+    built from the bare HF ``model`` (a DDP wrapper has no config). ``loss`` is normalised by
+    the supervised tokens of all ranks (only this process's without torch.distributed).
+
+    DDP needs a gradient for every parameter on every rank, but a pack without images or
+    videos never runs the vision tower. ``touch_vision`` (the vision parameters) adds
+    ``0 * sum(p)`` for such packs only: exact zero gradients, one cheap elementwise pass over the
+    vision weights on the rare image-free pack, and nothing on all others. The alternative,
+    ``find_unused_parameters=True``, walks the autograd graph after every forward, for all packs.
+    """
+    device = device if device is not None else next(model.parameters()).device
+    kwargs = hf_forward_kwargs(batch, model=model, device=device)
+    out = (runner or model)(**kwargs)
+    loss_sum, count = packed_loss(out.logits, batch)
+    if touch_vision and not has_visual(batch):
+        loss_sum = loss_sum + 0.0 * torch.stack([p.sum() for p in touch_vision]).sum().float()
+    return normalize_by_global_tokens(loss_sum, count), loss_sum, count
+
+
+# --------------------------------------------------------------------------------- data
+def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int, packing_mode: str = "carry",
+                seed: int = 0) -> tuple[Any, Any]:
+    """One Energon savable loader for this rank (rank and world size from torch.distributed)."""
+    from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    encoder = QwenVLPackingTaskEncoder(preset=preset, seq_length=width, pad_to_max_length=True,
+                                       packing_mode=packing_mode, seed=seed)
+    dataset = get_train_dataset(
+        data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
+        worker_config=WorkerConfig.default_worker_config(num_workers=workers),
+        task_encoder=encoder, packing_buffer_size=buffer,
+    )
+    return get_savable_loader(dataset), encoder
+
+
+def vision_preset(name: str, size: str, max_pixels: int | None = None) -> Any:
+    """The model's preset; tiny runs use small images (4-16 merged tokens each) unless ``max_pixels``."""
+    from energon_pack.qwen_vl import get_preset
+
+    f2 = get_preset(name).factor ** 2
+    if max_pixels is None and size == "tiny":
+        max_pixels = 16 * f2
+    if max_pixels is None:
+        return get_preset(name)
+    return get_preset(name, min_pixels=min(4 * f2, max_pixels), max_pixels=max_pixels)
+
+
+# --------------------------------------------------------------------------------- distributed
+def setup_distributed(device_name: str) -> tuple[torch.device, int, int]:
+    device = torch.device(device_name)
+    if "RANK" not in os.environ:  # plain `python`: one process, no torch.distributed
+        return device, 0, 1
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    return device, dist.get_rank(), dist.get_world_size()
 
-    from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather(obj: Any) -> list[Any]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(ckpt: Path, step: int, model: Any, opt: Any, loader: Any, rank: int) -> None:
+    ckpt.mkdir(parents=True, exist_ok=True)
+    torch.save(loader.save_state_rank(), ckpt / f"loader_rank{rank}.pt")
+    if rank == 0:  # DDP keeps model and optimizer identical on all ranks
+        torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt / "train.pt")
+    barrier()
+
+
+# --------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="demo_data")
+    p.add_argument("--model", default="qwen2.5-vl", choices=sorted(MODELS))
+    p.add_argument("--size", default="3b", choices=SIZES)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--width", type=int, default=8192)
+    p.add_argument("--buffer", type=int, default=64, help="packing_buffer_size")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
+    p.add_argument("--max-pixels", type=int, default=None, help="image budget of the preset (tiny: 16 merged tokens)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-at", type=int, default=None, help="save after this many steps (needs --ckpt)")
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--resume", default=None, help="checkpoint folder written by --save-at")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--report", default=None, help="rank 0 writes a JSON summary here")
+    args = p.parse_args(argv)
+    if args.save_at is not None and not args.ckpt:
+        p.error("--save-at needs --ckpt")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device, rank, world = setup_distributed(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    from energon_pack import PackingStatsTracker
     from energon_pack.cli import ensure_demo_data
-    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-    if rank == 0:
+    if rank == 0 and args.data == "demo_data":
         ensure_demo_data(args.data, 1200)
-    dist.barrier()
-    encoder = QwenVLPackingTaskEncoder(seq_length=args.width, pad_to_max_length=True)
-    dataset = get_train_dataset(
-        args.data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
-        worker_config=WorkerConfig.default_worker_config(num_workers=args.workers),
-        task_encoder=encoder, packing_buffer_size=args.buffer,
-    )
-    loader = get_savable_loader(dataset)
+    barrier()
+    loader, encoder = make_loader(args.data, width=args.width, preset=vision_preset(args.model, args.size, args.max_pixels),
+                                  buffer=args.buffer, workers=args.workers, seed=args.seed)
+    model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    start_step = 0
+    if args.resume:
+        ckpt = Path(args.resume)
+        state = torch.load(ckpt / "train.pt", map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        loader.restore_state_rank(torch.load(ckpt / f"loader_rank{rank}.pt", weights_only=False))
+        start_step = state["step"]
+    runner = model
+    if world > 1:
+        runner = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    touch = vision_params(model) if world > 1 else None
+    counts = param_counts(model)
+    if rank == 0:
+        print(f"{args.model} ({args.size}): {counts['total'] / 1e6:,.1f}M parameters "
+              f"(vision {counts['vision'] / 1e6:,.1f}M), {dtype}, world {world}, width {args.width}", flush=True)
 
-    torch.manual_seed(0)
-    tok = encoder.tokenizer
-    inner = tok.inner
-    vocab = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner)
-    model = TinyVLM(vocab, encoder.preset.patch_dim, tok.special.image_pad, dim=args.dim, layers=args.layers).to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
     tracker = PackingStatsTracker()
-    history = []
-    tokens_total, start, data_wait = 0, None, 0.0
+    history, keys = [], []
     batches = iter(loader)
-    for step in range(args.steps):
-        fetch = time.perf_counter()
+    for step in range(start_step, args.steps):
+        t0 = time.perf_counter()
         batch = next(batches)
-        if start is not None:
-            data_wait += time.perf_counter() - fetch  # time the GPU step waited for the loader
+        wait = time.perf_counter() - t0
         tracker.update(batch["packing_stats"])
-        batch = to_device(batch, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = ddp(batch)
-        labels, loss_mask = batch["labels"][0], batch["loss_mask"][0]
-        token_loss = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
-        local_sum = (token_loss * loss_mask).sum()
-        counts = torch.stack([loss_mask.sum(), torch.tensor(float(batch["real_tokens"]), device=device),
-                              local_sum.detach()])
-        dist.all_reduce(counts)  # supervised tokens, real tokens and loss sum of all ranks
-        loss = local_sum * world / counts[0].clamp(min=1)  # DDP averages gradients over ranks
-        global_loss = (counts[2] / counts[0].clamp(min=1)).item()
-        opt.zero_grad(set_to_none=True)
+        keys.extend(batch["__keys__"])
+        loss, loss_sum, count = forward_loss(model, batch, runner=runner, device=device, touch_vision=touch)
         loss.backward()
         opt.step()
-        if step == 1:  # time from the second step on (the first includes loader start-up)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start, tokens_total = time.perf_counter(), 0
-        elif start is not None:
-            tokens_total += int(counts[1])
-        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            rate = tokens_total / (time.perf_counter() - start) if start and tokens_total else float("nan")
-            print(f"step {step:4d}  loss {global_loss:.3f}  real tokens/row {batch['real_tokens']:5d} "
-                  f"({batch['real_tokens'] / args.width:.1%})  real tokens/s (all ranks) {rate:,.0f}", flush=True)
-        history.append({"step": step, "loss": global_loss, "real_tokens": batch["real_tokens"]})
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start if start else float("nan")
+        opt.zero_grad(set_to_none=True)
+        g_sum, g_count, g_real, g_wait = all_sum([float(loss_sum.detach()), float(count), float(batch["real_tokens"]), wait], device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_s = time.perf_counter() - t0
+        entry = {"step": step, "loss": g_sum / max(g_count, 1), "real_tokens": int(g_real), "supervised_tokens": int(g_count),
+                 "step_s": step_s, "data_wait_s": wait}
+        history.append(entry)
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss {entry['loss']:.6f}  real tokens {int(g_real):6d} (all ranks)  "
+                  f"step {step_s * 1e3:7.1f} ms  data wait {wait * 1e3:6.1f} ms", flush=True)
+        if args.save_at is not None and step + 1 == args.save_at:
+            save_checkpoint(Path(args.ckpt), step + 1, model, opt, loader, rank)
+
+    timed = history[1:] if len(history) > 1 else history  # the first step includes loader and kernel start-up
+    elapsed = sum(h["step_s"] for h in timed)
+    waits = gather(sum(h["data_wait_s"] for h in timed))
+    all_keys = gather(keys)
     stats = tracker.total.summary()
-    summary = {"world_size": world, "device": str(device), "steps": len(history), "width": args.width,
-               "real_tokens_per_s_all_ranks": tokens_total / elapsed if elapsed and not math.isnan(elapsed) else None,
-               "rank0_data_wait_fraction": data_wait / elapsed if elapsed and not math.isnan(elapsed) else None,
-               "rank0_packing_stats": stats, "history": history}
+    summary = {
+        "model": args.model, "size": args.size, "params": counts, "dtype": str(dtype), "world_size": world,
+        "device": str(device), "width": args.width, "steps": len(history), "start_step": start_step,
+        "losses": {str(h["step"]): h["loss"] for h in history},
+        "real_tokens_per_s": sum(h["real_tokens"] for h in timed) / elapsed if elapsed else None,
+        "fill": sum(h["real_tokens"] for h in history) / (len(history) * world * args.width) if history else None,
+        "data_wait_share": max(waits) / elapsed if elapsed else None,
+        "median_step_s": sorted(h["step_s"] for h in timed)[len(timed) // 2] if timed else None,
+        "rank0_packing_stats": stats, "keys_per_rank": all_keys, "history": history,
+    }
     if rank == 0:
-        print(f"rank 0 packing: {stats}; rank 0 waited for data {summary['rank0_data_wait_fraction']:.1%} of the time")
+        print(f"real tokens/s (all ranks) {summary['real_tokens_per_s'] or float('nan'):,.0f}  fill {summary['fill']:.2%}  "
+              f"data wait {summary['data_wait_share'] or 0:.1%} of the step time (worst rank)", flush=True)
         if args.report:
-            with open(args.report, "w") as f:
-                json.dump(summary, f, indent=2)
-    dist.destroy_process_group()
+            Path(args.report).write_text(json.dumps(summary, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
