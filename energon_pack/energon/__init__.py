@@ -6,6 +6,8 @@ from .demo_data import make_demo_shards
 from .prepare import prepare, prepare_jsonl, prepare_webdataset
 from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
 from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
+from .stream import AllSkippedError
+from .checkpoint import save_state_rank
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
 
@@ -22,6 +24,8 @@ __all__ = [
     "PackedSamples",
     "SkippedSample",
     "TextPackingTaskEncoder",
+    "AllSkippedError",
+    "save_state_rank",
     "cook_chatml",
     "make_demo_shards",
     "pack_members",

@@ -28,6 +28,7 @@ from energon_pack.packing import OnlinePacker
 from energon_pack.packing.costs import Cost
 
 from .samples import SkippedSample
+from .stream import AllSkippedError, all_skipped_message, worker_name
 
 
 class CarryOverPackingDataset(BaseWrapperDataset):
@@ -41,6 +42,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         "_packer_state",
         "_sample_encoder_sample_index",
         "_final_packing_sample_index",
+        "_emitted",
     )
 
     def __init__(
@@ -55,6 +57,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         sample_encoder_stateless: bool = True,
         final_packer_failure_tolerance: int = 100,
         sample_encoder_failure_tolerance: int = 100,
+        skip_guard: Optional[int] = None,
         worker_config: WorkerConfig,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
@@ -64,6 +67,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         self.final_packer_stateless = final_packer_stateless
         self.sample_encoder = sample_encoder
         self.sample_encoder_stateless = sample_encoder_stateless
+        self.skip_guard = skip_guard
         self._final_failures = ErrorContext(
             name=f"CarryOverPackingDataset.{final_packer}",
             handler=worker_config.global_error_handler,
@@ -85,6 +89,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         self._pending: List[List[int]] = []
         self._sample_encoder_sample_index = SampleIndex(self.worker_config, src=self)
         self._final_packing_sample_index = SampleIndex(self.worker_config, src=self)
+        self._emitted = 0
 
     @property
     def _packer_state(self) -> Dict[str, Any]:
@@ -107,18 +112,27 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         return self.dataset.len_worker(worker_idx)
 
     # ------------------------------------------------------------------ streaming
+    @property
+    def emitted(self) -> int:
+        """Packs this worker has yielded (a pack whose members all failed post-encode is not one)."""
+        return self._emitted
+
     def __iter__(self) -> Iterator[Any]:
         self._held.worker_start()
         assert len(self._held.buffer) == len(self._held_slots)
         yield from self._drain()
+        # A restored state saved while the last packs of a finite stream were flushed has the
+        # SourceEnd marked done: the source yields nothing and the flush below completes.
         for sample in self.dataset:
             if isinstance(sample, SkippedSample):
                 self._packer.stats.record_skip(sample.reason)
+                self._check_progress()
                 continue
             try:
                 cost = self.cost_fn(sample)
             except SampleSkipped as skip:
                 self._packer.stats.record_skip(skip.reason)
+                self._check_progress()
                 continue
             slot = self._next_slot
             self._next_slot += 1
@@ -128,8 +142,15 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             for skipped_slot, _reason in self._packer.pop_skipped():
                 self._take(skipped_slot)  # counted in the packer's stats
             yield from self._drain()
+            self._check_progress()
         self._pending.extend(self._packer.flush())
         yield from self._drain()
+
+    def _check_progress(self) -> None:
+        """Raise instead of hanging when this worker skips sample after sample and never packs."""
+        stats = self._packer.stats
+        if self.skip_guard is not None and self._emitted == 0 and stats.skipped >= self.skip_guard:
+            raise AllSkippedError(all_skipped_message(stats, worker_name(self.worker_config), finished=False))
 
     def _take(self, slot: int) -> Any:
         index = self._held_slots.index(slot)
@@ -156,6 +177,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
                 continue
             if hasattr(packed, "packing_stats"):
                 packed.packing_stats = self._stats_snapshot()
+            self._emitted += 1
             yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
 
     def _encode_members(self, members: List[Any]) -> List[Any]:

@@ -9,6 +9,8 @@ from energon_pack.errors import ConfigError
 from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 
 PACKING_MODES = ("carry", "rounds")
+#: Knobs that may change between save and restore (they do not change which packs come next).
+RESUME_SAFE_KNOBS = ("skip_guard",)
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,15 @@ class PackingConfig:
     Costs are (aligned tokens[, ViT patches][, media items]); the optional budgets bound the
     vision work one pack may carry. ``overlength``: ``skip`` (counted), ``error``, or
     ``truncate`` (text only).
+
+    ``skip_guard``: a worker that has skipped this many samples without emitting a single pack
+    raises ``AllSkippedError`` naming the skip reasons and counts, instead of hanging on a
+    stream where nothing can ever be packed (wrong field names, width too small, wrong
+    encoder). ``None`` (default) means ``max(1000, 10 * packing_buffer_size)``. A finite stream
+    that ends before the limit with 0 packs warns with the same message.
+
+    Every knob except ``skip_guard`` is stored as a fingerprint in the checkpoint; restoring
+    with a different value raises ``ConfigError`` naming the knob.
     """
 
     seq_length: int = 8192
@@ -36,12 +47,17 @@ class PackingConfig:
     max_age: Optional[int] = None
     overlength: str = "skip"
     seed: int = 0
+    skip_guard: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.packing_mode not in PACKING_MODES:
             raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
+        if self.skip_guard is not None and (not isinstance(self.skip_guard, int) or isinstance(self.skip_guard, bool)
+                                            or self.skip_guard < 1):
+            raise ConfigError("skip_guard", f"must be a positive int or None, got {self.skip_guard!r}",
+                              "leave it None for max(1000, 10 * packing_buffer_size)")
         for knob in ("max_media_per_pack", "max_patches_per_pack"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or value < 1):

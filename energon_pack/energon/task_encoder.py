@@ -14,10 +14,11 @@ the same data.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import partial
 from typing import Any, List, Optional, Sequence
 
-from megatron.energon import SkipSample, stateless
+from megatron.energon import stateless
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.task_encoder.base import get_failure_tolerance, get_stateless
 from megatron.energon.worker import WorkerConfig
@@ -29,7 +30,10 @@ from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasin
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
-from .config import PackingConfig
+from .config import RESUME_SAFE_KNOBS, PackingConfig
+from .rounds import CountedSkip, RoundsPackingDataset
+from .shards import check_shards
+from .stream import PackStream, SourceEnd, skip_guard_limit
 from .samples import PackedSamples, SkippedSample
 
 class CarryOverPackingMixin:
@@ -62,9 +66,13 @@ class CarryOverPackingMixin:
     def select_samples_to_pack(self, samples: List[Any]) -> List[List[Any]]:
         """Rounds mode: first-fit-decreasing over this buffer; every valid sample is returned.
 
-        Skip markers and oversize samples are counted (Energon would drop them silently).
+        Skip markers and oversize samples are counted (Energon would drop them silently). Our
+        ``build_batch`` counts into the checkpointed stats of :class:`RoundsPackingDataset`;
+        called from a ``PackingDataset`` a user built, it counts on this encoder.
         """
-        stats = self._round_stats()
+        return self.select_groups(samples, self._round_stats())
+
+    def select_groups(self, samples: List[Any], stats: PackingStats) -> List[List[Any]]:
         valid = []
         for sample in samples:
             if isinstance(sample, SkippedSample):
@@ -82,30 +90,40 @@ class CarryOverPackingMixin:
 
     @stateless
     def pack_selected_samples(self, samples: List[Any]) -> PackedSamples:
-        stats = getattr(self, "_rounds_stats", None)
+        # packing_stats are attached when the pack is yielded (PackStream), from checkpointed counters.
         return PackedSamples(
             __key__=",".join(s.__key__ for s in samples),
             __restore_key__=(),
             samples=list(samples),
-            packing_stats=None if stats is None else {**_worker_identity(), **stats.state_dict()},
+            packing_stats=None,
         )
 
     def _round_stats(self) -> PackingStats:
-        """Rounds mode only: this worker's counters (kept on the encoder copy in the worker)."""
+        """Counters for a ``PackingDataset`` built outside our ``build_batch`` (kept on this encoder)."""
         if getattr(self, "_rounds_stats", None) is None:
             self._rounds_stats = PackingStats()
         return self._rounds_stats
 
     def count_postencode_skip(self, skip: SampleSkipped) -> None:
-        """Rounds mode: Energon's wrapper drops failed samples silently, so count them here.
+        """Report a post-encode skip by reason, in either mode; never returns.
 
-        Raises Energon's ``SkipSample`` in rounds mode (counted), re-raises ``skip`` otherwise
-        (the carry-over wrapper counts it by reason).
+        Rounds mode raises :class:`CountedSkip` (an Energon ``SkipSample`` carrying the reason,
+        counted by :class:`RoundsPackingDataset`); carry mode re-raises ``skip`` (the carry-over
+        wrapper counts it).
         """
         if self.packing_mode == "rounds":
-            self._round_stats().record_skip(skip.reason)
-            raise SkipSample() from None
+            raise CountedSkip(skip.reason) from None
         raise skip
+
+    # ---------------------------------------------------------------- loading: cheap shard checks
+    def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
+        check_shards(dataset.dataset)
+        return super()._load_dataset(dataset, worker_rotation_offset, worker_config)
+
+    def packing_fingerprint(self, packing_buffer_size: int) -> dict:
+        """Everything that must not change between save and restore for exact resume."""
+        knobs = {f.name: getattr(self.packing, f.name) for f in fields(self.packing) if f.name not in RESUME_SAFE_KNOBS}
+        return {"packing_buffer_size": packing_buffer_size, "pad_multiple": self.layout.pad_multiple, **knobs}
 
     # ---------------------------------------------------------------- the hook we override
     def build_batch(
@@ -128,24 +146,38 @@ class CarryOverPackingMixin:
                     "batch_size", f"online packing emits one THD row per micro-batch, got {batch_size}",
                     "use batch_size=1 (physical MBS 1) with packing_buffer_size",
                 )
-        if packing_buffer_size is None or self.packing_mode == "rounds":
+        if packing_buffer_size is None:
             return super().build_batch(
                 dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
                 packing_buffer_size=packing_buffer_size, worker_config=worker_config,
             )
         postencode = self.postencode_sample if self._is_overridden(self.postencode_sample) else None
-        dataset = CarryOverPackingDataset(
-            dataset,
-            make_packer=partial(self.make_packer, packing_buffer_size),
-            cost_fn=self.packing_cost,
-            final_packer=self.pack_selected_samples,
+        tolerance = self.__default_failure_tolerance__
+        guard = skip_guard_limit(self.packing.skip_guard, packing_buffer_size)
+        source = SourceEnd(dataset, worker_config=worker_config)
+        common = dict(
             final_packer_stateless=get_stateless(self.pack_selected_samples),
             sample_encoder=postencode,
             sample_encoder_stateless=True if postencode is None else get_stateless(postencode),
-            final_packer_failure_tolerance=get_failure_tolerance(self.pack_selected_samples, self.__default_failure_tolerance__),
-            sample_encoder_failure_tolerance=0 if postencode is None else get_failure_tolerance(postencode, self.__default_failure_tolerance__),
+            final_packer_failure_tolerance=get_failure_tolerance(self.pack_selected_samples, tolerance),
+            sample_encoder_failure_tolerance=0 if postencode is None else get_failure_tolerance(postencode, tolerance),
+            skip_guard=guard,
             worker_config=worker_config,
         )
+        if self.packing_mode == "rounds":
+            dataset = RoundsPackingDataset(
+                source, buffer_size=packing_buffer_size, encoder=self,
+                pre_packer_failure_tolerance=get_failure_tolerance(self.select_samples_to_pack, tolerance), **common,
+            )
+        else:
+            dataset = CarryOverPackingDataset(
+                source,
+                make_packer=partial(self.make_packer, packing_buffer_size),
+                cost_fn=self.packing_cost,
+                final_packer=self.pack_selected_samples,
+                **common,
+            )
+        dataset = PackStream(dataset, fingerprint=self.packing_fingerprint(packing_buffer_size), worker_config=worker_config)
         # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
         dataset = BatchDataset(
             dataset, batch_size=1, batcher=self.batch, batcher_stateless=get_stateless(self.batch),

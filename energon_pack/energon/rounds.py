@@ -1,0 +1,137 @@
+"""Rounds mode: Energon's own ``PackingDataset`` (partition each buffer of K fresh samples), made resumable.
+
+Three things upstream's wrapper does not do, added by this subclass without changing which
+samples form a round or how a round is partitioned:
+
+- its counters (packs, fill, skips by reason) live in the checkpointed state, so
+  ``packing_stats`` survive save/restore exactly (upstream keeps no stats at all);
+- post-encode skips are counted by reason (upstream swallows ``SkipSample`` silently);
+- the end of a finite source is remembered through :class:`SourceEnd` (upstream restores a
+  state saved during its final flush into a fresh epoch: every sample again);
+- a worker that skips ``skip_guard`` samples without a pack raises :class:`AllSkippedError`
+  naming the reasons, instead of upstream's "Pre packer ... did not yield any packs" after 100
+  rounds (or an endless loop without packs when the stream is infinite and tolerance is 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
+from megatron.energon import SkipSample
+from megatron.energon.errors import handle_restore_errors
+from megatron.energon.flavors.base_dataset import add_sample_restore_key, set_sample_restore_key
+from megatron.energon.wrappers.packing_dataset import PackingDataset
+
+from energon_pack.packing import PackingStats
+
+from .stream import AllSkippedError, SourceEnd, all_skipped_message, worker_name
+
+
+class CountedSkip(SkipSample):
+    """A post-encode skip with its reason, raised in rounds mode and counted by the wrapper."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RoundsPackingDataset(PackingDataset):
+    """Energon's ``PackingDataset`` with savable stats, counted skips and finite-stream resume."""
+
+    _savable_fields = PackingDataset._savable_fields + ("_stats_state", "_emitted")
+
+    def __init__(self, dataset: SourceEnd, *, buffer_size: int, encoder: Any, sample_encoder=None,
+                 sample_encoder_stateless: bool = True, final_packer_stateless: bool = True,
+                 skip_guard: Optional[int] = None, pre_packer_failure_tolerance: int = 100,
+                 final_packer_failure_tolerance: int = 100, sample_encoder_failure_tolerance: int = 100,
+                 worker_config) -> None:
+        self.encoder = encoder
+        self.skip_guard = skip_guard
+        self._user_sample_encoder = sample_encoder
+        if skip_guard is not None and pre_packer_failure_tolerance > 0:
+            # Upstream stops after this many buffers without a pack; let our guard (which names the
+            # skip reasons) fire first.
+            pre_packer_failure_tolerance = max(pre_packer_failure_tolerance, skip_guard // buffer_size + 2)
+        super().__init__(
+            dataset, buffer_size, pre_packer=self._select, final_packer=self._final,
+            final_packer_stateless=final_packer_stateless,
+            sample_encoder=None if sample_encoder is None else self._encode,
+            sample_encoder_stateless=sample_encoder_stateless,
+            pre_packer_failure_tolerance=pre_packer_failure_tolerance,
+            final_packer_failure_tolerance=final_packer_failure_tolerance,
+            sample_encoder_failure_tolerance=sample_encoder_failure_tolerance,
+            worker_config=worker_config,
+        )
+        dataset.on_sample = self._check_progress
+
+    def reset_state_own(self) -> None:
+        super().reset_state_own()
+        self.stats = PackingStats()
+        self._emitted = 0
+
+    @property
+    def _stats_state(self) -> Dict[str, Any]:
+        return self.stats.state_dict()
+
+    @_stats_state.setter
+    def _stats_state(self, state: Optional[Dict[str, Any]]) -> None:
+        self.stats = PackingStats() if state is None else PackingStats.from_state_dict(state)
+
+    @property
+    def emitted(self) -> int:
+        return self._emitted
+
+    # ------------------------------------------------------------------ the hooks upstream calls
+    def _select(self, samples: List[Any]) -> List[List[Any]]:
+        return self.encoder.select_groups(samples, self.stats)
+
+    def _encode(self, sample: Any) -> Any:
+        try:
+            return self._user_sample_encoder(sample)
+        except CountedSkip as skip:
+            self.stats.record_skip(skip.reason)
+            raise SkipSample() from None
+
+    def _final(self, samples: List[Any]) -> Any:
+        if not samples:  # every member failed post-encode (each counted): no pack
+            raise SkipSample()
+        return self.encoder.pack_selected_samples(samples)
+
+    def __iter__(self) -> Iterator[Any]:
+        for packed in super().__iter__():
+            self._emitted += 1
+            yield packed
+
+    def _check_progress(self) -> None:
+        if self.skip_guard is not None and self._emitted == 0 and self.stats.skipped >= self.skip_guard:
+            raise AllSkippedError(all_skipped_message(self.stats, worker_name(self.worker_config), finished=False))
+
+    def restore_sample(self, restore_key: Any) -> Any:
+        """Rebuild one pack from its restore key.
+
+        Upstream's ``PackingDataset.restore_sample`` (7.4.1, wrappers/packing_dataset.py lines
+        381-384) strips each member's sample-encoder prefix twice, so with a ``postencode_sample``
+        it always fails an assertion; this is the same logic with the prefix stripped once.
+        """
+        self.assert_can_restore()
+        name, pack_idx, *member_keys = restore_key
+        assert name == type(self).__name__, (name, type(self).__name__)
+        pack = []
+        for key in member_keys:
+            encode_idx = None
+            if self.sample_encoder is not None:
+                name, encode_idx, *key = key
+                assert name == type(self).__name__ and isinstance(encode_idx, int)
+            sample = self.dataset.restore_sample(tuple(key))
+            if self.sample_encoder is not None:
+                with handle_restore_errors(self.worker_config.restore_error_handler, sample):
+                    with self._sample_encoder_sample_index.ctx(encode_idx):
+                        sample = self.sample_encoder(sample)
+                    sample = add_sample_restore_key(sample, encode_idx, src=self)
+            pack.append(sample)
+        with self._final_packing_sample_index.ctx(pack_idx):
+            packed = self.final_packer(pack)
+        return set_sample_restore_key(packed, pack_idx, *member_keys, src=self)
+
+    def __str__(self) -> str:
+        return f"RoundsPackingDataset(buffer_size={self.buffer_size}, dataset={self.dataset})"
