@@ -1,0 +1,739 @@
+"""``energon-pack convert``: your own VLM SFT data -> prepared Energon WebDataset shards, in one command.
+
+Inputs (the layouts most published VLM SFT sets use), detected from the content:
+
+- ``llava``: a JSON array (or JSONL) of ``{"id", "image": "a.jpg" | "images": [...],
+  "conversations": [{"from", "value"}, ...]}`` with ``<image>`` placeholders;
+- ``sharegpt``: the same turns (``conversations`` from/value), optional ``images`` list;
+- ``messages``: OpenAI-style ``{"messages": [{"role", "content"}, ...], "images": [...]}``, content a
+  string (``<image>`` placeholders) or typed parts (``{"type": "image"}``, ``{"type": "image",
+  "image": "a.jpg"}``, ``{"type": "image_url", "image_url": {"url": "data:..."}}``); tool calls
+  (``content: null`` + ``tool_calls``, ``role: "tool"``) are kept as given;
+- ``parquet``: one ``.parquet`` file or a folder of them, with a ``messages`` / ``conversations`` /
+  ``texts`` column and an ``images`` / ``image`` column (``{"bytes", "path"}`` structs or binary).
+
+An image value is a path (relative paths resolve against ``image_root``, default the source
+file's folder), a ``{"path"}`` / ``{"bytes"}`` dict, raw bytes or a ``data:`` URI. Images are
+stored with their ORIGINAL encoded bytes (never re-encoded), named by the format sniffed from
+the bytes. Output layouts:
+
+- ``ours``: ``KEY.json`` (the record without its image fields) + ``KEY.0.jpg``, ``KEY.1.png``, ...
+  in placeholder order;
+- ``bridge``: Megatron-Bridge's ChatML layout, ``KEY.json`` + ``KEY.jpgs`` (a pickled list of the
+  encoded images) + ``KEY.videos`` (a pickled empty list), as Bridge's preparers write it.
+
+Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards, so
+``get_train_dataset(out_dir, ...)`` works at once. Every unusable record is a counted skip
+with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from energon_pack.chat.conversation import normalize_conversation, require_assistant_turn
+from energon_pack.energon.prepare import prepare_webdataset
+from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.records import decode_json_record, loads_checked
+
+__all__ = ["FORMATS", "LAYOUTS", "SKIP_REASONS", "ConvertSummary", "build_parser", "convert", "detect_format", "main"]
+
+FORMATS = ("auto", "llava", "sharegpt", "messages", "parquet")
+LAYOUTS = ("ours", "bridge")
+VERIFY_MODES = ("header", "decode")
+
+#: What each skip reason means (the README table is generated from the same words).
+SKIP_REASONS = {
+    "invalid_json": "a JSONL line that is not valid JSON (or nested deeper than 64 levels)",
+    "invalid_utf8": "a JSONL line that is not UTF-8",
+    "bad_record": "a record that is not a JSON object / table row",
+    "no_conversation": "a record without messages / conversations / conversation / texts",
+    "bad_conversation": "turns of an unsupported shape (no role/from, a content of an unknown type, ...)",
+    "empty_conversation": "a conversation with no turns",
+    "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
+    "media_count_mismatch": "the number of <image> placeholders / image parts differs from the number of images",
+    "video_not_supported": "the record has a video (convert handles images only for now)",
+    "bad_image_ref": "an image value that is neither a path, bytes, a data: URI nor a {path}/{bytes} dict",
+    "remote_image": "an http(s) image URL (convert never downloads)",
+    "missing_image": "an image path that does not exist (check --image-root)",
+    "unreadable_image": "an image path that exists but cannot be read (a folder, no permission)",
+    "corrupt_image": "image bytes PIL cannot open (empty, garbage, truncated with --verify decode)",
+    "unsupported_image_format": "an image format the loader does not read (only jpg, png, webp, bmp, gif, tiff)",
+}
+
+SUMMARY_FILE = "convert_summary.json"
+IN_PROGRESS_FILE = ".convert_in_progress"
+TMP_DIR = ".convert_tmp"
+SHARD_NAME = "data-%06d.tar"
+_SHARD_RE = re.compile(r"^data-\d{6}\.tar(\.idx)?$")
+_OURS = {SUMMARY_FILE, IN_PROGRESS_FILE, TMP_DIR, ".nv-meta"}
+MAX_EXAMPLES = 3
+
+#: PIL format -> member extension (an extension the loader's cooker recognises as an image).
+PIL_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tiff"}
+_CONVERSATION_KEYS = ("messages", "conversations", "conversation")
+_IMAGE_KEYS = ("images", "image")
+_VIDEO_KEYS = ("videos", "video")
+_IMAGE_PART_SOURCES = ("image", "image_url", "url", "path", "bytes")
+
+
+# ------------------------------------------------------------------------------------ summary
+@dataclass
+class ConvertSummary:
+    """What a conversion did: counts, skips by reason (with examples), shards, bytes, time."""
+
+    source: str
+    out_dir: str
+    format: str  # llava | sharegpt | messages | parquet
+    detected: str  # how the input was read, in words
+    layout: str
+    records: int = 0
+    written: int = 0
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    examples: dict = field(default_factory=dict)  # reason -> ["record 3: detail", ...] (up to 3)
+    blank_lines: int = 0  # whitespace-only JSONL lines (not records)
+    shards: int = 0
+    images: int = 0
+    image_bytes: int = 0
+    bytes: int = 0  # size of the written shards
+    seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "skipped_total": self.skipped_total}
+
+    def format_text(self) -> str:
+        """The human report ``energon-pack convert`` prints."""
+        rate = self.records / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            f"converted {self.source} -> {self.out_dir} (layout {self.layout})",
+            f"  input    {self.detected}",
+            f"  records  {self.records}: written {self.written}, skipped {self.skipped_total}"
+            + (f" ({self.blank_lines} blank lines ignored)" if self.blank_lines else ""),
+        ]
+        for reason, count in sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  skipped  {reason}: {count}")
+            lines.extend(f"             e.g. {ex}" for ex in self.examples.get(reason, []))
+        lines += [
+            f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)} "
+            "(original bytes)",
+            f"  time     {self.seconds:.1f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
+            f"get_train_dataset({self.out_dir!r}, ...)",
+        ]
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+# ------------------------------------------------------------------------------------ detection
+@dataclass
+class _Source:
+    files: list  # list[Path]
+    container: str  # json | jsonl | parquet
+    shape: str  # llava | sharegpt | messages | parquet
+    detected: str
+    records: int | None  # known up front (JSON array, Parquet), else None
+    parquet_columns: tuple = ()  # (conversation column, image column or None)
+
+
+def detect_format(source: str | Path, format: str = "auto") -> tuple[str, str]:
+    """(format, how it was detected) for ``source``; ConfigError when it cannot be read."""
+    src = _open_source(Path(source), format)
+    return src.shape, src.detected
+
+
+def _open_source(path: Path, format: str) -> _Source:
+    if format not in FORMATS:
+        raise ConfigError("format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
+    if not path.exists():
+        raise ConfigError("source", f"{path} does not exist",
+                          "pass a LLaVA/ShareGPT JSON or JSONL file, an OpenAI-messages JSONL file, or Parquet file(s)")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+        if not files:
+            raise ConfigError("source", f"folder {path} holds no *.parquet files",
+                              "pass a JSON/JSONL file, a .parquet file, or a folder of .parquet files")
+        return _open_parquet(files, format)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        raise ConfigError("source", f"cannot read {path}: {exc}", "check the path and its permissions") from None
+    if head[:4] == b"PAR1" or path.suffix == ".parquet":
+        return _open_parquet([path], format)
+    if format == "parquet":
+        raise ConfigError("format", f"{path} is not a Parquet file (no PAR1 magic)", "use --format auto")
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] == b"[":
+        container = "json"
+    elif text[:1] == b"{":
+        first = head.split(b"\n", 1)[0]
+        try:
+            json.loads(first.decode("utf-8").lstrip("\ufeff"))
+            container = "jsonl"
+        except (ValueError, UnicodeDecodeError):
+            container = "json"  # a pretty-printed object: read it whole below
+    else:
+        raise ConfigError("format", f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
+                          "pass a JSON array, a JSONL file or Parquet")
+    records, count = _peek_records(path, container)
+    shape = format if format != "auto" else _detect_shape(records, path)
+    how = "auto-detected" if format == "auto" else "as given"
+    kind = f"JSON array of {count} records" if container == "json" else "JSONL"
+    return _Source([path], container, shape, f"{shape} ({kind}, {how})", count if container == "json" else None)
+
+
+def _peek_records(path: Path, container: str, n: int = 200) -> tuple[list, int | None]:
+    if container == "jsonl":
+        out = []
+        with open(path, "rb") as f:
+            for line in f:
+                if len(out) >= n:
+                    break
+                try:
+                    out.append(decode_json_record(line))
+                except SampleSkipped:
+                    continue
+        return out, None
+    data = _load_json_array(path)
+    return data[:n], len(data)
+
+
+def _load_json_array(path: Path) -> list:
+    try:
+        data = json.loads(Path(path).read_bytes().decode("utf-8-sig"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError("source", f"{path} is not valid JSON: {exc}",
+                          "fix the file (a JSON array of records, or one JSON object per line)") from None
+    if isinstance(data, dict):
+        lists = [k for k, v in data.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        if not any(k in data for k in (*_CONVERSATION_KEYS, "texts")) and len(lists) == 1:
+            data = data[lists[0]]  # {"data": [records]}
+        else:
+            data = [data]  # a single record
+    if not isinstance(data, list):
+        raise ConfigError("source", f"{path} holds a JSON {type(data).__name__}, not a list of records",
+                          "pass a JSON array of records or a JSONL file")
+    return data
+
+
+def _detect_shape(records: list, path: Path) -> str:
+    dicts = [r for r in records if isinstance(r, dict)]
+    if not dicts:
+        raise ConfigError("format", f"no JSON object among the first records of {path}",
+                          "records must be objects with messages or conversations")
+    keys = Counter(k for r in dicts for k in r)
+    if keys["messages"] >= keys["conversations"] + keys["conversation"] and keys["messages"]:
+        return "messages"
+    if keys["conversations"] or keys["conversation"]:
+        return "llava" if keys["image"] or (not keys["images"] and _mentions_image(dicts)) else "sharegpt"
+    raise ConfigError("format", f"cannot tell the record shape of {path}: first record keys {sorted(dicts[0])}",
+                      "records need 'messages' (OpenAI) or 'conversations' (LLaVA/ShareGPT); pass --format to force")
+
+
+def _mentions_image(records: list) -> bool:
+    return any("<image>" in json.dumps(r.get("conversations", r.get("conversation")), default=str) for r in records)
+
+
+def _open_parquet(files: list, format: str) -> _Source:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("format", "Parquet input needs pyarrow", "pip install 'energon-pack[convert]'") from None
+    if format not in ("auto", "parquet", "llava", "sharegpt", "messages"):
+        raise ConfigError("format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
+    schemas, total = [], 0
+    for f in files:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+            raise ConfigError("source", f"{f} is not a readable Parquet file: {exc}", "check the file") from None
+        schemas.append(pf.schema_arrow)
+        total += pf.metadata.num_rows
+    names = schemas[0].names
+    conv = next((c for c in (*_CONVERSATION_KEYS, "texts") if c in names), None)
+    if conv is None:
+        raise ConfigError("format", f"Parquet columns {names} hold no messages / conversations / conversation / texts",
+                          "the table needs a conversation column")
+    img = next((c for c in _IMAGE_KEYS if c in names), None)
+    img_type = f" ({schemas[0].field(img).type})" if img else ""
+    many = f"{len(files)} files, " if len(files) > 1 else ""
+    detected = (f"parquet ({many}{total} rows; conversation column {conv!r}, "
+                + (f"image column {img!r}{img_type}" if img else "no image column") + ")")
+    return _Source(list(files), "parquet", "parquet", detected, total, (conv, img))
+
+
+# ------------------------------------------------------------------------------------ records -> samples
+@dataclass(frozen=True)
+class _Context:
+    image_root: str
+    layout: str
+    shape: str
+    verify: str
+    tmp_dir: str
+
+
+def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
+    keys = _CONVERSATION_KEYS if shape == "messages" else ("conversations", "conversation", "messages")
+    for key in keys:
+        if key in rec and rec[key] is not None:
+            conv = rec[key]
+            if isinstance(conv, (str, bytes, bytearray)):  # a JSON string in a column
+                conv = loads_checked(conv.decode("utf-8") if isinstance(conv, (bytes, bytearray)) else conv)
+            return key, conv
+    if isinstance(rec.get("texts"), list):  # the_cauldron: [{"user", "assistant", "source"}]
+        turns = []
+        for t in rec["texts"]:
+            if not isinstance(t, dict):
+                raise SampleSkipped("bad_conversation", f"texts item is {type(t).__name__}, not a dict")
+            if t.get("system"):
+                turns.append({"role": "system", "content": t["system"]})
+            if t.get("user") is not None:
+                turns.append({"role": "user", "content": t["user"]})
+            if t.get("assistant") is not None:
+                turns.append({"role": "assistant", "content": t["assistant"]})
+        return "messages", turns
+    raise SampleSkipped("no_conversation", f"no messages/conversations/conversation/texts among keys {sorted(rec)[:12]}")
+
+
+def _split_image_parts(turns: Any) -> tuple[Any, list]:
+    """Typed image parts with an inline source -> bare ``{"type": "image"}`` parts; returns the new
+    turns and the inline sources in order (None for a part without one)."""
+    if not isinstance(turns, list):
+        return turns, []
+    sources: list = []
+    out = []
+    for turn in turns:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if not isinstance(content, list):
+            out.append(turn)
+            continue
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            is_image = kind in ("image", "image_url") or (isinstance(part, dict) and kind is None
+                                                          and any(k in part for k in ("image", "image_url")))
+            if not is_image:
+                parts.append(part)
+                continue
+            src = next((part[k] for k in _IMAGE_PART_SOURCES if part.get(k) not in (None, "")), None)
+            if isinstance(src, dict):  # {"image_url": {"url": ...}}
+                src = src.get("url", src) if "url" in src else src
+            sources.append(src)
+            parts.append({"type": "image", **{k: v for k, v in part.items() if k not in (*_IMAGE_PART_SOURCES, "type")}})
+        out.append({**turn, "content": parts})
+    return out, sources
+
+
+def _image_refs(rec: dict) -> list:
+    for key in _IMAGE_KEYS:
+        value = rec.get(key)
+        if value is None or (isinstance(value, str) and value == ""):
+            continue
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    return []
+
+
+def _has_video(rec: dict) -> bool:
+    return any(rec.get(k) not in (None, "", [], ()) for k in _VIDEO_KEYS)
+
+
+def _read_image(ref: Any, i: int, root: str) -> tuple[bytes, str]:
+    """(encoded bytes, where they came from) of one image value."""
+    if isinstance(ref, memoryview):
+        ref = ref.tobytes()
+    if isinstance(ref, (bytes, bytearray)):
+        return bytes(ref), "inline bytes"
+    if isinstance(ref, dict):
+        if ref.get("bytes") is not None:
+            data, _ = _read_image(ref["bytes"], i, root)
+            return data, f"bytes of {ref['path']}" if ref.get("path") else "inline bytes"
+        for key in ("path", "url", "image", "image_url"):
+            if ref.get(key) not in (None, ""):
+                return _read_image(ref[key], i, root)
+        raise SampleSkipped("bad_image_ref", f"image {i}: dict without bytes/path ({sorted(ref)})")
+    if not isinstance(ref, str):
+        raise SampleSkipped("bad_image_ref", f"image {i}: {type(ref).__name__} value")
+    if ref.startswith("data:"):
+        try:
+            return base64.b64decode(ref.split(",", 1)[1], validate=False), "data URI"
+        except (IndexError, binascii.Error, ValueError) as exc:
+            raise SampleSkipped("bad_image_ref", f"image {i}: bad data URI ({exc})") from None
+    if ref.startswith(("http://", "https://")):
+        raise SampleSkipped("remote_image", f"image {i}: {ref[:120]}")
+    path = Path(ref[7:] if ref.startswith("file://") else ref)
+    if not path.is_absolute():
+        path = Path(root) / path
+    try:
+        return path.read_bytes(), str(path)
+    except FileNotFoundError:
+        raise SampleSkipped("missing_image", f"image {i}: {path} not found") from None
+    except OSError as exc:
+        raise SampleSkipped("unreadable_image", f"image {i}: {path}: {exc.strerror or exc}") from None
+
+
+def _sniff(data: bytes, what: str, verify: str) -> str:
+    """Member extension of encoded image bytes (PIL header read; full decode with verify='decode')."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise SampleSkipped("corrupt_image", f"{what}: empty")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt, (w, h) = img.format, img.size
+            if verify == "decode":
+                img.load()
+    except UnidentifiedImageError:
+        raise SampleSkipped("corrupt_image", f"{what}: not an image PIL recognises ({len(data)} bytes)") from None
+    except Exception as exc:  # PIL raises many types for garbage
+        raise SampleSkipped("corrupt_image", f"{what}: {type(exc).__name__}: {exc}"[:240]) from None
+    if w <= 0 or h <= 0:
+        raise SampleSkipped("corrupt_image", f"{what}: zero size {w}x{h}")
+    ext = PIL_EXTENSIONS.get(fmt or "")
+    if ext is None:
+        raise SampleSkipped("unsupported_image_format", f"{what}: {fmt}")
+    return ext
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return f"<{len(obj)} bytes>"
+    return str(obj)
+
+
+def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
+    """One record -> (webdataset fields, image count, image bytes); SampleSkipped when unusable."""
+    if not isinstance(rec, dict):
+        raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
+    conv_key, turns = _conversation_of(rec, ctx.shape)
+    turns, part_sources = _split_image_parts(turns)
+    messages = normalize_conversation(turns)
+    require_assistant_turn(messages)
+    kinds = Counter(kind for m in messages for kind, _ in m.parts)
+    if kinds["video"] or _has_video(rec):
+        raise SampleSkipped("video_not_supported", "the record has a video")
+    refs = _image_refs(rec)
+    if not refs:
+        refs = [s for s in part_sources if s is not None]
+    if kinds["image"] and kinds["image"] != len(refs):
+        raise SampleSkipped("media_count_mismatch", f"{kinds['image']} image placeholder(s) but {len(refs)} image(s)")
+    images = []
+    for i, ref in enumerate(refs):
+        data, origin = _read_image(ref, i, ctx.image_root)
+        images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
+    doc = {k: v for k, v in rec.items() if k not in (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts")}
+    doc[conv_key] = turns
+    raw = json.dumps(doc, ensure_ascii=False, default=_json_default).encode("utf-8")
+    fields = {"__key__": key, "json": raw}
+    if ctx.layout == "bridge":
+        fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
+        fields["videos"] = pickle.dumps([], protocol=4)
+    else:
+        for i, (data, ext) in enumerate(images):
+            fields[f"{i}.{ext}"] = data
+    return fields, len(images), sum(len(d) for d, _ in images)
+
+
+# ------------------------------------------------------------------------------------ chunks
+@dataclass
+class _ChunkResult:
+    index: int
+    records: int = 0
+    written: int = 0
+    blank: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)
+    images: int = 0
+    image_bytes: int = 0
+    tar: str | None = None
+    tar_bytes: int = 0
+
+
+def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _ChunkResult:
+    """Convert one chunk of records into one tar under ``ctx.tmp_dir`` (runs in a worker process)."""
+    import webdataset as wds
+
+    res = _ChunkResult(index)
+    path = Path(ctx.tmp_dir) / f"chunk-{index:06d}.tar"
+    with wds.TarWriter(str(path), mtime=0, encoder=False) as sink:
+        for rec_index, where, payload in items:
+            res.records += 1
+            try:
+                rec = decode_json_record(payload) if container == "jsonl" else payload
+                fields, nimages, nbytes = build_sample(rec, f"{rec_index:09d}", ctx)
+            except SampleSkipped as skip:
+                res.skipped[skip.reason] += 1
+                ex = res.examples.setdefault(skip.reason, [])
+                if len(ex) < MAX_EXAMPLES:
+                    ex.append(f"{where}: {skip.detail}" if skip.detail else where)
+                continue
+            sink.write(fields)
+            res.written += 1
+            res.images += nimages
+            res.image_bytes += nbytes
+    if res.written:
+        res.tar, res.tar_bytes = str(path), path.stat().st_size
+    else:
+        path.unlink()
+    return res
+
+
+def _iter_chunks(src: _Source, size: int) -> Iterator[tuple[int, list, int]]:
+    """(chunk index, [(record index, where, payload)], blank lines) in source order."""
+    chunk, blank, n, index = [], 0, 0, 0
+    for where, payload in _iter_records(src):
+        if payload is _BLANK:
+            blank += 1
+            continue
+        chunk.append((n, where, payload))
+        n += 1
+        if len(chunk) == size:
+            yield index, chunk, blank
+            chunk, blank, index = [], 0, index + 1
+    if chunk or blank:
+        yield index, chunk, blank
+
+
+_BLANK = object()
+
+
+def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
+    if src.container == "json":
+        for i, rec in enumerate(_load_json_array(src.files[0])):
+            yield f"record {i}", rec
+    elif src.container == "jsonl":
+        with open(src.files[0], "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                yield f"line {lineno}", (_BLANK if not line.strip() else line)
+    else:
+        import pyarrow.parquet as pq
+
+        for path in src.files:
+            row = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+                for rec in batch.to_pylist():
+                    yield (f"{path.name} row {row}" if len(src.files) > 1 else f"row {row}"), rec
+                    row += 1
+
+
+# ------------------------------------------------------------------------------------ output folder
+def _prepare_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out_dir", f"{out} is a file", "pass a new or empty folder")
+    if out.is_dir():
+        entries = list(out.iterdir())
+        if entries:
+            ours = (out / SUMMARY_FILE).exists() or (out / IN_PROGRESS_FILE).exists()
+            foreign = sorted(p.name for p in entries if p.name not in _OURS and not _SHARD_RE.match(p.name))
+            if not ours or foreign:
+                shown = ", ".join((foreign or sorted(p.name for p in entries))[:5])
+                raise ConfigError("out_dir", f"{out} is not empty and not an energon-pack convert output (it holds {shown})",
+                                  "choose a new or empty folder (convert never deletes data it did not write)")
+            if not overwrite:
+                if (out / SUMMARY_FILE).exists():
+                    try:
+                        done = json.loads((out / SUMMARY_FILE).read_text())
+                        what = f"{done['written']} samples from {done['source']}"
+                    except (OSError, ValueError, KeyError):
+                        what = "a finished conversion"
+                    raise ConfigError("out_dir", f"{out} already holds a finished conversion ({what})",
+                                      "pass --overwrite (overwrite=True) to convert again, or choose another folder")
+                raise ConfigError("out_dir", f"{out} holds an interrupted conversion",
+                                  "pass --overwrite (overwrite=True) to start over, or choose another folder")
+            for p in entries:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / IN_PROGRESS_FILE).write_text(f"energon-pack convert started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        (out / TMP_DIR).mkdir()
+    except OSError as exc:
+        raise ConfigError("out_dir", f"cannot write to {out}: {exc.strerror or exc}", "choose a writable folder") from None
+
+
+# ------------------------------------------------------------------------------------ convert
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    image_root: str | Path | None = None,
+    layout: str = "ours",
+    format: str = "auto",
+    samples_per_shard: int = 1000,
+    workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    verify: str = "header",
+    prepare_workers: int = 2,
+) -> ConvertSummary:
+    """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
+    Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
+
+    ``workers`` processes (default: all CPUs; 0 or 1 converts in this process) convert chunks of
+    ``samples_per_shard`` records, one shard per chunk: the output does not depend on
+    ``workers``. A finished output is refused unless ``overwrite``; a non-empty folder that is
+    not a convert output is always refused. ``verify="decode"`` fully decodes every image
+    (catches truncated files) instead of reading its header only.
+    """
+    t0 = time.perf_counter()
+    if layout not in LAYOUTS:
+        raise ConfigError("layout", f"unknown layout {layout!r}", f"use one of {', '.join(LAYOUTS)}")
+    if verify not in VERIFY_MODES:
+        raise ConfigError("verify", f"unknown mode {verify!r}", f"use one of {', '.join(VERIFY_MODES)}")
+    if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise ConfigError("samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}", "pass e.g. 1000")
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 0:
+        raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
+    source, out = Path(source), Path(out_dir)
+    src = _open_source(source, format)
+    if image_root is None:
+        image_root = source if source.is_dir() else source.parent
+    image_root = Path(image_root)
+    if not image_root.is_dir():
+        raise ConfigError("image_root", f"{image_root} is not a folder", "pass the folder image paths are relative to")
+    if out.resolve() == source.resolve():
+        raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
+    _prepare_out_dir(out, overwrite)
+    ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR))
+    summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
+    results = _run(ctx, src, samples_per_shard, workers, progress)
+
+    examples: dict = {}
+    skipped: Counter = Counter()
+    shard = 0
+    for res in results:  # chunk order: deterministic whatever the worker count
+        summary.records += res.records
+        summary.written += res.written
+        summary.blank_lines += res.blank
+        summary.images += res.images
+        summary.image_bytes += res.image_bytes
+        skipped.update(res.skipped)
+        for reason, ex in res.examples.items():
+            examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
+        if res.tar:
+            os.replace(res.tar, out / (SHARD_NAME % shard))
+            summary.bytes += res.tar_bytes
+            shard += 1
+    shutil.rmtree(out / TMP_DIR, ignore_errors=True)
+    summary.shards = shard
+    summary.skipped = dict(sorted(skipped.items()))
+    summary.examples = {k: examples[k] for k in summary.skipped}
+    if summary.written == 0:
+        for p in out.glob("data-*.tar"):
+            p.unlink()
+        (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+        detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items()) or "no records"
+        raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: {detail}",
+                          "check --image-root and the skip reasons")
+    with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
+        prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
+    summary.seconds = round(time.perf_counter() - t0, 3)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+    return summary
+
+
+def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -> list[_ChunkResult]:
+    from tqdm import tqdm
+
+    results: list[_ChunkResult] = []
+    chunks = _iter_chunks(src, size)
+    bar_kw = dict(total=src.records, unit="rec", desc="convert", disable=not progress, file=sys.stderr, smoothing=0.1)
+
+    def done(res: _ChunkResult, bar) -> None:
+        results.append(res)
+        bar.update(res.records)
+        bar.set_postfix(written=sum(r.written for r in results),
+                        skipped=sum(sum(r.skipped.values()) for r in results), refresh=False)
+
+    if workers <= 1:
+        with tqdm(**bar_kw) as bar:
+            for index, items, blank in chunks:
+                res = _convert_chunk(ctx, index, src.container, items)
+                res.blank = blank
+                done(res, bar)
+    else:
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        blanks: dict[int, int] = {}
+        with ProcessPoolExecutor(max_workers=workers) as pool, tqdm(**bar_kw) as bar:
+            pending: set = set()
+            for index, items, blank in chunks:
+                blanks[index] = blank
+                pending.add(pool.submit(_convert_chunk, ctx, index, src.container, items))
+                if len(pending) >= 2 * workers:  # bound what is held in memory
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        done(fut.result(), bar)
+            for fut in wait(pending).done:
+                done(fut.result(), bar)
+        for res in results:
+            res.blank = blanks[res.index]
+    return sorted(results, key=lambda r: r.index)
+
+
+# ------------------------------------------------------------------------------------ command line
+def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL or Parquet VLM SFT data into "
+                    "Energon-prepared WebDataset shards (images keep their original bytes).",
+        epilog="Skip reasons: " + "; ".join(f"{k}: {v}" for k, v in SKIP_REASONS.items()),
+    )
+    p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
+    p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite)")
+    p.add_argument("--image-root", default=None,
+                   help="folder that relative image paths resolve against (default: the source file's folder)")
+    p.add_argument("--layout", choices=LAYOUTS, default="ours",
+                   help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="input format (auto: detected from the content)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (0: in process)")
+    p.add_argument("--samples-per-shard", type=int, default=1000, help="records per chunk; one shard per chunk")
+    p.add_argument("--verify", choices=VERIFY_MODES, default="header",
+                   help="header: PIL header read per image; decode: full decode (catches truncated images, slower)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous convert output in OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a configuration error")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``energon-pack convert SOURCE OUT [...]``: 0 on success, 2 on a configuration error."""
+    args = build_parser().parse_args(argv)
+    try:
+        summary = convert(args.source, args.out, image_root=args.image_root, layout=args.layout, format=args.format,
+                          samples_per_shard=args.samples_per_shard, workers=args.workers,
+                          progress=not args.no_progress, overwrite=args.overwrite, verify=args.verify)
+    except ConfigError as exc:
+        if args.debug:
+            raise
+        print(f"energon-pack convert: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.format_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
