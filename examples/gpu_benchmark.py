@@ -1,0 +1,350 @@
+"""Packed vs padded training throughput of a real HF Qwen-VL (random init, 3B shape) on one GPU or DP=N.
+
+Same data (demo shards), same model, about the same number of real tokens per feed; every step
+is forward + backward + AdamW step. Feeds:
+
+* ``padded``   : micro-batch of 4 samples right-padded to the longest, HF's stock SDPA attention with
+                 the padding mask (LLM and vision tower), HF computes M-RoPE.
+* ``unpadded`` : the same 4 samples with the pads removed: one row of their real tokens only, our
+                 varlen attention (flash ``varlen_attn`` on CUDA) over them: the strongest padded baseline.
+* ``rounds16`` / ``rounds64``: our encoder, ``packing_mode="rounds"`` (Energon-style FFD per buffer round).
+* ``carry``    : our defaults (open bins carried across rounds), ``packing_buffer_size=64``.
+
+The sample feeds get their samples by splitting the carry loader's packs into members (same
+samples, same tokens, same images). Reported per feed: real tokens/s (all ranks, wall clock incl.
+data wait), median step time (CUDA events, after warm-up), fill (real tokens / computed token slots),
+model FLOPs utilisation and the share of wall time spent waiting for data.
+
+MFU = useful model FLOPs / (step time x GPUs x peak), useful FLOPs per step =
+6 x N_llm x real_tokens + 6 x N_vision x patches + 12 x layers x heads x head_dim x sum_seg(L^2)/2
+(the last: causal LLM attention per sample, fwd+bwd; vision attention not counted). Peak: H200 dense
+bf16 989 TFLOP/s (spec; ~790 measured on random data).
+
+    python examples/gpu_benchmark.py --size 3b --out bench_results/gpu1.json
+    torchrun --nproc-per-node 2 examples/gpu_benchmark.py --size 3b --out bench_results/gpu2.json
+    python examples/gpu_benchmark.py --combine bench_results/gpu1.json bench_results/gpu2.json \\
+        --out bench_results/gpu_benchmark.json --md bench_results/gpu_benchmark.md
+    python examples/gpu_benchmark.py --device cpu --size tiny --steps 2 --width 1024   # CI smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import finetune_multi_gpu as ft  # noqa: E402
+
+from energon_pack.integrations import hf as H  # noqa: E402
+
+PEAK_SPEC, PEAK_MEASURED = 989e12, 790e12
+FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry")
+
+
+# --------------------------------------------------------------------------------- feeds
+def members(batch: dict, image_pad: int, video_pad: int, merge: int = 4) -> list[dict]:
+    """The member samples of a pack: real tokens, labels, positions (ours) and their own visual rows."""
+    cu, cu_pad = batch["cu_seqlens_q"].tolist(), batch["cu_seqlens_q_padded"].tolist()
+    visual = {"img": ("image_grid_thw", "pixel_values", image_pad), "vid": ("video_grid_thw", "pixel_values_videos", video_pad)}
+    cursor = {k: [0, 0] for k in visual}
+    out = []
+    for s in range(batch["num_segments"]):
+        start, length = cu_pad[s], cu[s + 1] - cu[s]
+        sl = slice(start, start + length)
+        m = {"input_ids": batch["input_ids"][:, sl], "labels": batch["labels"][:, sl], "loss_mask": batch["loss_mask"][:, sl],
+             "position_ids": batch["position_ids"][:, sl], "key": batch["__keys__"][s]}
+        if batch.get("mrope_position_ids") is not None:
+            m["mrope_position_ids"] = batch["mrope_position_ids"][:, :, sl]
+        for kind, (grid_key, pix_key, pad) in visual.items():
+            need = int((m["input_ids"] == pad).sum())
+            grids, pix = [], []
+            row, prow = cursor[kind]
+            while need > 0:
+                g = batch[grid_key][row]
+                n = int(g.prod())
+                need -= n // merge
+                grids.append(g)
+                pix.append(batch[pix_key][prow: prow + n])
+                row, prow = row + 1, prow + n
+            cursor[kind] = [row, prow]
+            if grids:
+                m[grid_key], m[pix_key] = torch.stack(grids), torch.cat(pix)
+        out.append(m)
+    return out
+
+
+def concat_row(samples: list[dict]) -> dict:
+    """The samples' real tokens back to back in one row (no pads): cu_seqlens from their lengths."""
+    lengths = [s["input_ids"].shape[1] for s in samples]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    row = {k: torch.cat([s[k] for s in samples], dim=-1) for k in ("input_ids", "labels", "loss_mask", "position_ids")}
+    if all("mrope_position_ids" in s for s in samples):
+        row["mrope_position_ids"] = torch.cat([s["mrope_position_ids"] for s in samples], dim=-1)
+    for k in ("image_grid_thw", "pixel_values", "video_grid_thw", "pixel_values_videos"):
+        parts = [s[k] for s in samples if k in s]
+        row[k] = torch.cat(parts) if parts else None
+    row.update(cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    return row
+
+
+def padded_batch(samples: list[dict], pad_id: int) -> dict:
+    """MBS samples right-padded to the longest: input_ids/labels/loss_mask [B, L] and the attention mask."""
+    longest = max(s["input_ids"].shape[1] for s in samples)
+
+    def pad(key, value):
+        return torch.cat([torch.nn.functional.pad(s[key], (0, longest - s[key].shape[1]), value=value) for s in samples])
+
+    out = {"input_ids": pad("input_ids", pad_id), "labels": pad("labels", -100), "loss_mask": pad("loss_mask", 0.0),
+           "attention_mask": torch.cat([torch.nn.functional.pad(torch.ones_like(s["input_ids"]), (0, longest - s["input_ids"].shape[1]))
+                                        for s in samples])}
+    for k in ("image_grid_thw", "pixel_values", "video_grid_thw", "pixel_values_videos"):
+        parts = [s[k] for s in samples if k in s]
+        out[k] = torch.cat(parts) if parts else None
+    return out
+
+
+def set_attention(model: Any, name: str) -> None:
+    if name == "varlen":
+        H.use_varlen_attention(model)
+        return
+    from transformers import PreTrainedModel
+
+    for m in [model] + [m for m in model.modules() if isinstance(m, PreTrainedModel)]:
+        configs = [m.config]
+        while configs:
+            c = configs.pop()
+            c._attn_implementation_internal = name
+            configs.extend(getattr(c, k) for k in getattr(c, "sub_configs", {}) if getattr(c, k, None) is not None)
+
+
+class SampleFeed:
+    """MBS samples at a time, split from the packs of a carry loader."""
+
+    def __init__(self, loader: Any, tokenizer: Any, mbs: int) -> None:
+        self.it, self.tok, self.mbs, self.queue = iter(loader), tokenizer, mbs, []
+
+    def next(self) -> list[dict]:
+        while len(self.queue) < self.mbs:
+            self.queue.extend(members(next(self.it), self.tok.special.image_pad, self.tok.special.video_pad))
+        out, self.queue = self.queue[: self.mbs], self.queue[self.mbs:]
+        return out
+
+
+# --------------------------------------------------------------------------------- one feed
+def attention_flops(lengths: list[int], cfg: Any) -> float:
+    t = cfg.text_config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    return 12.0 * t.num_hidden_layers * t.num_attention_heads * head_dim * sum(L * L for L in lengths) / 2
+
+
+def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: Any, device: torch.device,
+             world: int, counts: dict) -> dict:
+    mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
+    loader, encoder = ft.make_loader(args.data, width=args.width, preset=ft.vision_preset(args.model, args.size),
+                                     buffer=buffer, workers=args.workers, packing_mode=mode)
+    tok = encoder.tokenizer
+    sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
+    packs = None if sample_feed else iter(loader)
+    set_attention(model, "sdpa" if feed == "padded" else "varlen")
+    touch = ft.vision_params(model) if world > 1 else None
+    budget = args.steps * args.width  # real tokens per rank in the timed phase (the same for every feed)
+    cuda = device.type == "cuda"
+    steps, real, slots, patches, attn, waits, step_ms = 0, 0, 0, 0, 0.0, 0.0, []
+    warm, t_start = 0, None
+    while True:
+        timed = warm >= args.warmup
+        if timed and t_start is None:
+            if cuda:
+                torch.cuda.synchronize(device)
+            t_start = time.perf_counter()
+        t0 = time.perf_counter()
+        if sample_feed:
+            samples = sample_feed.next()
+            batch = padded_batch(samples, tok.pad_id) if feed == "padded" else concat_row(samples)
+            lengths = [s["input_ids"].shape[1] for s in samples]
+            n_real, n_slots = sum(lengths), int(batch["input_ids"].numel())
+        else:
+            batch = next(packs)
+            lengths = (batch["cu_seqlens_q"][1:] - batch["cu_seqlens_q"][:-1]).tolist()
+            n_real, n_slots = int(batch["real_tokens"]), int(batch["input_ids"].numel())
+        wait = time.perf_counter() - t0
+        n_patches = sum(int(batch[k].shape[0]) for k in ("pixel_values", "pixel_values_videos") if batch.get(k) is not None)
+        if cuda:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        c0 = time.perf_counter()
+        if feed == "padded":
+            kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k not in ("labels", "loss_mask")}
+            kw["mm_token_type_ids"] = H.mm_token_type_ids(kw["input_ids"], model.config)
+            out = runner(**kw, use_cache=False)
+            loss_sum, count = H.packed_loss(out.logits, batch)
+            if touch and batch.get("pixel_values") is None and batch.get("pixel_values_videos") is None:
+                loss_sum = loss_sum + 0.0 * torch.stack([p.sum() for p in touch]).sum().float()
+            loss = H.normalize_by_global_tokens(loss_sum, count)
+        else:
+            loss, _, _ = ft.forward_loss(model, batch, runner=runner, device=device, touch_vision=touch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            ev1.record()
+        if not timed:
+            warm += 1
+            continue
+        if cuda:
+            step_ms.append(ev0)  # resolved after the phase (no per-step sync)
+            step_ms.append(ev1)
+        else:
+            step_ms.append((time.perf_counter() - c0) * 1e3)
+        steps, real, slots, patches, waits = steps + 1, real + n_real, slots + n_slots, patches + n_patches, waits + wait
+        attn += attention_flops(lengths, model.config)
+        done = torch.tensor([float(real >= budget)], device=device)
+        if dist.is_initialized():
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)  # all ranks stop at the same step (DDP)
+        if done.item():
+            break
+    if cuda:
+        torch.cuda.synchronize(device)
+        step_ms = [a.elapsed_time(b) for a, b in zip(step_ms[0::2], step_ms[1::2])]
+    wall = time.perf_counter() - t_start
+    del packs, sample_feed, loader
+    gc.collect()
+    tot = ft.all_sum([real, slots, patches, attn], device)
+    wall_max = max(ft.gather(wall))
+    wait_max = max(ft.gather(waits / wall))
+    flops = 6.0 * counts["llm"] * tot[0] + 6.0 * counts["vision"] * tot[2] + tot[3]
+    med = statistics.median(step_ms)
+    row = {"feed": feed, "gpus": world, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
+           "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
+           "tflops_per_gpu": flops / wall_max / world / 1e12}
+    row["mfu_spec"] = row["tflops_per_gpu"] * 1e12 / PEAK_SPEC if cuda else None
+    row["mfu_measured_peak"] = row["tflops_per_gpu"] * 1e12 / PEAK_MEASURED if cuda else None
+    return row
+
+
+# --------------------------------------------------------------------------------- tables
+def table(rows: list[dict]) -> str:
+    base = {(r["gpus"]): r["real_tokens_per_s"] for r in rows if r["feed"] == "padded"}
+    lines = ["| feed | GPUs | real tokens/s | vs padded | median step ms | fill | TFLOP/s/GPU | MFU (989 spec) | data wait |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        vs = r["real_tokens_per_s"] / base[r["gpus"]] if r["gpus"] in base else float("nan")
+        mfu = f"{r['mfu_spec']:.1%}" if r.get("mfu_spec") is not None else "n/a"
+        lines.append(f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs:.2f}x | {r['median_step_ms']:.1f} | "
+                     f"{r['fill']:.2%} | {r['tflops_per_gpu']:.1f} | {mfu} | {r['data_wait_share']:.2%} |")
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    get = {(r["feed"], r["gpus"]): r for r in rows}
+    out = []
+
+    def ratio(name, a, b, need):
+        if a in get and b in get:
+            v = get[a]["real_tokens_per_s"] / get[b]["real_tokens_per_s"]
+            out.append({"target": name, "value": v, "need": need, "met": v >= need})
+
+    ratio("carry / padded (1 GPU)", ("carry", 1), ("padded", 1), 2.8)
+    ratio("carry / unpadded (1 GPU)", ("carry", 1), ("unpadded", 1), 1.6)
+    ratio("carry / rounds16 (1 GPU)", ("carry", 1), ("rounds16", 1), 1.45)
+    ratio("carry DP=2 / 1 GPU", ("carry", 2), ("carry", 1), 1.85)
+    if ("carry", 1) in get and get[("carry", 1)].get("mfu_spec") is not None:
+        v = get[("carry", 1)]["mfu_spec"]
+        out.append({"target": "carry MFU (1 GPU, 989 TFLOP/s)", "value": v, "need": 0.40, "met": v >= 0.40})
+    carry = [r for r in rows if r["feed"] == "carry"]
+    if carry:
+        v = max(r["data_wait_share"] for r in carry)
+        out.append({"target": "carry data wait", "value": v, "need": "<= 0.02", "met": v <= 0.02})
+    return out
+
+
+def report(result: dict, md: str | None) -> None:
+    text = table(result["rows"])
+    lines = [text, ""] + [f"- {t['target']}: {t['value']:.3f} (need {t['need']}) {'MET' if t['met'] else 'MISSED'}"
+                          for t in result["targets"]]
+    print("\n".join(lines), flush=True)
+    if md:
+        Path(md).write_text("\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="bench_results/gpu_bench_data")
+    p.add_argument("--samples", type=int, default=2400, help="demo samples written when --data does not exist")
+    p.add_argument("--model", default="qwen2.5-vl", choices=sorted(ft.MODELS))
+    p.add_argument("--size", default="3b", choices=ft.SIZES)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--width", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=12, help="timed real tokens per rank = steps x width")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--mbs", type=int, default=4)
+    p.add_argument("--buffer", type=int, default=64)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--feeds", default=",".join(FEEDS))
+    p.add_argument("--out", default="bench_results/gpu_benchmark.json")
+    p.add_argument("--md", default=None)
+    p.add_argument("--combine", nargs="+", default=None, help="merge the JSON of earlier runs (1 GPU, DP=N) into --out")
+    args = p.parse_args(argv)
+
+    if args.combine:
+        runs = [json.loads(Path(f).read_text()) for f in args.combine]
+        rows = [r for run in runs for r in run["rows"]]
+        result = {"runs": [{k: v for k, v in run.items() if k != "rows"} for run in runs], "rows": rows,
+                  "targets": targets(rows)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        report(result, args.md)
+        return
+
+    device, rank, world = ft.setup_distributed(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from energon_pack.cli import ensure_demo_data
+    from energon_pack.qwen_vl import load_demo_tokenizer
+
+    if rank == 0:
+        ensure_demo_data(args.data, args.samples)
+    ft.barrier()
+    model = ft.build_model(args.model, args.size, load_demo_tokenizer(), device=device, dtype=dtype)
+    counts = ft.param_counts(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    runner = model
+    if world > 1:
+        runner = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if rank == 0:
+        print(f"{args.model} {args.size}: {counts['total'] / 1e9:.2f}B params (LLM {counts['llm'] / 1e9:.2f}B, "
+              f"vision {counts['vision'] / 1e9:.2f}B), {dtype}, {world} x {device.type}", flush=True)
+    rows = []
+    for feed in args.feeds.split(","):
+        if feed not in FEEDS and not feed.startswith("rounds"):
+            raise SystemExit(f"unknown feed {feed!r}; use {FEEDS}")
+        row = run_feed(feed, args, model, runner, opt, device, world, counts)
+        if device.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        rows.append(row)
+        if rank == 0:
+            print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
+                  f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}", flush=True)
+    result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
+              "buffer": args.buffer, "workers": args.workers, "world_size": world, "device": str(device),
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "torch": torch.__version__,
+              "rows": rows, "targets": targets(rows)}
+    if rank == 0:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        report(result, args.md)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
