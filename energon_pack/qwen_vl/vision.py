@@ -215,18 +215,22 @@ def open_image(data: bytes | Image.Image) -> Image.Image:
     return img
 
 
-def to_rgb_array(img: Image.Image) -> np.ndarray:
-    """uint8 [H, W, 3] like transformers' ``convert_to_rgb``: transparency composited on white."""
+def to_rgb_image(img: Image.Image) -> Image.Image:
+    """8-bit RGB like transformers' ``convert_to_rgb``: transparency composited on white. An RGB
+    image is returned as is (no copy: a decoded 8000x8000 photo is 192 MB)."""
     if img.mode not in SUPPORTED_MODES:
         raise SampleSkipped("unsupported_image_mode", f"image mode {img.mode!r} is not 8-bit RGB-convertible")
     has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
     if has_alpha:
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        rgb = Image.alpha_composite(background, rgba).convert("RGB")
-    else:
-        rgb = img.convert("RGB")
-    return np.asarray(rgb, dtype=np.uint8)
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def to_rgb_array(img: Image.Image) -> np.ndarray:
+    """uint8 [H, W, 3] like transformers' ``convert_to_rgb``: transparency composited on white."""
+    return np.asarray(to_rgb_image(img), dtype=np.uint8)
 
 
 def _resize_normalize(rgb: np.ndarray, height: int, width: int, preset: VisionPreset) -> np.ndarray:
@@ -253,10 +257,12 @@ def _patchify(frames: np.ndarray, preset: VisionPreset) -> tuple[np.ndarray, tup
 
 def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
     """(pixel_values float32 [patches, C*tp*p*p], image_grid_thw int64 [1, 3]) like Qwen2VLImageProcessor."""
-    img = open_image(image)
-    rgb = to_rgb_array(img)
-    rh, rw = resized_image_size(rgb.shape[0], rgb.shape[1], preset)
-    chw = _resize_normalize(rgb, rh, rw, preset)
+    rgb = to_rgb_image(open_image(image))
+    rh, rw = resized_image_size(rgb.height, rgb.width, preset)
+    if (rgb.height, rgb.width) != (rh, rw):  # resize the PIL image itself: no full-size numpy copies
+        rgb = rgb.resize((rw, rh), resample=_RESAMPLE[preset.resample])
+    chw = _resize_normalize(np.asarray(rgb, dtype=np.uint8), rh, rw, preset)
+    del rgb
     frames = np.broadcast_to(chw[None], (preset.temporal_patch_size, *chw.shape))
     pixel_values, grid = _patchify(frames, preset)
     return pixel_values, np.asarray([grid], dtype=np.int64)
@@ -272,11 +278,15 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
     """
     if len(frames) == 0:
         raise SampleSkipped("empty_video", "video has no frames")
-    rgbs = [to_rgb_array(open_image(f)) for f in frames]
-    height, width = rgbs[0].shape[:2]
-    rh, rw = resized_video_size(len(rgbs), height, width, preset)
-    chws = [_resize_normalize(rgb, rh, rw, preset) for rgb in rgbs]
-    pad = -len(chws) % preset.temporal_patch_size
-    chws.extend([chws[-1]] * pad)
-    pixel_values, grid = _patchify(np.stack(chws), preset)
+    first = to_rgb_array(open_image(frames[0]))
+    height, width = first.shape[:2]
+    rh, rw = resized_video_size(len(frames), height, width, preset)
+    total = len(frames) + (-len(frames) % preset.temporal_patch_size)
+    # one frame decoded at a time, written into the final array (no per-frame lists, no stack copy)
+    out = np.empty((total, 3, rh, rw), dtype=np.float32)
+    for i, frame in enumerate(frames):
+        out[i] = _resize_normalize(first if i == 0 else to_rgb_array(open_image(frame)), rh, rw, preset)
+        first = None
+    out[len(frames):] = out[len(frames) - 1]
+    pixel_values, grid = _patchify(out, preset)
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
