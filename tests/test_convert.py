@@ -301,3 +301,48 @@ def test_config_errors(tmp_path, capsys):
     with pytest.raises(ConfigError, match="missing_image=1"):
         convert(tmp_path / "all_bad.json", tmp_path / "out2", workers=0, progress=False)
     assert not any(p.suffix == ".tar" for p in (tmp_path / "out2").iterdir())
+
+
+@pytest.mark.parametrize("shape", ["binary_list", "image_struct", "cauldron_texts", "conversations_json_string"])
+def test_parquet_column_shapes(tmp_path, shape):
+    """The other common Parquet layouts: images as a list of binary, one ``image`` struct column,
+    the_cauldron's ``texts`` (user/assistant pairs, no placeholders), conversations stored as a JSON string."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    imgs = [image("JPEG", 30 + 2 * i, 30, 70 + i) for i in range(4)]
+    conv = [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "That."}]
+    if shape == "binary_list":
+        table = pa.table({"images": [[imgs[i]] for i in range(4)],
+                          "conversations": [conv] * 4})
+    elif shape == "image_struct":
+        table = pa.table({"image": [{"bytes": imgs[i], "path": f"{i}.jpg"} for i in range(4)],
+                          "conversations": [conv] * 4})
+    elif shape == "cauldron_texts":
+        table = pa.table({"images": [[imgs[i], imgs[(i + 1) % 4]] for i in range(4)],
+                          "texts": [[{"user": "Compare.", "assistant": "Alike.", "source": "x"},
+                                     {"user": "Sure?", "assistant": "Yes.", "source": "x"}]] * 4})
+    else:
+        table = pa.table({"images": [[imgs[i]] for i in range(4)], "conversations": [json.dumps(conv)] * 4})
+    pq.write_table(table, tmp_path / "d.parquet")
+    s = convert(tmp_path / "d.parquet", tmp_path / "out", workers=0, progress=False)
+    assert (s.format, s.records, s.written, s.skipped) == ("parquet", 4, 4, {})
+    members = shard_members(tmp_path / "out")
+    assert members["000000002.0.jpg"] == imgs[2]
+    if shape == "cauldron_texts":
+        assert members["000000002.1.jpg"] == imgs[3]
+        doc = json.loads(members["000000002.json"])
+        assert [m["role"] for m in doc["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert_streams_exactly_once(tmp_path / "out", s)  # images without placeholders go first
+
+
+def test_text_only_output_works_with_both_encoders(tmp_path):
+    from energon_pack.energon import TextPackingTaskEncoder
+
+    recs = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i} " * (i + 1)}]}
+            for i in range(10)] + [{"conversations": turns("x", "y")}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    s = convert(tmp_path / "t.jsonl", tmp_path / "out", workers=2, samples_per_shard=4, progress=False)
+    assert (s.written, s.shards, s.images) == (11, 3, 0)
+    assert_streams_exactly_once(tmp_path / "out", s)
+    assert_streams_exactly_once(tmp_path / "out", s, TextPackingTaskEncoder(format="chat", seq_length=512))

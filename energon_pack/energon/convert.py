@@ -136,7 +136,7 @@ class ConvertSummary:
         lines += [
             f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)} "
             "(original bytes)",
-            f"  time     {self.seconds:.1f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
+            f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
             f"get_train_dataset({self.out_dir!r}, ...)",
         ]
         return "\n".join(lines)
