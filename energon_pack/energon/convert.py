@@ -155,6 +155,7 @@ class _Source:
     detected: str
     records: int | None  # known up front (JSON array, Parquet), else None
     parquet_columns: tuple = ()  # (conversation column, image column or None)
+    data: list | None = None  # a JSON array, parsed once
 
 
 def detect_format(source: str | Path, format: str = "auto") -> tuple[str, str]:
@@ -197,27 +198,25 @@ def _open_source(path: Path, format: str) -> _Source:
     else:
         raise ConfigError("format", f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
                           "pass a JSON array, a JSONL file or Parquet")
-    records, count = _peek_records(path, container)
-    shape = format if format != "auto" else _detect_shape(records, path)
+    data = _load_json_array(path) if container == "json" else None
+    peek = data[:200] if data is not None else _peek_jsonl(path)
+    shape = format if format != "auto" else _detect_shape(peek, path)
     how = "auto-detected" if format == "auto" else "as given"
-    kind = f"JSON array of {count} records" if container == "json" else "JSONL"
-    return _Source([path], container, shape, f"{shape} ({kind}, {how})", count if container == "json" else None)
+    kind = f"JSON array of {len(data)} records" if data is not None else "JSONL"
+    return _Source([path], container, shape, f"{shape} ({kind}, {how})", None if data is None else len(data), data=data)
 
 
-def _peek_records(path: Path, container: str, n: int = 200) -> tuple[list, int | None]:
-    if container == "jsonl":
-        out = []
-        with open(path, "rb") as f:
-            for line in f:
-                if len(out) >= n:
-                    break
-                try:
-                    out.append(decode_json_record(line))
-                except SampleSkipped:
-                    continue
-        return out, None
-    data = _load_json_array(path)
-    return data[:n], len(data)
+def _peek_jsonl(path: Path, n: int = 200) -> list:
+    out = []
+    with open(path, "rb") as f:
+        for line in f:
+            if len(out) >= n:
+                break
+            try:
+                out.append(decode_json_record(line))
+            except SampleSkipped:
+                continue
+    return out
 
 
 def _load_json_array(path: Path) -> list:
@@ -520,7 +519,8 @@ _BLANK = object()
 
 def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
     if src.container == "json":
-        for i, rec in enumerate(_load_json_array(src.files[0])):
+        data, src.data = src.data, None  # the records go to the workers chunk by chunk
+        for i, rec in enumerate(data if data is not None else _load_json_array(src.files[0])):
             yield f"record {i}", rec
     elif src.container == "jsonl":
         with open(src.files[0], "rb") as f:
@@ -694,12 +694,22 @@ def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -
 
 
 # ------------------------------------------------------------------------------------ command line
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown for every option that has one (flags and None defaults say it in words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=_HelpFormatter,
         description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL or Parquet VLM SFT data into "
                     "Energon-prepared WebDataset shards (images keep their original bytes).",
-        epilog="Skip reasons: " + "; ".join(f"{k}: {v}" for k, v in SKIP_REASONS.items()),
+        epilog="skip reasons (counted in the summary, up to 3 examples each):\n"
+               + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
     p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite)")
@@ -708,14 +718,14 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=LAYOUTS, default="ours",
                    help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)")
     p.add_argument("--format", choices=FORMATS, default="auto", help="input format (auto: detected from the content)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (0: in process)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (0: in this process; defaults to the CPU count)")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="records per chunk; one shard per chunk")
     p.add_argument("--verify", choices=VERIFY_MODES, default="header",
                    help="header: PIL header read per image; decode: full decode (catches truncated images, slower)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous convert output in OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous convert output in OUT (a folder convert did not write is never touched)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
-    p.add_argument("--debug", action="store_true", help="show the traceback of a configuration error")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a configuration error (default: a one-line message, exit status 2)")
     return p
 
 
