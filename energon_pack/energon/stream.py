@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import logging
 import warnings
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -31,6 +32,22 @@ log = logging.getLogger("energon_pack")
 #: Default of ``PackingConfig.skip_guard``: a worker that has skipped this many samples (and at
 #: least 10 buffers' worth) without emitting a single pack raises :class:`AllSkippedError`.
 SKIP_GUARD_MIN = 1000
+
+
+class ResumeConfigError(ConfigError):
+    """ConfigError for a restore whose packing configuration differs from the checkpoint's.
+
+    Also constructible from one message: PyTorch re-raises a worker's exception as
+    ``type(exc)(formatted_message)``, so the main process still gets this ``ConfigError``.
+    """
+
+    def __init__(self, knob: str, problem: Optional[str] = None, fix: Optional[str] = None) -> None:
+        if problem is None:
+            ValueError.__init__(self, knob)
+            found = re.search(r"ResumeConfigError: (\w+): ", knob)
+            self.knob = found.group(1) if found else "packing"
+        else:
+            super().__init__(knob, problem, fix)
 
 
 class AllSkippedError(RuntimeError):
@@ -190,7 +207,7 @@ def check_fingerprint(saved: Optional[Dict[str, Any]], current: Dict[str, Any]) 
     for knob in sorted(set(saved) | set(current)):
         old, new = saved.get(knob), current.get(knob)
         if _plain(old) != _plain(new):
-            raise ConfigError(
+            raise ResumeConfigError(
                 knob,
                 f"the checkpoint was saved with {knob}={old!r}, this loader has {knob}={new!r}; "
                 "exact resume needs the same packing configuration",
