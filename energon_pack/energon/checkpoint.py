@@ -10,6 +10,7 @@ blocks on ``result_queue.get()`` with no timeout: no worker exists to answer, so
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -31,3 +32,31 @@ def save_state_rank(loader: Any):
         finally:
             loader._has_workers = True
     return loader.save_state_rank()
+
+
+def worker_stats_from_state(state: Any) -> list[dict]:
+    """The packing stats of every worker in a ``save_state_rank()`` state (carry and rounds).
+
+    A worker that emitted no pack (all its samples skipped) shows its skips nowhere else: after
+    an epoch, ``worker_stats_from_state(loader.save_state_rank())`` reports them.
+    """
+    found: list[dict] = []
+
+    def walk(node: Any) -> None:
+        if hasattr(node, "keys") and hasattr(node, "__getitem__"):  # dict or Energon's FlexState
+            node = {k: node[k] for k in node.keys()}
+            if isinstance(node.get("_packer_state"), dict):
+                found.append(node["_packer_state"]["stats"])
+            elif isinstance(node.get("_stats_state"), dict):
+                found.append(node["_stats_state"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            for field in dataclasses.fields(node):
+                walk(getattr(node, field.name, None))
+
+    walk(state)
+    return found
