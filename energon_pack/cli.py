@@ -1,4 +1,4 @@
-"""The ``energon-pack`` command line: demo, data preparation, benchmarks, JSONL inspection."""
+"""The ``energon-pack`` command line: demo, data preparation, benchmarks, JSONL inspection, stress report."""
 
 from __future__ import annotations
 
@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--prompt-field", default=None)
     ins.add_argument("--completion-field", default=None)
     ins.add_argument("--json-out", default=None)
+
+    st = sub.add_parser("stress", help="reliability report: resume sweep, coverage, fuzz, memory (exit 1 on a missed target)")
+    st.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
+    st.add_argument("--out", default="bench_results/stress")
 
     bs = sub.add_parser("bench-sft", help="JSONL index build vs wc -l, lazy getitem samples/s, in-batch fill")
     bs.add_argument("--size-mb", type=int, default=1024)
@@ -151,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         return inspect_main(args.path, format=args.format, tokenizer=args.tokenizer, width=args.width,
                             pad_multiple=args.pad_multiple, max_length=args.max_length, json_out=args.json_out,
                             **{k: v for k, v in fields.items() if v})
+    if args.command == "stress":
+        from energon_pack.bench.stress_report import main as stress_main
+
+        return stress_main((["--full"] if args.full else []) + ["--out", args.out])
     if args.command == "bench-sft":
         from energon_pack.bench import sft_bench
 

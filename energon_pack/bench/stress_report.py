@@ -1,0 +1,120 @@
+"""``energon-pack stress [--full] [--out DIR]``: the reliability report.
+
+Runs the resume sweep and the coverage sweep, and, when their modules are present, the
+hostile-input fuzz (``stress_fuzz.run_fuzz``) and the memory bound (``stress_memory.run_memory``);
+prints one table against the target "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs,
+0 resume mismatches", writes ``stress_report.json`` and returns non-zero if any target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+TARGET = "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches"
+FUZZ_SAMPLES = {"bounded": 600, "full": 10_000}
+
+
+def _optional(module: str, name: str) -> Callable | None:
+    try:
+        return getattr(importlib.import_module(f"energon_pack.bench.{module}"), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _run(name: str, fn: Callable[[], dict]) -> tuple[dict, float, str | None]:
+    start = time.perf_counter()
+    try:
+        return fn(), time.perf_counter() - start, None
+    except Exception as exc:  # noqa: BLE001 - a crashing part is a missed target, reported
+        return {}, time.perf_counter() - start, f"{name}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+
+
+def rows_for(part: str, r: dict) -> list[tuple[str, Any]]:
+    """(figure, value) rows of one part; every value must be 0 (or True for ``within bound``)."""
+    if part == "resume":
+        return [("resume mismatches", r.get("mismatches")), ("duplicated", r.get("duplicates")), ("lost", r.get("lost")),
+                ("crashes", r.get("crashes")), ("hangs", r.get("hangs"))]
+    if part == "coverage":
+        return [("duplicated", r.get("duplicates")), ("lost", r.get("lost")), ("uncounted", r.get("uncounted")),
+                ("crashes", r.get("crashes")), ("hangs", r.get("hangs"))]
+    if part == "fuzz":
+        return [("duplicated", r.get("duplicates")), ("lost", r.get("good_missing")),
+                ("uncounted", r.get("bad_uncounted")), ("overcounted", r.get("bad_overcounted")),
+                ("bad emitted", r.get("bad_emitted")), ("good mismatched", r.get("good_mismatched")),
+                ("crashes", r.get("crashes"))]
+    if part == "memory":
+        return [("within bound", r.get("within_bound"))]
+    return []
+
+
+def _met(figure: str, value: Any) -> bool:
+    return value is True if figure == "within bound" else value == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="energon-pack stress", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
+    parser.add_argument("--out", default="bench_results/stress", help="folder for data and JSON reports")
+    args = parser.parse_args(argv)
+    scale = "full" if args.full else "bounded"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from .stress_coverage import run_coverage
+    from .stress_resume import run_resume_sweep
+
+    parts: dict[str, Callable[[], dict]] = {
+        "resume": lambda: run_resume_sweep(out / "resume", scale),
+        "coverage": lambda: run_coverage(out / "coverage", scale),
+    }
+    fuzz = _optional("stress_fuzz", "run_fuzz")
+    if fuzz is not None:
+        parts["fuzz"] = lambda: fuzz(out_dir=out / "fuzz", n_samples=FUZZ_SAMPLES[scale], seed=0, workers=2)
+    memory = _optional("stress_memory", "run_memory")
+    if memory is not None:
+        parts["memory"] = lambda: memory(out_dir=out / "memory")
+
+    report: dict[str, Any] = {"scale": scale, "target": TARGET, "parts": {}, "missed": []}
+    table = []
+    for name, fn in parts.items():
+        print(f"running {name} ({scale}) ...", flush=True)
+        result, seconds, error = _run(name, fn)
+        report["parts"][name] = {"seconds": round(seconds, 1), "error": error,
+                                 **{k: v for k, v in result.items() if not isinstance(v, (list, dict))}}
+        if error:
+            table.append((name, "crashes", "error", False, seconds))
+            report["missed"].append(f"{name}: {error.splitlines()[0]}")
+            continue
+        for figure, value in rows_for(name, result):
+            ok = _met(figure, value)
+            table.append((name, figure, value, ok, seconds))
+            if not ok:
+                report["missed"].append(f"{name}: {figure} = {value}")
+        if name == "resume":
+            table.append((name, "cut points", result.get("cut_points"), True, seconds))
+    for name in ("fuzz", "memory"):
+        if name not in parts:
+            report["parts"][name] = {"skipped": "module not installed"}
+
+    print(f"\nenergon-pack stress ({scale}); target: {TARGET}\n")
+    print(f"{'part':<10} {'figure':<20} {'value':>10}  {'ok':<4} {'seconds':>8}")
+    last = None
+    for name, figure, value, ok, seconds in table:
+        print(f"{name if name != last else '':<10} {figure:<20} {str(value):>10}  {'yes' if ok else 'NO':<4} "
+              f"{seconds if name != last else '':>8.1f}" if name != last else
+              f"{'':<10} {figure:<20} {str(value):>10}  {'yes' if ok else 'NO':<4}")
+        last = name
+    (out / "stress_report.json").write_text(json.dumps(report, indent=2, default=str))
+    verdict = "all targets met" if not report["missed"] else "MISSED: " + "; ".join(report["missed"])
+    print(f"\n{verdict}\nwrote {out / 'stress_report.json'}")
+    return 0 if not report["missed"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
