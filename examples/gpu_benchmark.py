@@ -237,9 +237,9 @@ def table(rows: list[dict]) -> str:
     lines = ["| feed | GPUs | real tokens/s | vs padded | median step ms | fill | TFLOP/s/GPU | MFU (989 spec) | data wait |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        vs = r["real_tokens_per_s"] / base[r["gpus"]] if r["gpus"] in base else float("nan")
+        vs = f"{r['real_tokens_per_s'] / base[r['gpus']]:.2f}x" if r["gpus"] in base else "n/a"
         mfu = f"{r['mfu_spec']:.1%}" if r.get("mfu_spec") is not None else "n/a"
-        lines.append(f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs:.2f}x | {r['median_step_ms']:.1f} | "
+        lines.append(f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs} | {r['median_step_ms']:.1f} | "
                      f"{r['fill']:.2%} | {r['tflops_per_gpu']:.1f} | {mfu} | {r['data_wait_share']:.2%} |")
     return "\n".join(lines)
 
