@@ -152,3 +152,44 @@ def test_two_nodes_rendezvous_on_localhost_read_disjoint_data(data, tmp_path):
     k0, k1 = report["keys_per_rank"]
     assert k0 and k1 and not set(k0) & set(k1)
     assert len(set(k0)) == len(k0) and len(set(k1)) == len(k1)
+
+
+def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
+    """examples/gpu_benchmark.py, tiny model, all five feeds, one timed step each (no timing asserts)."""
+    gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    gb.main(["--device", "cpu", "--size", "tiny", "--steps", "1", "--width", "512", "--warmup", "0", "--workers", "0",
+             "--buffer", "8", "--data", str(data), "--out", str(out), "--md", str(md)])
+    result = json.loads(out.read_text())
+    rows = {r["feed"]: r for r in result["rows"]}
+    assert list(rows) == list(gb.FEEDS)
+    for r in rows.values():
+        assert r["real_tokens"] >= 512 and r["real_tokens_per_s"] > 0 and r["median_step_ms"] > 0
+        assert 0 < r["fill"] <= 1 and 0 <= r["data_wait_share"] < 1 and r["model_tflop"] > 0
+    assert rows["unpadded"]["fill"] == 1.0 and rows["padded"]["fill"] < 1.0
+    assert rows["padded"]["real_tokens"] == rows["unpadded"]["real_tokens"]  # the same samples, pads removed
+    assert {t["target"] for t in result["targets"]} >= {"carry / padded (1 GPU)", "carry data wait"}
+    assert md.read_text().count("| carry | 1 |") == 1
+    combined = tmp_path / "combined.json"
+    gb.main(["--combine", str(out), str(out), "--out", str(combined)])
+    assert len(json.loads(combined.read_text())["rows"]) == 2 * len(gb.FEEDS)
+
+
+def test_padded_and_unpadded_batches_hold_the_same_samples(data):
+    gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
+    loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset("qwen2.5-vl", "tiny"), buffer=8, workers=0)
+    batch = next(iter(loader))
+    tok = encoder.tokenizer
+    samples = gb.members(batch, tok.special.image_pad, tok.special.video_pad)
+    assert [s["key"] for s in samples] == list(batch["__keys__"])
+    row, padded = gb.concat_row(samples), gb.padded_batch(samples, tok.pad_id)
+    assert int(row["input_ids"].numel()) == int(batch["real_tokens"]) == int(padded["attention_mask"].sum())
+    assert float(row["loss_mask"].sum()) == float(padded["loss_mask"].sum()) == batch["supervised_tokens"]
+    if batch["pixel_values"] is not None:
+        assert torch.equal(row["pixel_values"], batch["pixel_values"]) and torch.equal(padded["pixel_values"], batch["pixel_values"])
+    # the unpadded row through the example's path equals the pack's loss (same segments, gaps removed)
+    model = ft.prepare_model(ft.build_model("qwen2.5-vl", "tiny", tok))
+    with torch.no_grad():
+        _, pack_sum, _ = ft.forward_loss(model, batch)
+        _, row_sum, _ = ft.forward_loss(model, row)
+    assert torch.allclose(pack_sum, row_sum, rtol=1e-5, atol=1e-4)
