@@ -288,3 +288,25 @@ def test_report_max_differences():
     """Runs last in this file: print the per-version numbers (pytest -s)."""
     for name, d in sorted(MAX_DIFF.items()):
         print(f"\n[{name}] " + ", ".join(f"{k}={v:.2e}" for k, v in d.items()))
+
+
+def test_packed_forward_through_a_ddp_wrapper_configures_from_the_wrapped_model(setup):
+    """DDP/FSDP expose the model as ``.module``; the wrapper has no ``config`` of its own."""
+    import os
+
+    import torch.distributed as dist
+
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(packed)
+        assert not hasattr(ddp, "config")
+        with torch.no_grad():
+            wrapped = H.packed_forward(ddp, batch).logits
+            direct = H.packed_forward(packed, batch).logits
+        assert torch.equal(wrapped, direct), name
+    finally:
+        dist.destroy_process_group()

@@ -171,7 +171,9 @@ def hf_forward_kwargs(
 
 
 def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
-    """``model(**hf_forward_kwargs(batch, model=model), **extra)``, refusing overrides that break packing."""
+    """``model(**hf_forward_kwargs(batch, model=model), **extra)``, refusing overrides that break packing.
+
+    ``model`` may be wrapped (DDP, FSDP): the wrapper is called, its ``.module`` configures the kwargs."""
     if extra.get("use_cache"):
         raise ConfigError("use_cache", f"must be False for packed rows: {_CACHE_WHY}", "drop use_cache=True")
     refused = {
@@ -184,8 +186,9 @@ def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
         if extra.get(bad) is not None:
             raise ConfigError(bad, f"must not be passed for a packed row: {why}", f"drop {bad}=")
     extra.pop("use_cache", None)
+    inner = getattr(model, "module", model)  # DDP / FSDP wrappers: the config lives on the wrapped model
     device = next(model.parameters()).device
-    return model(**hf_forward_kwargs(batch, model=model, device=device), **extra)
+    return model(**hf_forward_kwargs(batch, model=inner, device=device), **extra)
 
 
 # --------------------------------------------------------------------------------- varlen attention
