@@ -430,3 +430,103 @@ def test_untyped_content_parts_classified_by_key(part):
     msgs = [S("s"), U(part, T(" q")), A("a")]
     images = [] if "text" in part else [(64, 64)]
     assert our_ids("qwen2-vl", msgs, images) == official_ids("qwen2-vl", msgs, images)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool calling (OpenAI shape: tools list, assistant content null + tool_calls, role "tool")
+# ---------------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                                 "required": ["city"]}}}
+CLOCK_TOOL = {"type": "function", "function": {"name": "now", "description": "Heure locale — ünïcode", "parameters": {}}}
+
+
+def CALL(name: str, arguments, wrapped: bool = True) -> dict:
+    fn = {"name": name, "arguments": arguments}
+    return {"id": f"call_{name}", "type": "function", "function": fn} if wrapped else fn
+
+
+def AT(content, *calls) -> dict:
+    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
+
+
+def TOOL(content) -> dict:
+    return {"role": "tool", "tool_call_id": "x", "content": content}
+
+
+TOOL_CASES: dict[str, tuple[list[dict], list[dict] | None, list[tuple[int, int]]]] = {
+    "null_content_string_arguments": (
+        [U(T("Weather in Paris?")), AT(None, CALL("get_weather", '{"city": "Paris"}')), TOOL('{"temp": 21}'),
+         A("21 degrees.")], [WEATHER_TOOL], []),
+    "system_two_tools_dict_arguments": (
+        [S("You can call tools."), U(T("Time and weather in Oslo?")),
+         AT(None, CALL("now", {}), CALL("get_weather", {"city": "Oslo", "unit": "°C"})),
+         TOOL("12:00"), TOOL([T("-3")]), A("Noon, -3.")], [WEATHER_TOOL, CLOCK_TOOL], []),
+    "content_and_call_unwrapped": (
+        [U(T("Check Rome.")), AT("Let me check.", CALL("get_weather", {"city": "Rome"}, wrapped=False)),
+         TOOL("sunny"), A("Sunny.")], [WEATHER_TOOL], []),
+    "calls_without_tools_list": (
+        [U(T("q")), AT("", CALL("now", "{}")), TOOL("1"), TOOL("2"), TOOL("3"), A("three answers")], None, []),
+    "image_then_tool": (
+        [U(IMG, T("Where is this? Look up the weather there.")), AT(None, CALL("get_weather", '{"city": "Nice"}')),
+         TOOL("warm"), A("Nice, and warm."), U(T("thanks")), A("You're welcome.")], [WEATHER_TOOL], [(320, 240)]),
+    "tool_response_with_image": (
+        [U(T("Show me the map.")), AT(None, CALL("map", {"z": 3})), TOOL([IMG, T("map tile")]), A("Here it is.")],
+        None, [(256, 256)]),
+}
+
+
+def _with_tools(msgs: list[dict], tools) -> dict:
+    return {"messages": msgs, "tools": tools} if tools is not None else {"messages": msgs}
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_parity_tool_calls_qwen3_vl(case):
+    msgs, tools, images = TOOL_CASES[case]
+    official = official_ids("qwen3-vl", msgs, images, tools=tools)
+    # the official rendering really carries the calls and the responses (not a vacuous match)
+    text = RAW.decode(official, skip_special_tokens=False)
+    assert "<tool_call>\n{\"name\": " in text and "<|im_start|>user\n<tool_response>\n" in text
+    assert "<|im_start|>tool" not in text and ("# Tools" in text) == bool(tools)
+    enc = preencode_chat(_with_tools(msgs, tools), images=images, tokenizer=TOK, preset=get_preset("qwen3-vl"),
+                         config=ChatConfig())
+    assert_same(enc.input_ids.tolist(), official)
+
+
+def test_tool_calls_supervised_tool_responses_not():
+    msgs, tools, _ = TOOL_CASES["system_two_tools_dict_arguments"]
+    enc = preencode_chat(_with_tools(msgs, tools), tokenizer=TOK, preset=get_preset("qwen3-vl"), config=ChatConfig())
+    trained = RAW.decode(enc.input_ids[enc.target_mask].tolist(), skip_special_tokens=False)
+    assert '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>' in trained
+    assert '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "°C"}}' in trained
+    assert "Noon, -3." in trained
+    assert "tool_response" not in trained and "12:00" not in trained and "# Tools" not in trained
+
+
+def test_text_chat_tool_calls_match_the_qwen3_template():
+    """The GPT-SFT chat path renders tool calls the same way (no system prompt of its own)."""
+    from energon_pack.chat import encode_text_chat
+
+    for case in ("null_content_string_arguments", "system_two_tools_dict_arguments", "calls_without_tools_list"):
+        msgs, tools, _ = TOOL_CASES[case]
+        ids, _mask = encode_text_chat(_with_tools(msgs, tools), tokenizer=TOK)
+        assert_same(ids.tolist(), official_ids("qwen3-vl", msgs, tools=tools))
+
+
+@pytest.mark.parametrize("preset_name", ["qwen2-vl", "qwen2.5-vl"])
+@pytest.mark.parametrize("case", ["null_content_string_arguments", "calls_without_tools_list"])
+def test_qwen2_templates_have_no_tool_handling_so_tool_chats_are_skipped(preset_name, case):
+    from energon_pack.errors import SampleSkipped
+
+    msgs, tools, images = TOOL_CASES[case]
+    # what the official template would train: the call dropped, an empty assistant turn, a literal "tool" role
+    text = render_official(preset_name, msgs, tools=tools)
+    assert "<tool_call>" not in text and "<|im_start|>assistant\n<|im_end|>" in text and "<|im_start|>tool\n" in text
+    with pytest.raises(SampleSkipped) as exc:
+        preencode_chat(_with_tools(msgs, tools), images=images, tokenizer=TOK, preset=get_preset(preset_name))
+    assert exc.value.reason == "tool_calls_unsupported" and preset_name in exc.value.detail
+    # a tools list alone (no calls in the conversation) is skipped as well: the template would drop it
+    with pytest.raises(SampleSkipped, match="tool_calls_unsupported"):
+        preencode_chat({"messages": [U(T("hi")), A("hello")], "tools": [WEATHER_TOOL]}, tokenizer=TOK,
+                       preset=get_preset(preset_name))

@@ -2,9 +2,15 @@
 protocol and the official templates' prompt defaults. The Qwen-VL path (vision blocks,
 M-RoPE) and the GPT-SFT path both build on it."""
 
-from .conversation import ROLE_ALIASES, Message, normalize_conversation, place_media, require_assistant_turn
+from .conversation import ROLE_ALIASES, Conversation, Message, normalize_conversation, place_media, require_assistant_turn
 from .render import LOSS_POLICIES, ChatConfig, ChatMLBuilder, encode_text_chat, render_chat
-from .templates import TEMPLATE_DEFAULT, TEMPLATE_SYSTEM_PROMPTS, template_system_prompt
+from .templates import (
+    TEMPLATE_DEFAULT,
+    TEMPLATE_SYSTEM_PROMPTS,
+    TEMPLATE_TOOL_SUPPORT,
+    template_supports_tools,
+    template_system_prompt,
+)
 from .tokenizer import (
     ENDOFTEXT,
     QWEN_SPECIAL_TOKENS,
@@ -18,7 +24,7 @@ from .tokenizer import (
 
 __all__ = [
     "ENDOFTEXT", "LOSS_POLICIES", "QWEN_SPECIAL_TOKENS", "ROLE_ALIASES", "TEMPLATE_DEFAULT", "TEMPLATE_SYSTEM_PROMPTS",
-    "ChatConfig", "ChatMLBuilder", "Message", "QwenTokenizer", "SpecialIds", "TokenizerLike", "as_qwen_tokenizer",
+    "TEMPLATE_TOOL_SUPPORT", "ChatConfig", "ChatMLBuilder", "Conversation", "Message", "QwenTokenizer", "SpecialIds", "TokenizerLike", "as_qwen_tokenizer",
     "encode_text_chat", "load_demo_tokenizer", "load_demo_tokenizer_raw", "normalize_conversation", "place_media",
-    "render_chat", "require_assistant_turn", "template_system_prompt",
+    "render_chat", "require_assistant_turn", "template_supports_tools", "template_system_prompt",
 ]

@@ -4,10 +4,16 @@ Accepted: ``[{"role", "content"}]`` (content a string or a list of OpenAI/HF-sty
 LLaVA/ShareGPT ``[{"from", "value"}]``, or a dict wrapping ``messages`` / ``conversations`` /
 ``conversation`` (JSON strings accepted). ``<image>`` / ``<video>`` in text are placeholders.
 Every unusable shape raises :class:`~energon_pack.errors.SampleSkipped` with a reason.
+
+OpenAI tool calling is kept structured: an assistant turn's ``tool_calls`` (``content`` may be
+``null``) become :attr:`Message.tool_calls`, ``role: "tool"`` turns stay role ``tool``, and the
+wrapping dict's ``tools`` list becomes :attr:`Conversation.tools`. The renderer decides what a
+template does with them (:func:`energon_pack.chat.render_chat`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import reprlib
 from collections.abc import Mapping, Sequence
@@ -25,11 +31,82 @@ _PLACEHOLDER = re.compile(r"<image>|<video>")
 class Message:
     role: str
     parts: tuple[tuple[str, str], ...]  # ("text", s) | ("image", "") | ("video", "")
+    #: an assistant turn's tool calls as (function name, arguments JSON text), in order
+    tool_calls: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        """No content (None, "", [] or only empty text parts) and no tool calls."""
+        return not self.tool_calls and all(kind == "text" and not payload for kind, payload in self.parts)
 
 
-def normalize_conversation(conversation: Any) -> list[Message]:
-    """Any accepted conversation shape -> messages whose content is split into text / image / video parts."""
+class Conversation(list):
+    """A list of :class:`Message` plus the conversation's ``tools`` (each tool as its JSON text,
+    ``json.dumps(tool, ensure_ascii=False)`` as the templates' ``tojson`` writes it)."""
+
+    def __init__(self, messages: Any = (), tools: tuple[str, ...] = ()) -> None:
+        super().__init__(messages)
+        self.tools = tuple(tools)
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) or any(m.tool_calls or m.role == "tool" for m in self)
+
+
+def conversation_tools(messages: Any) -> tuple[str, ...]:
+    return tuple(getattr(messages, "tools", ()))
+
+
+def _tojson(value: Any) -> str:
+    """transformers' ``tojson`` filter: ``json.dumps(x, ensure_ascii=False)``."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _tools(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise SampleSkipped("bad_conversation", f"tools is {type(value).__name__}, not a list")
+    if not all(isinstance(t, Mapping) for t in value):
+        raise SampleSkipped("bad_conversation", "tools holds a non-object entry")
+    try:
+        return tuple(_tojson(t) for t in value)
+    except (TypeError, ValueError) as exc:
+        raise SampleSkipped("bad_conversation", f"tools is not JSON-serialisable: {exc}") from None
+
+
+def _tool_calls(value: Any, role: str, i: int) -> tuple[tuple[str, str], ...]:
+    """OpenAI ``tool_calls`` -> (name, arguments text); string arguments verbatim, others as JSON
+    (the Qwen3 templates' rule)."""
+    if value is None or (isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and len(value) == 0):
+        return ()
+    if role != "assistant":
+        raise SampleSkipped("bad_conversation", f"turn {i} ({role}) has tool_calls; only assistant turns call tools")
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise SampleSkipped("bad_conversation", f"turn {i} tool_calls is {type(value).__name__}, not a list")
+    calls = []
+    for k, call in enumerate(value):
+        if not isinstance(call, Mapping):
+            raise SampleSkipped("bad_conversation", f"turn {i} tool call {k} is {type(call).__name__}, not an object")
+        fn = call.get("function") or call
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn.get("name"):
+            raise SampleSkipped("bad_conversation", f"turn {i} tool call {k} has no function name")
+        if "arguments" not in fn:
+            raise SampleSkipped("bad_conversation", f"turn {i} tool call {k} ({fn['name']}) has no arguments")
+        args = fn["arguments"]
+        try:
+            text = args if isinstance(args, str) else _tojson(args)
+        except (TypeError, ValueError) as exc:
+            raise SampleSkipped("bad_conversation", f"turn {i} tool call {k} arguments: {exc}") from None
+        calls.append((fn["name"], text))
+    return tuple(calls)
+
+
+def normalize_conversation(conversation: Any) -> Conversation:
+    """Any accepted conversation shape -> messages whose content is split into text / image / video
+    parts (a :class:`Conversation`: a list with the record's ``tools``)."""
     conv = conversation
+    tools: tuple[str, ...] = ()
     # iterative, bounded unwrapping: a JSON string, a dict around the turns, a JSON string in it
     for _ in range(3):
         if isinstance(conv, (bytes, bytearray)):
@@ -50,6 +127,7 @@ def normalize_conversation(conversation: Any) -> list[Message]:
             break
         for key in ("messages", "conversations", "conversation"):
             if key in conv:
+                tools = _tools(conv.get("tools")) or tools
                 conv = conv[key]
                 break
         else:
@@ -64,6 +142,7 @@ def normalize_conversation(conversation: Any) -> list[Message]:
     for i, turn in enumerate(conv):
         if not isinstance(turn, Mapping):
             raise SampleSkipped("bad_conversation", f"turn {i} is {type(turn).__name__}, not a dict")
+        calls = turn.get("tool_calls")
         if "role" in turn:
             role, content = turn["role"], turn.get("content")
         elif "from" in turn:
@@ -73,8 +152,8 @@ def normalize_conversation(conversation: Any) -> list[Message]:
         if not isinstance(role, str) or not role:
             raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {_short(role)}")
         role = ROLE_ALIASES.get(role.lower(), role)
-        messages.append(Message(role, _parts(content, i)))
-    return messages
+        messages.append(Message(role, _parts(content, i), _tool_calls(calls, role, i)))
+    return Conversation(messages, tools)
 
 
 def _split_text(text: str) -> list[tuple[str, str]]:
@@ -136,9 +215,14 @@ def _part_kind(part: Any) -> str | None:
 
 
 def require_assistant_turn(messages: list[Message]) -> None:
-    """SampleSkipped("no_assistant_turn") for a conversation with nothing to learn from."""
+    """SampleSkipped("no_assistant_turn") for a conversation with nothing to learn from;
+    SampleSkipped("empty_assistant_turn") when an assistant turn has no content and no tool calls
+    (training it would teach the model to answer with ``<|im_end|>`` alone)."""
     if not any(m.role == "assistant" for m in messages):
         raise SampleSkipped("no_assistant_turn", "conversation has no assistant turn")
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and m.is_empty:
+            raise SampleSkipped("empty_assistant_turn", f"assistant turn {i} has no content and no tool calls")
 
 
 def place_media(messages: list[Message], num_images: int, num_videos: int) -> list[Message]:
@@ -158,6 +242,6 @@ def place_media(messages: list[Message], num_images: int, num_videos: int) -> li
     if not prepend:
         return messages
     target = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
-    out = list(messages)
-    out[target] = Message(out[target].role, tuple(prepend) + out[target].parts)
+    out = Conversation(messages, conversation_tools(messages))
+    out[target] = Message(out[target].role, tuple(prepend) + out[target].parts, out[target].tool_calls)
     return out

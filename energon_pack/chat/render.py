@@ -7,6 +7,17 @@ tokenizer's special tokens (a typed ``<|image_pad|>`` or ``<|im_end|>``) is a co
 ``control_token_in_text`` skip, and text that is not valid Unicode (a lone surrogate) an
 ``invalid_text`` skip; control tokens are only written by :meth:`ChatMLBuilder.special`. Media parts are rendered by a callback the model family supplies
 (:mod:`energon_pack.qwen_vl` writes its vision blocks); the text-only path has none.
+
+Tool calling (``render_chat(..., tools=True)``) is rendered exactly as the official Qwen3-VL
+Instruct template does (the Qwen2.5 / Qwen3 LLM templates use the same blocks): a ``tools`` list
+becomes a system turn (the conversation's own system text + ``\n\n``, then the ``# Tools``
+preamble with one ``tojson`` line per tool); an assistant turn's tool calls follow its content as
+``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks (string arguments verbatim);
+consecutive ``tool`` turns are merged into one ``user`` turn of ``<tool_response>\n...\n</tool_response>``
+blocks. Tool calls are supervised like the rest of their assistant turn; tool responses like
+user text (not under the default ``assistant`` policy). With ``tools=False`` (the Qwen2-VL /
+Qwen2.5-VL Instruct templates have no tool handling) a conversation with tools, tool calls or
+tool turns is a counted ``tool_calls_unsupported`` skip instead of being mangled.
 """
 
 from __future__ import annotations
@@ -17,11 +28,18 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, SampleSkipped
-from .conversation import Message, normalize_conversation, place_media, require_assistant_turn
+from .conversation import Message, conversation_tools, normalize_conversation, place_media, require_assistant_turn
 from .templates import TEMPLATE_DEFAULT
 from .tokenizer import QwenTokenizer, as_qwen_tokenizer
 
 LOSS_POLICIES = ("assistant", "last_turn", "all")
+
+#: The official Qwen3-VL (and Qwen2.5 / Qwen3 LLM) template's tool preamble, around one JSON line per tool.
+TOOLS_PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_POSTAMBLE = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                   "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                   "\"arguments\": <args-json-object>}\n</tool_call>")
 
 
 @dataclass(frozen=True)
@@ -131,16 +149,25 @@ def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
 
 
 def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str, system_prompt: str | None,
-                media_block: MediaBlock | None = None, materialize: bool = True) -> ChatMLBuilder:
+                media_block: MediaBlock | None = None, materialize: bool = True, tools: bool = False,
+                template: str = "this chat template") -> ChatMLBuilder:
     """Render ``messages`` (media already placed) as ChatML; ``media_block(builder, kind)`` writes
-    each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn."""
+    each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn.
+    ``tools``: render tools / tool calls / tool turns the Qwen3 way (see the module docstring);
+    False: SampleSkipped("tool_calls_unsupported") when the conversation has any (``template`` names
+    the template in the detail)."""
+    tool_list = conversation_tools(messages)
+    uses_tools = bool(tool_list) or any(m.tool_calls or m.role == "tool" for m in messages)
+    if uses_tools and not tools:
+        raise SampleSkipped("tool_calls_unsupported",
+                            f"the conversation has tools, tool calls or tool turns and {template} has no tool handling")
     if system_prompt is not None and messages[0].role != "system":
         messages = [Message("system", (("text", system_prompt),))] + list(messages)
     sp = tok.special
     b = ChatMLBuilder(tok, materialize)
-    for msg, trained in zip(messages, _turn_trained(messages, loss_policy)):
-        b.special(sp.im_start, False)
-        b.text(f"{msg.role}\n", False)
+    trained_flags = _turn_trained(messages, loss_policy)
+
+    def parts(msg: Message, trained: bool) -> None:
         for kind, payload in msg.parts:
             if kind == "text":
                 b.text(payload, trained)
@@ -148,6 +175,39 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
                 raise SampleSkipped("media_count_mismatch", f"a <{kind}> part in a text-only conversation")
             else:
                 media_block(b, kind)
+
+    start = 0
+    if tool_list:  # the system turn carries the tool signatures
+        has_system = messages[0].role == "system"
+        trained = trained_flags[0] if has_system else loss_policy == "all"
+        b.special(sp.im_start, False)
+        b.text("system\n", False)
+        if has_system:
+            parts(messages[0], trained)
+            b.text("\n\n", trained)
+            start = 1
+        b.text(TOOLS_PREAMBLE + "".join("\n" + t for t in tool_list) + TOOLS_POSTAMBLE, trained)
+        b.special(sp.im_end, trained)
+        b.text("\n", False)
+    for i in range(start, len(messages)):
+        msg, trained = messages[i], trained_flags[i]
+        if msg.role == "tool":  # consecutive tool turns: one user turn of <tool_response> blocks
+            if i == 0 or messages[i - 1].role != "tool":
+                b.special(sp.im_start, False)
+                b.text("user", False)
+            b.text("\n<tool_response>\n", trained)
+            parts(msg, trained)
+            b.text("\n</tool_response>", trained)
+            if i == len(messages) - 1 or messages[i + 1].role != "tool":
+                b.special(sp.im_end, trained)
+                b.text("\n", False)
+            continue
+        b.special(sp.im_start, False)
+        b.text(f"{msg.role}\n", False)
+        parts(msg, trained)
+        for k, (name, arguments) in enumerate(msg.tool_calls):
+            sep = "\n" if k > 0 or msg.parts else ""
+            b.text(f'{sep}<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>', trained)
         b.special(sp.im_end, trained)
         b.text("\n", False)
     b.flush()
@@ -157,12 +217,12 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
 def encode_text_chat(conversation, *, tokenizer, config: ChatConfig | None = None,
                      template_default: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A text-only conversation -> (input_ids, unshifted target mask); media placeholders are a
-    counted ``media_count_mismatch`` skip."""
+    counted ``media_count_mismatch`` skip. Tool calls are rendered the Qwen3 way (module docstring)."""
     config = config or ChatConfig()
     tok = as_qwen_tokenizer(tokenizer)
     messages = normalize_conversation(conversation)
     require_assistant_turn(messages)
     messages = place_media(messages, 0, 0)
     b = render_chat(messages, tok, loss_policy=config.loss_policy,
-                    system_prompt=config.resolve_system_prompt(template_default))
+                    system_prompt=config.resolve_system_prompt(template_default), tools=True)
     return b.supervised(config.loss_policy)

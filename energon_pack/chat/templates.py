@@ -19,6 +19,21 @@ TEMPLATE_SYSTEM_PROMPTS: dict[str, str | None] = {
 }
 
 
+#: Whether each official template renders tools, tool calls and tool turns. The Qwen2-VL and
+#: Qwen2.5-VL Instruct templates have no tool handling (tool calls would be dropped and ``tool``
+#: kept as a literal role): such conversations are a counted ``tool_calls_unsupported`` skip.
+TEMPLATE_TOOL_SUPPORT: dict[str, bool] = {"qwen2-vl": False, "qwen2.5-vl": False, "qwen3-vl": True}
+_ROPE_STYLE_FAMILY = {"qwen2": "qwen2-vl", "qwen2.5": "qwen2.5-vl", "qwen3": "qwen3-vl"}
+
+
+def template_supports_tools(family: str, rope_style: str | None = None) -> bool:
+    """Whether ``family``'s official template renders tool calls (a preset with a custom name is
+    looked up by its ``rope_style``)."""
+    if family in TEMPLATE_TOOL_SUPPORT:
+        return TEMPLATE_TOOL_SUPPORT[family]
+    return TEMPLATE_TOOL_SUPPORT.get(_ROPE_STYLE_FAMILY.get(rope_style or "", ""), False)
+
+
 class _TemplateDefault(enum.Enum):
     TEMPLATE = "the model family's official template default"
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..chat import ChatConfig, ChatMLBuilder, normalize_conversation, place_media, render_chat, require_assistant_turn
+from ..chat.templates import template_supports_tools
 from ..chat.tokenizer import as_qwen_tokenizer
 from ..errors import SampleSkipped
 from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
@@ -118,7 +119,9 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
 
     builder = render_chat(messages, tok, loss_policy=config.loss_policy,
                           system_prompt=config.resolve_system_prompt(preset.default_system_prompt),
-                          media_block=vision_block, materialize=materialize)
+                          media_block=vision_block, materialize=materialize,
+                          tools=template_supports_tools(preset.name, preset.rope_style),
+                          template=f"the official {preset.name} Instruct chat template")
     info = dict(image_grids=image_grids, video_grids=video_grids, image_counts=image_counts,
                 video_counts=video_counts, sec_per_grid=sec_per_grid, frames=frames)
     return builder, info
@@ -166,9 +169,9 @@ def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, in
 
 @dataclass
 class VisualInputs:
-    pixel_values: torch.Tensor | None  # float32 [sum patches, C*tp*p*p] or None without images
+    pixel_values: torch.Tensor | None  # preset.pixel_dtype [sum patches, C*tp*p*p] or None without images
     image_grid_thw: torch.Tensor  # int64 [num_images, 3]
-    pixel_values_videos: torch.Tensor | None
+    pixel_values_videos: torch.Tensor | None  # preset.pixel_dtype [sum patches, C*tp*p*p]
     video_grid_thw: torch.Tensor  # int64 [num_videos, 3]
     second_per_grid_ts: list[float]
 
@@ -182,7 +185,8 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
                      video_fps: Sequence[float | None] | None = None, config: ChatConfig | None = None,
                      expected: EncodedChat | None = None) -> VisualInputs:
     """Decode + patchify images (bytes or PIL) and videos (lists of frames); videos are truncated to
-    ``config.max_num_frames``. With ``expected``, the grids must equal the preencoded ones
+    ``config.max_num_frames``. Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
+    uint8). With ``expected``, the grids must equal the preencoded ones
     (SampleSkipped("image_size_mismatch") if a header lied about the size)."""
     config = config or ChatConfig()
     pv, grids = [], []
@@ -198,9 +202,9 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
         vgrids.append(g)
         spg.append(s)
     out = VisualInputs(
-        pixel_values=torch.from_numpy(np.concatenate(pv)) if pv else None,
+        pixel_values=V.pixels_to_torch(np.concatenate(pv) if len(pv) > 1 else pv[0], preset) if pv else None,
         image_grid_thw=torch.from_numpy(np.concatenate(grids)) if grids else torch.zeros(0, 3, dtype=torch.int64),
-        pixel_values_videos=torch.from_numpy(np.concatenate(vpv)) if vpv else None,
+        pixel_values_videos=V.pixels_to_torch(np.concatenate(vpv) if len(vpv) > 1 else vpv[0], preset) if vpv else None,
         video_grid_thw=torch.from_numpy(np.concatenate(vgrids)) if vgrids else torch.zeros(0, 3, dtype=torch.int64),
         second_per_grid_ts=spg,
     )
