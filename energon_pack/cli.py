@@ -1,4 +1,9 @@
-"""The ``energon-pack`` command line: demo, data preparation, benchmarks, JSONL inspection, stress report."""
+"""The ``energon-pack`` command line: demo, data conversion and preparation, benchmarks, JSONL inspection, stress report.
+
+Errors a user can make (a wrong path, an unprepared dataset, a bad number, a configuration
+mistake) print one line on stderr with the next step and exit with status 2; ``--debug``
+shows the traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -6,95 +11,311 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 DEMO_DIR = "demo_data"
+PRESET_NAMES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+RAW_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
+class CliError(Exception):
+    """A user error: printed as one line (``energon-pack CMD: error: ...``), exit status 2."""
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="energon-pack", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="make demo shards if absent, stream packed batches (carry vs rounds), report")
-    demo.add_argument("--data", default=DEMO_DIR, help="demo dataset folder (created when absent)")
-    demo.add_argument("--samples", type=int, default=1200, help="demo samples to write when creating it")
-    demo.add_argument("--buffer", type=int, default=64, help="packing_buffer_size K (samples per worker)")
-    demo.add_argument("--workers", type=int, default=2)
-    demo.add_argument("--packs", type=int, default=150, help="packs to stream per mode")
-    demo.add_argument("--width", type=int, default=8192)
-    demo.add_argument("--out", default="bench_results/demo.json")
-
-    make = sub.add_parser("make-demo", help="write demo ChatML WebDataset shards and prepare them for Energon")
-    make.add_argument("dir")
-    make.add_argument("--samples", type=int, default=1200)
-    make.add_argument("--seed", type=int, default=0)
-
-    prep = sub.add_parser("prepare", help="energon prepare, non-interactive: a folder of *.tar shards or a .jsonl file")
-    prep.add_argument("dir", help="shard folder (indexed as a CrudeWebdataset) or a .jsonl file")
-    prep.add_argument("--split", type=_floats, default=(1.0, 0.0, 0.0), help="train,val,test shard ratio")
-
-    bench = sub.add_parser("bench", help="sweep packing_buffer_size for carry and rounds on an Energon dataset")
-    bench.add_argument("--data", default=DEMO_DIR)
-    bench.add_argument("--buffers", type=_ints, default=(1, 4, 8, 16, 32, 64, 128, 256))
-    bench.add_argument("--modes", default="carry,rounds")
-    bench.add_argument("--workers", type=int, default=2)
-    bench.add_argument("--packs", type=int, default=200, help="packs per cell (0 = one full epoch)")
-    bench.add_argument("--width", type=int, default=8192)
-    bench.add_argument("--out-dir", default="bench_results")
-    bench.add_argument("--no-plots", action="store_true")
-
-    bp = sub.add_parser("bench-packing", help="fill and us/sample of OnlinePacker vs round FFD on synthetic mixes")
-    bp.add_argument("--samples", type=int, default=20000)
-    bp.add_argument("--buffers", type=_ints, default=None, help="comma-separated buffer sizes K")
-    bp.add_argument("--widths", type=_ints, default=None, help="comma-separated pack widths")
-    bp.add_argument("--seed", type=int, default=0)
-    bp.add_argument("--out", default="bench_results/packing.json")
-
-    ins = sub.add_parser("inspect", help="counts, length percentiles, skips by reason and packing fill of a JSONL file")
-    ins.add_argument("path")
-    ins.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"])
-    ins.add_argument("--tokenizer", default=None, help="demo (default), a tokenizer.json, or a local HF folder")
-    ins.add_argument("--width", type=int, default=4096)
-    ins.add_argument("--pad-multiple", type=int, default=1)
-    ins.add_argument("--max-length", type=int, default=None)
-    ins.add_argument("--prompt-field", default=None)
-    ins.add_argument("--completion-field", default=None)
-    ins.add_argument("--json-out", default=None)
-
-    st = sub.add_parser("stress", help="reliability report: resume sweep, coverage, fuzz, memory (exit 1 on a missed target)")
-    st.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
-    st.add_argument("--out", default="bench_results/stress")
-
-    bs = sub.add_parser("bench-sft", help="JSONL index build vs wc -l, lazy getitem samples/s, in-batch fill")
-    bs.add_argument("--size-mb", type=int, default=1024)
-    bs.add_argument("--out", default="bench_results/sft.json")
-    return parser
-
-
-def ensure_demo_data(path: str | Path, samples: int) -> Path:
+# ------------------------------------------------------------------------------------ datasets
+def dataset_kind(path: str | Path) -> str:
+    """What ``path`` holds: ``missing``, ``prepared`` (``.nv-meta/dataset.yaml``), ``prepared_jsonl``
+    (a ``.jsonl`` with Energon's ``.idx``), ``raw`` (JSON / JSONL / Parquet file, or a folder with
+    such files), ``shards`` (``*.tar`` not prepared), ``empty`` (an empty folder) or ``unusable``."""
     path = Path(path)
-    if not (path / ".nv-meta" / "dataset.yaml").exists():
+    if not path.exists():
+        return "missing"
+    if path.is_file():
+        if path.suffix == ".jsonl" and Path(str(path) + ".idx").exists():
+            return "prepared_jsonl"
+        return "raw" if path.suffix.lower() in RAW_SUFFIXES else "unusable"
+    if (path / ".nv-meta" / "dataset.yaml").is_file():
+        return "prepared"
+    if not any(path.iterdir()):
+        return "empty"
+    if next(path.rglob("*.tar"), None) is not None:
+        return "shards"
+    if any(p.suffix.lower() in RAW_SUFFIXES for p in path.iterdir() if p.is_file()):
+        return "raw"
+    return "unusable"
+
+
+def raw_sources(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in RAW_SUFFIXES)
+
+
+def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> Path:
+    """``path`` if it is a prepared Energon dataset; otherwise a :class:`CliError` naming the command
+    that fixes it. Never writes anything."""
+    path = Path(path)
+    kind = dataset_kind(path)
+    if kind == "prepared" or (jsonl_ok and kind == "prepared_jsonl"):
+        return path
+    if kind == "missing":
+        hint = (f"`energon-pack make-demo {path}` writes demo data there" if str(path) == DEMO_DIR
+                else "check the path, or write demo data with `energon-pack make-demo DIR`")
+        raise CliError(f"{path} does not exist: {hint}")
+    if kind == "shards":
+        raise CliError(f"{path} holds *.tar shards but is not a prepared Energon dataset (no .nv-meta/dataset.yaml): "
+                       f"run `energon-pack prepare {path}` first")
+    if kind in ("raw", "prepared_jsonl"):
+        src = raw_sources(path)
+        name = src[0] if len(src) == 1 else path
+        what = "a JSONL file prepared for the text encoder" if kind == "prepared_jsonl" else "raw JSON/JSONL/Parquet data"
+        raise CliError(f"{path} is {what}, not an Energon WebDataset: run `energon-pack convert {name} OUT` "
+                       f"and pass --data OUT")
+    if kind == "empty":
+        raise CliError(f"{path} is an empty folder: convert your data into it with `energon-pack convert SOURCE {path}`, "
+                       f"or write demo data with `energon-pack make-demo {path}`")
+    raise CliError(f"{path} holds no Energon dataset, *.tar shards or JSON/JSONL/Parquet data: point --data at a "
+                   f"folder prepared with `energon-pack convert` or `energon-pack prepare`")
+
+
+def demo_dataset(path: str | Path, samples: int) -> Path:
+    """``energon-pack demo``: a prepared dataset is used as is; demo data is written only into a
+    folder that is absent or empty; any other folder is refused (see :func:`require_prepared`)."""
+    path = Path(path)
+    kind = dataset_kind(path)
+    if kind in ("missing", "empty"):
         from energon_pack.energon.demo_data import make_demo_shards
 
         print(f"writing {samples} demo samples to {path}/ ...", flush=True)
         make_demo_shards(path, samples)
-    return path
+        return path
+    return require_prepared(path)
 
 
+def ensure_demo_data(path: str | Path, samples: int) -> Path:  # kept for callers of the old name
+    return demo_dataset(path, samples)
+
+
+# ------------------------------------------------------------------------------------ tokenizers
+def load_tokenizer(spec: str | None) -> tuple[Any, str]:
+    """(tokenizer, description) for ``--tokenizer``: None or ``demo`` -> the shipped demo tokenizer;
+    a ``tokenizer.json`` file or a local Hugging Face folder otherwise. Never downloads."""
+    from energon_pack.chat.tokenizer import load_demo_tokenizer
+
+    if spec is None or spec == "demo":
+        tok = load_demo_tokenizer()
+        return tok, f"demo tokenizer ({tok.inner.get_vocab_size()} tokens; lengths are not your model's)"
+    path = Path(spec)
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:
+            raise CliError(f"--tokenizer {spec}: not a tokenizers JSON file ({str(exc).splitlines()[0][:120]}): "
+                           f"pass a tokenizer.json or a local Hugging Face tokenizer folder") from None
+        return tok, f"{path} ({tok.get_vocab_size()} tokens)"
+    if path.is_dir():
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise CliError(f"--tokenizer {spec}: a tokenizer folder needs transformers (pip install transformers), "
+                           f"or pass its tokenizer.json file") from None
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as exc:
+            raise CliError(f"--tokenizer {spec}: no tokenizer could be loaded from this folder "
+                           f"({str(exc).splitlines()[0][:120]}): pass a folder with tokenizer files or a tokenizer.json") from None
+        return tok, f"{path} ({len(tok)} tokens)"
+    raise CliError(f"--tokenizer {spec}: no such file or folder: pass a tokenizer.json or a local Hugging Face "
+                   f"tokenizer folder (nothing is downloaded), or leave it out for the demo tokenizer")
+
+
+# ------------------------------------------------------------------------------------ argument types
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(_positive_int(x.strip()) for x in text.split(",") if x.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number, e.g. 8,32,64")
+    return values
+
+
+def _split(text: str) -> tuple[float, float, float]:
+    """``train[,val[,test]]`` shard ratios; missing parts are 0."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give train,val,test ratios, e.g. 0.9,0.1,0") from None
+    if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 to 3 non-negative ratios (train,val,test) with a positive "
+                                         f"sum, e.g. 0.9,0.1,0")
+    values += [0.0] * (3 - len(values))
+    return tuple(values)  # type: ignore[return-value]
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in ("carry", "rounds")]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: modes are carry and/or rounds, e.g. carry,rounds")
+    return modes
+
+
+# ------------------------------------------------------------------------------------ parser
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help; flags say "off"; a help text that already names its
+    default in words is left alone."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is argparse.SUPPRESS or "default" in text or action.option_strings == []:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        if action.default is False:
+            return text + " (default: off)"
+        if isinstance(action.default, tuple):
+            return text + f" (default: {','.join(map(str, action.default))})"
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("energon-pack")
+    except Exception:
+        from energon_pack import __version__
+
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="energon-pack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"energon-pack {_version()}")
+    parser.add_argument("--debug", action="store_true", default=False, help="show tracebacks instead of one-line errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error (default: off: a one-line message, exit status 2)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, parents=[common], formatter_class=_HelpFormatter, **kw)
+
+    demo = add("demo", "make demo shards if absent, stream packed batches (carry vs rounds), report")
+    demo.add_argument("--data", default=DEMO_DIR,
+                      help="dataset folder: demo data is written into it when it is absent or empty; "
+                           "a prepared Energon dataset is used as is; anything else is refused")
+    demo.add_argument("--samples", type=_positive_int, default=1200, help="demo samples to write when creating it")
+    demo.add_argument("--buffer", type=_positive_int, default=64, help="packing_buffer_size K (samples per worker)")
+    demo.add_argument("--workers", type=_non_negative_int, default=2, help="loader worker processes (0: in this process)")
+    demo.add_argument("--packs", type=_positive_int, default=150, help="packs to stream per mode (at least 1)")
+    demo.add_argument("--width", type=_positive_int, default=8192, help="pack width in tokens (seq_length)")
+    demo.add_argument("--out", default="bench_results/demo.json", help="JSON report path")
+
+    make = add("make-demo", "write demo ChatML WebDataset shards into a new or empty folder and prepare them for Energon")
+    make.add_argument("dir", help="output folder (new, empty, or an earlier make-demo output)")
+    make.add_argument("--samples", type=_positive_int, default=1200, help="number of demo samples")
+    make.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same bytes)")
+
+    sub.add_parser(
+        "convert", add_help=False,
+        help="your LLaVA/ShareGPT/OpenAI-messages JSON(L) or Parquet -> prepared Energon shards (see convert --help)")
+
+    prep = add("prepare", "energon prepare, non-interactive: a folder of *.tar shards or a .jsonl file")
+    prep.add_argument("dir", help="shard folder (indexed as a CrudeWebdataset) or a .jsonl file")
+    prep.add_argument("--split", type=_split, default=(1.0, 0.0, 0.0),
+                      help="train,val,test ratio of *shards* (missing parts are 0); the default puts everything in "
+                           "train, so get_val_dataset yields nothing: e.g. 0.9,0.1 for a val split (needs several shards)")
+
+    bench = add("bench", "sweep packing_buffer_size K for carry and rounds on a prepared Energon dataset")
+    bench.add_argument("--data", default=DEMO_DIR,
+                       help="prepared Energon dataset (energon-pack convert / prepare / make-demo); never written to")
+    bench.add_argument("--buffers", type=_ints, default=(1, 4, 8, 16, 32, 64, 128, 256),
+                       help="comma-separated packing_buffer_size values K")
+    bench.add_argument("--modes", type=_modes, default=("carry", "rounds"), help="packing modes: carry (ours), rounds (Energon's)")
+    bench.add_argument("--workers", type=_non_negative_int, default=2, help="loader worker processes (0: in this process)")
+    bench.add_argument("--packs", type=_non_negative_int, default=200, help="packs per cell (0 = one full epoch)")
+    bench.add_argument("--width", type=_positive_int, default=8192, help="pack width in tokens (seq_length)")
+    bench.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
+    bench.add_argument("--tokenizer", default=None,
+                       help="a tokenizer.json or a local Hugging Face tokenizer folder, never downloaded "
+                            "(default: the 773-token demo tokenizer: lengths are not your model's)")
+    bench.add_argument("--out-dir", default="bench_results", help="folder for buffer_sizes.json/.md and buffer_*.png")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--check", action="store_true",
+                       help="exit 1 when one of the project's own benchmark targets is missed (they are printed as "
+                            "information otherwise)")
+
+    bp = add("bench-packing", "fill and us/sample of OnlinePacker vs round FFD on synthetic mixes")
+    bp.add_argument("--samples", type=_positive_int, default=20000, help="samples per synthetic stream")
+    bp.add_argument("--buffers", type=_ints, default=None, help="comma-separated buffer sizes K (default: 1,2,4,...,256)")
+    bp.add_argument("--widths", type=_ints, default=None, help="comma-separated pack widths (default: 4096,8192)")
+    bp.add_argument("--seed", type=int, default=0, help="random seed of the synthetic mixes")
+    bp.add_argument("--out", default="bench_results/packing.json", help="JSON report path")
+    bp.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+
+    ins = add("inspect", "counts, length percentiles, skips by reason and packing fill of a JSONL file")
+    ins.add_argument("path", help="a prompt/completion or chat JSONL file")
+    ins.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
+    ins.add_argument("--tokenizer", default=None,
+                     help="a tokenizer.json or a local Hugging Face tokenizer folder, never downloaded "
+                          "(default: the 773-token demo tokenizer: lengths are not your model's)")
+    ins.add_argument("--width", type=_positive_int, default=4096, help="pack width in tokens")
+    ins.add_argument("--pad-multiple", type=_positive_int, default=1, help="align every sample to this multiple")
+    ins.add_argument("--max-length", type=_positive_int, default=None, help="skip samples longer than this (default: no limit)")
+    ins.add_argument("--prompt-field", default=None, help="prompt field name (default: the format's own, e.g. prompt/input)")
+    ins.add_argument("--completion-field", default=None,
+                     help="completion field name (default: the format's own, e.g. completion/output)")
+    ins.add_argument("--json-out", default=None, help="also write the report as JSON to this path (default: not written)")
+
+    st = add("stress", "reliability report: resume sweep, coverage, fuzz, memory (exit 1 on a missed target)")
+    st.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
+    st.add_argument("--out", default="bench_results/stress", help="report folder")
+
+    bs = add("bench-sft", "JSONL index build vs wc -l, lazy getitem samples/s, in-batch fill")
+    bs.add_argument("--size-mb", type=_positive_int, default=1024, help="size of the generated JSONL for the index benchmark")
+    bs.add_argument("--out", default="bench_results/sft.json", help="JSON report path")
+    bs.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+    return parser
+
+
+# ------------------------------------------------------------------------------------ commands
 def run_demo(args: argparse.Namespace) -> int:
     from energon_pack.bench.loader_bench import cells_to_json, format_cells, run_cell
 
-    data = ensure_demo_data(args.data, args.samples)
+    data = demo_dataset(args.data, args.samples)
+    tokenizer, described = load_tokenizer(None)
+    print(f"tokenizer: {described}; preset qwen2.5-vl", flush=True)
     cells = [
         run_cell(data, mode=mode, buffer=args.buffer, workers=args.workers, packs=args.packs,
-                 seq_length=args.width, progress=True)
+                 seq_length=args.width, progress=True, tokenizer=tokenizer)
         for mode in ("carry", "rounds")
     ]
     print(f"\nQwen2.5-VL packing on {data} (width {args.width}, packing_buffer_size {args.buffer}, "
@@ -114,30 +335,115 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_make_demo(args: argparse.Namespace) -> int:
+    from energon_pack.energon.demo_data import make_demo_shards
+
+    root = Path(args.dir)
+    if root.is_file():
+        raise CliError(f"{root} is a file: pass a new or empty folder")
+    if root.is_dir():
+        foreign = [p.name for p in root.iterdir()
+                   if not (p.name == ".nv-meta" or (p.name.startswith("demo-") and p.name.endswith((".tar", ".tar.idx"))))]
+        if foreign:
+            raise CliError(f"{root} is not empty (it holds {', '.join(sorted(foreign)[:3])}"
+                           f"{', ...' if len(foreign) > 3 else ''}): demo data goes into a new or empty folder")
+    make_demo_shards(root, args.samples, seed=args.seed)
+    print(f"wrote {args.samples} samples to {root}")
+    return 0
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from energon_pack.energon.prepare import prepare
+
+    path = Path(args.dir)
+    kind = dataset_kind(path)
+    if kind == "missing":
+        raise CliError(f"{path} does not exist: pass a folder of *.tar shards or a .jsonl file")
+    if path.is_file() and path.suffix != ".jsonl":
+        raise CliError(f"{path} is not a .jsonl file or a shard folder: convert JSON/JSONL/Parquet VLM data with "
+                       f"`energon-pack convert {path} OUT` (it prepares OUT)")
+    if path.is_dir() and kind not in ("shards", "prepared"):
+        src = raw_sources(path)
+        hint = (f"convert it with `energon-pack convert {src[0] if len(src) == 1 else path} OUT`" if src
+                else "write shards with `energon-pack convert SOURCE OUT` or `energon-pack make-demo DIR`")
+        raise CliError(f"{path} holds no *.tar shards: {hint}")
+    count = prepare(path, **({} if path.is_file() else {"split": tuple(args.split)}))
+    print(f"prepared {path}: {count} samples")
+    if path.is_dir():
+        import yaml
+
+        parts = yaml.safe_load((path / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+        shards = {name: len(parts.get(name) or []) for name in ("train", "val", "test")}
+        print("shards per split: " + ", ".join(f"{k} {v}" for k, v in shards.items()))
+        for name, ratio in zip(shards, args.split):
+            if ratio > 0 and shards[name] == 0:
+                print(f"warning: the {name} split got no shard (ratios apply to whole shards, {sum(shards.values())} "
+                      f"here): write more, smaller shards (e.g. `energon-pack convert --samples-per-shard`) or "
+                      f"change --split", file=sys.stderr)
+        if shards["val"] == 0:
+            print("no val split: get_val_dataset yields nothing; `energon-pack prepare DIR --split 0.9,0.1` makes one "
+                  "(needs several shards)")
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from energon_pack.bench import buffer_sweep
+    from energon_pack.bench.targets import format_target
+
+    data = require_prepared(args.data)
+    tokenizer, described = load_tokenizer(args.tokenizer)
+    print(f"data: {data}; preset: {args.preset}; tokenizer: {described}", flush=True)
+    result = buffer_sweep.main(
+        data, args.out_dir, plots=not args.no_plots, buffers=args.buffers, modes=args.modes, workers=args.workers,
+        packs=args.packs or None, seq_length=args.width, preset=args.preset, tokenizer=tokenizer,
+        tokenizer_name=described,
+    )
+    return _targets_exit(result["targets"], args.check, format_target)
+
+
+def _targets_exit(targets: list[dict], check: bool, formatter: Any = None) -> int:
+    missed = [t for t in targets if not t["met"]]
+    if not check:
+        if targets:
+            print("(the targets above are the project's own benchmark goals on its demo data, shown for "
+                  "information; --check makes a missed target exit 1)")
+        return 0
+    if missed:
+        print(f"--check: {len(missed)} of {len(targets)} targets missed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_bench_sft(args: argparse.Namespace) -> int:
+    from energon_pack.bench import sft_bench
+
+    result = sft_bench.main(args.out, size_mb=args.size_mb)
+    return _targets_exit(result["targets"], args.check)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from energon_pack.sft.inspect import main as inspect_main
+
+    path = Path(args.path)
+    if not path.is_file():
+        raise CliError(f"{path} is not a file: pass a JSONL file" + (" (a folder was given)" if path.is_dir() else ""))
+    tokenizer, described = load_tokenizer(args.tokenizer)
+    print(f"tokenizer: {described}", flush=True)
+    fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
+    return inspect_main(path, format=args.format, tokenizer="demo" if args.tokenizer is None else tokenizer,
+                        width=args.width, pad_multiple=args.pad_multiple, max_length=args.max_length,
+                        json_out=args.json_out, **{k: v for k, v in fields.items() if v})
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         return run_demo(args)
     if args.command == "make-demo":
-        from energon_pack.energon.demo_data import make_demo_shards
-
-        make_demo_shards(args.dir, args.samples, seed=args.seed)
-        print(f"wrote {args.samples} samples to {args.dir}")
-        return 0
+        return run_make_demo(args)
     if args.command == "prepare":
-        from energon_pack.energon.prepare import prepare
-
-        count = prepare(args.dir, split=tuple(args.split))
-        print(f"prepared {args.dir}: {count} samples")
-        return 0
+        return run_prepare(args)
     if args.command == "bench":
-        from energon_pack.bench import buffer_sweep
-
-        result = buffer_sweep.main(
-            ensure_demo_data(args.data, 1200), args.out_dir, plots=not args.no_plots, buffers=args.buffers,
-            modes=tuple(args.modes.split(",")), workers=args.workers, packs=args.packs or None, seq_length=args.width,
-        )
-        return 0 if all(t["met"] for t in result["targets"]) else 1
+        return run_bench(args)
     if args.command == "bench-packing":
         from energon_pack.bench import packing_bench
 
@@ -146,24 +452,57 @@ def main(argv: list[str] | None = None) -> int:
             kw["buffers"] = args.buffers
         if args.widths:
             kw["widths"] = args.widths
-        result = packing_bench.main(args.out, **kw)
-        return 0 if all(t["met"] for t in result["targets"]) else 1
+        return _targets_exit(packing_bench.main(args.out, **kw)["targets"], args.check)
     if args.command == "inspect":
-        from energon_pack.sft.inspect import main as inspect_main
-
-        fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
-        return inspect_main(args.path, format=args.format, tokenizer=args.tokenizer, width=args.width,
-                            pad_multiple=args.pad_multiple, max_length=args.max_length, json_out=args.json_out,
-                            **{k: v for k, v in fields.items() if v})
+        return run_inspect(args)
     if args.command == "stress":
         from energon_pack.bench.stress_report import main as stress_main
 
         return stress_main((["--full"] if args.full else []) + ["--out", args.out])
     if args.command == "bench-sft":
-        from energon_pack.bench import sft_bench
+        return run_bench_sft(args)
+    raise CliError(f"unknown command {args.command!r}")
 
-        return 0 if all(t["met"] for t in sft_bench.main(args.out, size_mb=args.size_mb)["targets"]) else 1
-    return 2
+
+def _one_line(exc: BaseException) -> str:
+    """A user-facing line for ``exc``, with the next step where we know it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if text.startswith("Invalid dataset at"):
+        return (f"{text}: not a prepared Energon dataset: run `energon-pack prepare DIR` for *.tar shards or "
+                f"`energon-pack convert SOURCE OUT` for JSON/JSONL/Parquet data")
+    if text.startswith("No shards found in split part"):
+        return (f"{text}: the dataset's split gives this part no shard: re-run `energon-pack prepare DIR --split "
+                f"TRAIN,VAL,TEST` (ratios of whole shards)")
+    if isinstance(exc, CliError):
+        return text
+    from energon_pack.errors import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return text
+    return f"{type(exc).__name__}: {text} (run again with --debug for the traceback)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["convert"]:
+        from energon_pack.energon.convert import main as convert_main
+
+        return convert_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    prog = f"energon-pack {args.command}"
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        from energon_pack.errors import ConfigError
+
+        user_error = isinstance(exc, (CliError, ConfigError, FileNotFoundError, ValueError, OSError))
+        return 2 if user_error or type(exc).__name__ == "EmptyDatasetError" else 1
 
 
 if __name__ == "__main__":
