@@ -310,3 +310,43 @@ def test_packed_forward_through_a_ddp_wrapper_configures_from_the_wrapped_model(
         assert torch.equal(wrapped, direct), name
     finally:
         dist.destroy_process_group()
+
+
+def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monkeypatch):
+    """hf_forward_kwargs computes the vision towers' positions / cu_seqlens / max_seqlen (and Qwen2.5-VL's
+    window index) on the CPU; the towers use them (no grid_thw.tolist()/.item() per forward) and the
+    logits are bit-identical to HF computing them itself. q and k share one cu_seqlens tensor."""
+    import importlib
+
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    kw = H.hf_forward_kwargs(batch, model=packed, device="cpu")
+    assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
+    for prefix in ("image", "video"):
+        assert isinstance(kw[f"{prefix}_max_seqlen"], int)
+        assert kw[f"{prefix}_cu_seqlens"].dtype == torch.int32 and int(kw[f"{prefix}_cu_seqlens"][0]) == 0
+        assert (f"{prefix}_window_index" in kw) == (name == "qwen2.5-vl")
+    modeling = importlib.import_module(f"transformers.models.{packed.config.model_type}.modeling_{packed.config.model_type}")
+    seen = []
+    real = modeling.get_vision_attention_seqlens
+
+    def spy(grid_thw, config, *a, kwargs=None, **k):
+        seen.append(sorted(kwargs or {}))
+        return real(grid_thw, config, *a, kwargs=kwargs, **k)
+
+    monkeypatch.setattr(modeling, "get_vision_attention_seqlens", spy)
+    with torch.no_grad():
+        fast = packed(**kw).logits
+        assert seen and all("cu_seqlens" in s and "max_seqlen" in s for s in seen), seen
+        seen.clear()
+        monkeypatch.setattr(H, "_PRECOMPUTE_OK", False)
+        kw_plain = H.hf_forward_kwargs(batch, model=packed)
+        assert not any(k.startswith(("image_cu", "video_cu")) for k in kw_plain)
+        plain = packed(**kw_plain).logits
+        assert seen and not any("cu_seqlens" in s for s in seen)
+    assert torch.equal(fast, plain), name
+    # the check of the row's segments runs once per batch, on the CPU
+    bad = dict(batch, cu_seqlens_kv_padded=batch["cu_seqlens_kv_padded"].clone())
+    bad["cu_seqlens_kv_padded"][-1] -= 1
+    with pytest.raises(ConfigError, match="cu_seqlens_kv_padded"):
+        H.hf_forward_kwargs(bad, model=packed)

@@ -42,6 +42,7 @@ __all__ = [
     "register_varlen_attention",
     "use_varlen_attention",
     "varlen_attention_forward",
+    "vision_precomputed_kwargs",
 ]
 
 #: Name under which :func:`varlen_attention_forward` is registered. It must contain "flash":
@@ -144,17 +145,23 @@ def hf_forward_kwargs(
         positions = position_ids
 
     cu_q, cu_k = batch["cu_seqlens_q_padded"], batch["cu_seqlens_kv_padded"]
-    for name, cu in (("cu_seqlens_q_padded", cu_q), ("cu_seqlens_kv_padded", cu_k)):
+    # The checks that read values run here, once per batch, on the loader's CPU tensors: the
+    # attention function (called once per layer) then needs no device-to-host sync.
+    cu_q_host, cu_k_host = cu_q.detach().cpu(), cu_k.detach().cpu()
+    for name, cu in (("cu_seqlens_q_padded", cu_q_host), ("cu_seqlens_kv_padded", cu_k_host)):
         if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
             raise ConfigError(name, f"must run from 0 to the row length {total}, got {cu.tolist()}",
                               "pass the batch as built by the task encoder (the last span absorbs the tail)")
+    same = cu_q is cu_k or torch.equal(cu_q_host, cu_k_host)
+    cu_q32 = cu_q.to(torch.int32)
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "position_ids": positions,
         "attention_mask": None,
         "use_cache": False,
-        "cu_seq_lens_q": cu_q.to(torch.int32),
-        "cu_seq_lens_k": cu_k.to(torch.int32),
+        "cu_seq_lens_q": cu_q32,
+        # one tensor object for both when equal: the attention function checks q == k by identity
+        "cu_seq_lens_k": cu_q32 if same else cu_k.to(torch.int32),
         "max_length_q": int(batch["max_seqlen_q"]),
         "max_length_k": int(batch["max_seqlen_kv"]),
     }
@@ -165,9 +172,79 @@ def hf_forward_kwargs(
         params = _forward_params(model) if model is not None and hasattr(model, "forward") else None
         if params is None or "second_per_grid_ts" in params:
             kwargs["second_per_grid_ts"] = batch["second_per_grid_ts"]
+    if config is not None and vision_language and has_visual:
+        kwargs.update(vision_precomputed_kwargs(batch, config))
     if device is not None:
-        kwargs = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        moved: dict[int, Any] = {}  # a tensor passed under two names stays one object on the device
+
+        def to_device(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            if id(v) not in moved:
+                moved[id(v)] = v.to(device, non_blocking=True)
+            return moved[id(v)]
+
+        kwargs = {k: to_device(v) for k, v in kwargs.items()}
     return kwargs
+
+
+def _vision_precompute_supported() -> bool:
+    """transformers with ``accepts_precomputed_kwargs`` (5.x, 2026): ``image_cu_seqlens`` etc. reach the tower."""
+    global _PRECOMPUTE_OK
+    if _PRECOMPUTE_OK is None:
+        try:
+            from transformers.utils.generic import accepts_precomputed_kwargs  # noqa: F401
+            from transformers.vision_utils import (  # noqa: F401
+                get_vision_cu_seqlens,
+                get_vision_position_ids,
+                get_vision_window_index,
+            )
+        except ImportError:
+            _PRECOMPUTE_OK = False
+        else:
+            _PRECOMPUTE_OK = True
+    return _PRECOMPUTE_OK
+
+
+_PRECOMPUTE_OK: bool | None = None
+
+
+def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """The vision tower's data-dependent tensors, computed on the CPU from the batch's ``*_grid_thw``.
+
+    HF's Qwen-VL vision towers compute their rotary positions, cu_seqlens, max_seqlen and (Qwen2.5-VL)
+    window index from ``grid_thw`` with ``.tolist()`` / ``.item()``: device-to-host syncs and many
+    small launches per image in every forward. transformers 5.x lets the caller pass them precomputed
+    (``image_cu_seqlens``, ``video_position_ids``, ...; ``accepts_precomputed_kwargs``): we compute
+    them here with transformers' own functions on the loader's CPU tensors, so the values are
+    exactly HF's. Only under a "flash" attention implementation (HF computes max_seqlen only then)
+    and for the Qwen-VL versions whose towers read exactly these keys; ``{}`` otherwise.
+    """
+    vision = getattr(config, "vision_config", None)
+    impl = getattr(vision, "_attn_implementation", None) or getattr(config, "_attn_implementation", None) or ""
+    if (vision is None or config.model_type not in _VL_MODEL_TYPES or "flash" not in impl
+            or not _vision_precompute_supported()):
+        return {}
+    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+
+    merge = vision.spatial_merge_size
+    out: dict[str, Any] = {}
+    for prefix, key in (("image", "image_grid_thw"), ("video", "video_grid_thw")):
+        grid = batch.get(key)
+        if grid is None:
+            continue
+        grid = grid.detach().cpu()
+        out[f"{prefix}_position_ids"] = get_vision_position_ids(grid, merge)
+        cu = get_vision_cu_seqlens(grid)
+        out[f"{prefix}_cu_seqlens"] = cu
+        out[f"{prefix}_max_seqlen"] = int((cu[1:] - cu[:-1]).max())
+        if config.model_type == "qwen2_5_vl":
+            window_index, cu_window = get_vision_window_index(
+                grid, spatial_merge_size=merge, window_size=vision.window_size, patch_size=vision.patch_size)
+            out[f"{prefix}_window_index"] = window_index
+            out[f"{prefix}_cu_window_seqlens"] = cu_window
+            out[f"{prefix}_max_window_seqlen"] = int((cu_window[1:] - cu_window[:-1]).max())
+    return out
 
 
 def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
@@ -211,12 +288,21 @@ def _block_mask(cu: torch.Tensor, total: int, causal: bool, device: torch.device
     return mask
 
 
+_VARLEN_FN: Any = False  # not looked up yet
+_VARLEN_PARAMS: set[str] = set()
+
+
 def _torch_varlen():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
+    """torch's ``varlen_attn`` (None before torch 2.10), looked up once."""
+    global _VARLEN_FN, _VARLEN_PARAMS
+    if _VARLEN_FN is False:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:  # torch < 2.10
+            varlen_attn = None
+        _VARLEN_PARAMS = _varlen_params(varlen_attn) if varlen_attn is not None else set()
+        _VARLEN_FN = varlen_attn
+    return _VARLEN_FN
 
 
 def _varlen_params(fn) -> set[str]:
@@ -224,6 +310,16 @@ def _varlen_params(fn) -> set[str]:
         return set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+def _same_segments(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
+    """q and k segments equal: by identity (hf_forward_kwargs and the vision towers pass one tensor for
+    both), by value on the CPU, and only otherwise by a device-to-host read."""
+    if cu_q is cu_k:
+        return True
+    if cu_q.shape != cu_k.shape:
+        return False
+    return torch.equal(cu_q.cpu(), cu_k.cpu())
 
 
 def varlen_attention_forward(
@@ -250,6 +346,11 @@ def varlen_attention_forward(
     ``((1, T, heads, head_dim), None)`` like HF's sdpa/flash functions. Causality comes from the
     ``is_causal`` kwarg (the vision towers pass False) or else ``module.is_causal`` (decoder
     layers: True). Without ``cu_seq_lens_q`` the segments come from ``position_ids`` restarts.
+
+    Hot path (once per layer): no device-to-host syncs when the caller passes one cu_seqlens tensor
+    for q and k and an int max length (:func:`hf_forward_kwargs` does, and checks the row's
+    segments once per batch on the CPU; HF's vision towers do too). The end of device cu_seqlens is
+    not re-read here; CPU ones are checked.
     """
     if sliding_window is not None or softcap is not None:
         raise ConfigError("attn_implementation", f"{VARLEN_ATTENTION} supports neither sliding windows nor softcap",
@@ -266,7 +367,8 @@ def varlen_attention_forward(
     if batch != 1:
         raise ConfigError("micro_batch_size", f"{VARLEN_ATTENTION} expects one packed row, got batch {batch}",
                           "use micro-batch size 1 (THD)")
-    if key.shape[2] != total or int(cu_q[-1]) != total or not torch.equal(cu_q.cpu(), cu_k.cpu()):
+    end_ok = cu_q.is_cuda or int(cu_q[-1]) == total  # device cu_seqlens: checked by hf_forward_kwargs
+    if key.shape[2] != total or not end_ok or not _same_segments(cu_q, cu_k):
         raise ConfigError("cu_seq_lens_q", f"self-attention segments must cover the row of {total} tokens "
                           f"(cu_q ends at {int(cu_q[-1])}, keys {key.shape[2]})",
                           "pass the padded cu_seqlens of the batch (hf_forward_kwargs does) and use_cache=False")
@@ -279,8 +381,9 @@ def varlen_attention_forward(
                 and (dropout == 0.0 or not module.training) and head_dim <= 256)
     if flash_ok:
         if max_length_q is None:
-            max_length_q = int((cu_q[1:] - cu_q[:-1]).max())
-        params = _varlen_params(varlen_attn)
+            max_length_q = (cu_q[1:] - cu_q[:-1]).max()
+        max_q = int(max_length_q)  # a Python int costs nothing; a tensor is read once here
+        params = _VARLEN_PARAMS
         extra: dict[str, Any] = {}
         if "window_size" in params:  # torch >= 2.11: causal is window (-1, 0)
             extra["window_size"] = (-1, 0) if causal else (-1, -1)
@@ -291,10 +394,8 @@ def varlen_attention_forward(
                 extra["enable_gqa"] = True
             else:  # query head h uses kv head h // (heads_q // heads_k), as HF's repeat_kv
                 k, v = (t.repeat_interleave(heads_q // heads_k, dim=1) for t in (k, v))
-        out = varlen_attn(
-            q, k, v, cu_q.to(query.device, torch.int32), cu_k.to(query.device, torch.int32),
-            int(max_length_q), int(max_length_q), scale=scaling, **extra,
-        )
+        cu_dev = cu_q if (cu_q.device == query.device and cu_q.dtype == torch.int32) else cu_q.to(query.device, torch.int32)
+        out = varlen_attn(q, k, v, cu_dev, cu_dev, max_q, max_q, scale=scaling, **extra)
         return out.unsqueeze(0), None
     mask = _block_mask(cu_q, total, causal, query.device)
     out = F.scaled_dot_product_attention(
