@@ -20,6 +20,10 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
 
+#: ``pixel_values`` dtypes through the loader: float32 (exact, HF's values), bfloat16 (the float32
+#: values rounded to nearest even, half the bytes), uint8 (resized RGB in patch order, a quarter
+#: of the bytes; normalise on the GPU with :func:`energon_pack.qwen_vl.normalize_pixels`)
+PIXEL_DTYPES = ("float32", "bfloat16", "uint8")
 RESAMPLE_MODES = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 ROPE_STYLES = ("qwen2", "qwen2.5", "qwen3")
 
@@ -43,6 +47,8 @@ class VisionPreset:
     tokens_per_second: float  # Qwen2.5-VL temporal M-RoPE scale (t index = t * sec_per_grid * tps)
     rope_style: str  # "qwen2" | "qwen2.5" | "qwen3"
     default_system_prompt: str | None = None  # what the official Instruct template inserts without a system turn
+    pixel_dtype: str = "float32"  # one of PIXEL_DTYPES: dtype of pixel_values / pixel_values_videos
+    jpeg_draft: bool = False  # decode large JPEGs at 1/2..1/8 scale (PIL draft) when the target allows; not bit-exact
 
     @property
     def factor(self) -> int:
@@ -83,6 +89,12 @@ class VisionPreset:
         if self.default_system_prompt is not None and not isinstance(self.default_system_prompt, str):
             raise ConfigError("default_system_prompt", f"must be a string or None, got {self.default_system_prompt!r}",
                               "pass the template's system prompt text, or None")
+        if self.pixel_dtype not in PIXEL_DTYPES:
+            raise ConfigError("pixel_dtype", f"unknown pixel dtype {self.pixel_dtype!r}",
+                              f"use one of {PIXEL_DTYPES} (uint8: normalise on the GPU with normalize_pixels)")
+        if not isinstance(self.jpeg_draft, bool):
+            raise ConfigError("jpeg_draft", f"must be True or False, got {self.jpeg_draft!r}",
+                              "jpeg_draft=True decodes large JPEGs at reduced size (opt-in)")
         if not self.tokens_per_second > 0:
             raise ConfigError("tokens_per_second", f"must be > 0, got {self.tokens_per_second!r}", "use 2 (Qwen2.5-VL)")
         return self

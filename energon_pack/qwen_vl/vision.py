@@ -7,11 +7,13 @@ pixels later, only for the samples it actually emits.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from PIL import Image
 
 from ..errors import SampleSkipped
@@ -234,7 +236,10 @@ def to_rgb_array(img: Image.Image) -> np.ndarray:
 
 
 def _resize_normalize(rgb: np.ndarray, height: int, width: int, preset: VisionPreset) -> np.ndarray:
-    """uint8 HWC -> float32 CHW resized to (height, width), rescaled by 1/255 and normalised."""
+    """uint8 HWC -> float32 CHW resized to (height, width), rescaled by 1/255 and normalised.
+
+    The float reference (the pre-issue-13 path); :func:`normalization_lut` computes the same
+    float32 operations once per channel value."""
     if rgb.shape[0] != height or rgb.shape[1] != width:
         rgb = np.asarray(Image.fromarray(rgb).resize((width, height), resample=_RESAMPLE[preset.resample]))
     arr = rgb.astype(np.float32) * np.float32(1 / 255)
@@ -244,8 +249,89 @@ def _resize_normalize(rgb: np.ndarray, height: int, width: int, preset: VisionPr
     return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
 
 
+@functools.lru_cache(maxsize=64)
+def _luts(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    values = np.arange(256, dtype=np.uint8).astype(np.float32) * np.float32(1 / 255)
+    lut = (values[None, :] - np.asarray(mean, dtype=np.float32)[:, None]) / np.asarray(std, dtype=np.float32)[:, None]
+    lut = np.ascontiguousarray(lut, dtype=np.float32)
+    bf16_bits = torch.from_numpy(lut).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    lut.flags.writeable = False
+    bf16_bits.flags.writeable = False
+    return lut, bf16_bits
+
+
+def normalization_lut(preset: VisionPreset) -> np.ndarray:
+    """float32 [3, 256]: the normalised value of each uint8 channel value, computed with exactly
+    the float32 operations of the reference path ``(x * float32(1/255) - mean) / std``."""
+    return _luts(tuple(preset.image_mean), tuple(preset.image_std))[0]
+
+
+def _patch_layout_u8(frames: np.ndarray, p: int, m: int, tp: int) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """uint8 [T, H, W, C] (T a multiple of ``tp``) -> uint8 [t*h*w, C, tp, p*p]: HF's patch order
+    (patch ``p``, merge ``m``, temporal patch ``tp``), laid out on uint8 data (one copy)."""
+    num_frames, height, width, channel = frames.shape
+    grid_t, grid_h, grid_w = num_frames // tp, height // p, width // p
+    x = frames.reshape(grid_t, tp, grid_h // m, m, p, grid_w // m, m, p, channel)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # t, h/m, w/m, m, m, C, tp, p, p
+    return np.ascontiguousarray(x).reshape(grid_t * grid_h * grid_w, channel, tp, p * p), (grid_t, grid_h, grid_w)
+
+
+def _finish(layout: np.ndarray, preset: VisionPreset, repeat_t: bool = False) -> np.ndarray:
+    """uint8 [N, C, tp or 1, p*p] in patch order -> [N, C*tp*p*p] in ``preset.pixel_dtype``'s storage:
+    float32 (LUT gather), uint16 holding bfloat16 bit patterns (LUT gather), or uint8 (as is).
+    ``repeat_t``: ``layout`` has one temporal slot, repeated tp times (an image)."""
+    n, channel, t_in, pp = layout.shape
+    tp = preset.temporal_patch_size if repeat_t else t_in
+    dtype = preset.pixel_dtype
+    if dtype == "uint8":
+        if repeat_t:
+            layout = np.broadcast_to(layout, (n, channel, tp, pp))
+        return np.ascontiguousarray(layout).reshape(n, channel * tp * pp)
+    f32, bf16 = _luts(tuple(preset.image_mean), tuple(preset.image_std))
+    lut = f32 if dtype == "float32" else bf16
+    out = np.empty((n, channel, tp, pp), dtype=lut.dtype)
+    for c in range(channel):
+        if repeat_t:
+            np.take(lut[c], layout[:, c, 0], out=out[:, c, 0])
+            out[:, c, 1:] = out[:, c, :1]
+        else:
+            np.take(lut[c], layout[:, c], out=out[:, c])
+    return out.reshape(n, channel * tp * pp)
+
+
+def pixels_to_torch(pixel_values: np.ndarray, preset: VisionPreset) -> torch.Tensor:
+    """The patchify output as a tensor of ``preset.pixel_dtype`` (zero-copy; bfloat16 is a view of
+    the uint16 bit patterns)."""
+    t = torch.from_numpy(pixel_values)
+    return t.view(torch.bfloat16) if preset.pixel_dtype == "bfloat16" else t
+
+
+def normalize_pixels(pixel_values: torch.Tensor, preset: VisionPreset,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 ``pixel_values`` ([patches, C*tp*p*p], ``pixel_dtype="uint8"``) -> normalised values
+    on the same device: ``(x * float32(1/255) - mean) / std`` in float32 (each op rounded like
+    the CPU path, so float32 output equals ``pixel_dtype="float32"``), then cast to ``dtype``.
+
+    Use it on the GPU right before the vision tower: ``pv = normalize_pixels(batch["pixel_values"].cuda(), preset,
+    torch.bfloat16)``. A float input is returned (cast to ``dtype``) unchanged.
+    """
+    if pixel_values.dtype != torch.uint8:
+        return pixel_values.to(dtype)
+    cols = pixel_values.shape[-1]
+    per_channel = cols // 3
+    if cols != preset.patch_dim:
+        raise ValueError(f"pixel_values rows have {cols} values, the preset's patch_dim is {preset.patch_dim}")
+    dev = pixel_values.device
+    mean = torch.tensor(preset.image_mean, dtype=torch.float32, device=dev).repeat_interleave(per_channel)
+    std = torch.tensor(preset.image_std, dtype=torch.float32, device=dev).repeat_interleave(per_channel)
+    x = pixel_values.to(torch.float32)
+    x.mul_(torch.tensor(1 / 255, dtype=torch.float32, device=dev)).sub_(mean).div_(std)
+    return x if dtype == torch.float32 else x.to(dtype)
+
+
 def _patchify(frames: np.ndarray, preset: VisionPreset) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """[T, C, H, W] (T a multiple of temporal_patch_size) -> [t*h*w, C*tp*p*p] in HF's order."""
+    """float [T, C, H, W] (T a multiple of temporal_patch_size) -> [t*h*w, C*tp*p*p] in HF's order
+    (the float reference layout; the pixel path lays out uint8 with :func:`_patch_layout_u8`)."""
     p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
     num_frames, channel, height, width = frames.shape
     grid_t, grid_h, grid_w = num_frames // tp, height // p, width // p
@@ -255,17 +341,84 @@ def _patchify(frames: np.ndarray, preset: VisionPreset) -> tuple[np.ndarray, tup
     return np.ascontiguousarray(flat, dtype=np.float32), (grid_t, grid_h, grid_w)
 
 
-def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
-    """(pixel_values float32 [patches, C*tp*p*p], image_grid_thw int64 [1, 3]) like Qwen2VLImageProcessor."""
+def reference_patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
+    """The pre-issue-13 float32 path (normalise in float, 9-axis float transpose): the reference
+    the fused path is tested against. Full decode, float32 whatever ``preset.pixel_dtype``."""
     rgb = to_rgb_image(open_image(image))
     rh, rw = resized_image_size(rgb.height, rgb.width, preset)
-    if (rgb.height, rgb.width) != (rh, rw):  # resize the PIL image itself: no full-size numpy copies
+    if (rgb.height, rgb.width) != (rh, rw):
         rgb = rgb.resize((rw, rh), resample=_RESAMPLE[preset.resample])
     chw = _resize_normalize(np.asarray(rgb, dtype=np.uint8), rh, rw, preset)
-    del rgb
     frames = np.broadcast_to(chw[None], (preset.temporal_patch_size, *chw.shape))
     pixel_values, grid = _patchify(frames, preset)
     return pixel_values, np.asarray([grid], dtype=np.int64)
+
+
+def _draft_target(img: Image.Image, preset: VisionPreset) -> tuple[int, int] | None:
+    """(width, height) to ask JPEG draft mode for, in stored orientation, when the resize target
+    is at most half the source in each side; None otherwise (or for non-JPEG)."""
+    if img.format != "JPEG":
+        return None
+    width, height = img.size
+    orientation = exif_orientation(img)
+    shown_w, shown_h = (height, width) if orientation >= 5 else (width, height)
+    rh, rw = resized_image_size(shown_h, shown_w, preset)
+    if orientation >= 5:
+        rh, rw = rw, rh
+    if 2 * rw > width or 2 * rh > height:
+        return None
+    return rw, rh
+
+
+def decode_for_patchify(image: Image.Image | bytes, preset: VisionPreset) -> tuple[Image.Image, int, int]:
+    """(upright 8-bit RGB image, target height, target width): the target comes from the *full*
+    (header) size, so draft decoding never changes grids or token counts."""
+    if preset.jpeg_draft and isinstance(image, (bytes, bytearray)):
+        try:
+            img = Image.open(io.BytesIO(image))
+            full_w, full_h = img.size
+            target = _draft_target(img, preset)
+            if target is not None:
+                img.draft(img.mode, target)
+        except SampleSkipped:
+            raise
+        except Exception as exc:
+            raise SampleSkipped("corrupt_image", f"cannot decode image: {type(exc).__name__}: {exc}") from None
+        orientation = exif_orientation(img)
+        shown_h, shown_w = (full_w, full_h) if orientation >= 5 else (full_h, full_w)
+        rgb = to_rgb_image(open_image(img))
+        rh, rw = resized_image_size(shown_h, shown_w, preset)
+        return rgb, rh, rw
+    rgb = to_rgb_image(open_image(image))
+    rh, rw = resized_image_size(rgb.height, rgb.width, preset)
+    return rgb, rh, rw
+
+
+def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values [patches, C*tp*p*p], image_grid_thw int64 [1, 3]) like Qwen2VLImageProcessor.
+
+    Resize in PIL on uint8, patch order by one uint8 transpose, then one fused step to
+    ``preset.pixel_dtype``: float32 (a per-channel 256-entry lookup table holding exactly the
+    reference float32 values), uint16 bit patterns of bfloat16 (the float32 values rounded to
+    nearest even; :func:`pixels_to_torch` views them as ``torch.bfloat16``), or uint8 (normalise
+    later with :func:`normalize_pixels`).
+    """
+    rgb, rh, rw = decode_for_patchify(image, preset)
+    if (rgb.height, rgb.width) != (rh, rw):  # resize the PIL image itself: no full-size numpy copies
+        rgb = rgb.resize((rw, rh), resample=_RESAMPLE[preset.resample])
+    hwc = np.asarray(rgb, dtype=np.uint8)
+    del rgb
+    # one temporal slot; _finish repeats it temporal_patch_size times while writing the output
+    layout, (_t, gh, gw) = _patch_layout_u8(hwc[None], preset.patch_size, preset.merge_size, 1)
+    pixel_values = _finish(layout, preset, repeat_t=True)
+    return pixel_values, np.asarray([[1, gh, gw]], dtype=np.int64)
+
+
+def _frame_u8(frame: Image.Image | bytes, height: int, width: int, preset: VisionPreset) -> np.ndarray:
+    rgb = to_rgb_image(open_image(frame))
+    if (rgb.height, rgb.width) != (height, width):
+        rgb = rgb.resize((width, height), resample=_RESAMPLE[preset.resample])
+    return np.asarray(rgb, dtype=np.uint8)
 
 
 def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
@@ -274,19 +427,21 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
 
     All frames are resized to the size the first frame's size maps to; frames are padded to a
     multiple of temporal_patch_size by repeating the last one; second_per_grid_ts =
-    temporal_patch_size / fps (fps of the given frames; preset.video_fps when None).
+    temporal_patch_size / fps (fps of the given frames; preset.video_fps when None). Frames are
+    decoded one at a time into one uint8 array, laid out on uint8, then converted like images.
     """
     if len(frames) == 0:
         raise SampleSkipped("empty_video", "video has no frames")
-    first = to_rgb_array(open_image(frames[0]))
-    height, width = first.shape[:2]
-    rh, rw = resized_video_size(len(frames), height, width, preset)
+    first = to_rgb_image(open_image(frames[0]))
+    rh, rw = resized_video_size(len(frames), first.height, first.width, preset)
     total = len(frames) + (-len(frames) % preset.temporal_patch_size)
-    # one frame decoded at a time, written into the final array (no per-frame lists, no stack copy)
-    out = np.empty((total, 3, rh, rw), dtype=np.float32)
+    # one frame decoded at a time, written into the final uint8 array (no per-frame lists, no stack copy)
+    out = np.empty((total, rh, rw, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
-        out[i] = _resize_normalize(first if i == 0 else to_rgb_array(open_image(frame)), rh, rw, preset)
+        out[i] = _frame_u8(first if i == 0 else frame, rh, rw, preset)
         first = None
     out[len(frames):] = out[len(frames) - 1]
-    pixel_values, grid = _patchify(out, preset)
+    layout, grid = _patch_layout_u8(out, preset.patch_size, preset.merge_size, preset.temporal_patch_size)
+    del out
+    pixel_values = _finish(layout, preset)
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
