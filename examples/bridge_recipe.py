@@ -60,7 +60,7 @@ def apply(cfg, settings):
 
 
 def make_encoder(args):
-    return BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=args.seq_length, cp=args.cp, tp=args.tp,
+    return BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=args.seq_length, cp=args.cp, tp=args.tp,
                                           sp=args.sp, pad_to_max_length=True)
 
 

@@ -136,9 +136,70 @@ def build_model(name: str, size: str, tokenizer: Any, *, device: torch.device | 
 
 
 def prepare_model(model: Any) -> Any:
-    """Our varlen attention for the LLM and the vision tower (flash ``varlen_attn`` on CUDA bf16)."""
+    """Our varlen attention for the LLM and the vision tower (flash ``varlen_attn`` on CUDA bf16), and the
+    vision patch embedding as one matmul (:func:`linear_patch_embed`)."""
     use_varlen_attention(model)
+    linear_patch_embed(model)
     return model
+
+
+def _linear_patch_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    proj = self.proj
+    weight = proj.weight.reshape(proj.weight.shape[0], -1)  # (embed, C*T*P*P): the conv kernel, flattened
+    x = hidden_states.reshape(-1, weight.shape[1]).to(weight.dtype)
+    return torch.nn.functional.linear(x, weight, proj.bias).view(-1, self.embed_dim)
+
+
+def linear_patch_embed(model: Any) -> int:
+    """Run the Qwen-VL vision patch embedding (``Conv3d`` with stride == kernel, no padding) as one
+    ``F.linear`` on the same weight: the same function (each patch is one kernel-sized block, flattened
+    in the kernel's (C, T, P, P) order), the same parameters and state dict, but a plain GEMM instead of
+    cuDNN's 3-D convolution (slow in bf16 on several torch/cuDNN versions; transformers' own
+    "patch embedding fusion" does the same for loaded checkpoints). Returns the modules changed."""
+    import types
+
+    changed = 0
+    for module in model.modules():
+        proj = getattr(module, "proj", None)
+        if (type(module).__name__.endswith("PatchEmbed") and isinstance(proj, torch.nn.Conv3d)
+                and hasattr(module, "embed_dim") and proj.stride == proj.kernel_size
+                and proj.padding == (0, 0, 0) and proj.dilation == (1, 1, 1) and proj.groups == 1):
+            module.forward = types.MethodType(_linear_patch_forward, module)
+            changed += 1
+    return changed
+
+
+def compile_elementwise(model: Any) -> list[str]:
+    """``torch.compile`` (inductor, dynamic shapes) of the memory-bound pieces HF runs op by op: every
+    RMSNorm and MLP module (LLM and vision tower; the MLP's matmuls stay cuBLAS, its activation and
+    product fuse) and the rotary functions of the model's modeling module. Attention, embeddings,
+    the vision merger and the loss stay eager. Returns what was compiled."""
+    import importlib
+
+    done = []
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if cls.endswith(("RMSNorm", "MLP", "Mlp")) and not name.endswith("merger.mlp"):
+            module.compile(dynamic=True)
+            done.append(cls)
+    modeling = importlib.import_module(type(model).__module__)
+    for fn in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_vision"):
+        if callable(getattr(modeling, fn, None)) and not hasattr(getattr(modeling, fn), "_torchdynamo_orig_callable"):
+            setattr(modeling, fn, torch.compile(getattr(modeling, fn), dynamic=True))
+            done.append(fn)
+    return sorted(set(done))
+
+
+def make_optimizer(model: Any, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; on CUDA the fused kernel (one multi-tensor kernel per step instead of a dozen passes)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=device.type == "cuda")
+
+
+def wrap_ddp(model: Any, device: torch.device) -> Any:
+    """DDP with gradients living in the all-reduce buckets (``gradient_as_bucket_view``: no copy in or
+    out of the buckets, one gradient-sized buffer less)."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
 
 
 def param_counts(model: Any) -> dict[str, int]:
@@ -186,7 +247,7 @@ def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int
 
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-    encoder = QwenVLPackingTaskEncoder(preset=preset, seq_length=width, pad_to_max_length=True,
+    encoder = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=width, pad_to_max_length=True,
                                        packing_mode=packing_mode, seed=seed)
     dataset = get_train_dataset(
         data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
@@ -289,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     loader, encoder = make_loader(args.data, width=args.width, preset=vision_preset(args.model, args.size, args.max_pixels),
                                   buffer=args.buffer, workers=args.workers, seed=args.seed)
     model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = make_optimizer(model, args.lr, device)
     start_step = 0
     if args.resume:
         ckpt = Path(args.resume)
@@ -298,9 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         opt.load_state_dict(state["optimizer"])
         loader.restore_state_rank(torch.load(ckpt / f"loader_rank{rank}.pt", weights_only=False))
         start_step = state["step"]
-    runner = model
-    if world > 1:
-        runner = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    runner = wrap_ddp(model, device) if world > 1 else model
     touch = vision_params(model) if world > 1 else None
     counts = param_counts(model)
     if rank == 0:

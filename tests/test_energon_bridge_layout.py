@@ -31,7 +31,7 @@ def test_bridge_layout_with_images_and_videos(tmp_path):
                         "jpgs": pickle.dumps([jpeg(56 + 8 * i, 40, i)]), "videos": pickle.dumps([frames])})
     prepare_webdataset(tmp_path)
     preset = get_preset("qwen2.5-vl")
-    te = QwenVLPackingTaskEncoder(preset=preset, seq_length=2048)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=2048)
     ds = get_train_dataset(str(tmp_path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
                            packing_buffer_size=8, repeat=False)

@@ -43,7 +43,7 @@ def dataset(path, te, workers=0, buffer=8, repeat=False):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_valid_line_once_and_bad_lines_counted(jsonl, workers):
-    te = TextPackingTaskEncoder(seq_length=512)
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=512)
     batches = list(get_loader(dataset(jsonl, te, workers=workers)))
     keys = [k for b in batches for k in b["__keys__"]]
     assert sorted(keys, key=int) == [str(i) for i in range(LINES) if i not in BAD]
@@ -62,7 +62,7 @@ def test_every_valid_line_once_and_bad_lines_counted(jsonl, workers):
 
 def test_segments_equal_the_jsonl_dataset_encoding(jsonl):
     """The Energon path and the mmap JSONL path tokenize a line identically."""
-    te = TextPackingTaskEncoder(seq_length=512)
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=512)
     ref = JsonlSFTDataset(jsonl, load_demo_tokenizer(), format="prompt_completion")
     batch = next(iter(get_loader(dataset(jsonl, te))))
     cu = batch["cu_seqlens_q"].tolist()
@@ -77,7 +77,7 @@ def test_segments_equal_the_jsonl_dataset_encoding(jsonl):
 
 
 def test_truncate_policy_keeps_long_lines(jsonl):
-    te = TextPackingTaskEncoder(seq_length=512, overlength="truncate")
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=512, overlength="truncate")
     batches = list(get_loader(dataset(jsonl, te)))
     keys = [k for b in batches for k in b["__keys__"]]
     assert "31" in keys
@@ -87,7 +87,7 @@ def test_truncate_policy_keeps_long_lines(jsonl):
 
 def test_resume_is_exact(jsonl):
     def make():
-        return get_savable_loader(dataset(jsonl, TextPackingTaskEncoder(seq_length=256), workers=2, repeat=True),
+        return get_savable_loader(dataset(jsonl, TextPackingTaskEncoder(tokenizer="demo", seq_length=256), workers=2, repeat=True),
                                   checkpoint_every_min_n_samples=1, checkpoint_every_sec=0)
 
     loader = make()

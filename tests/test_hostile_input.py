@@ -281,7 +281,7 @@ def _total_skips(batches):
 @pytest.mark.parametrize("mode,workers", [("carry", 2), ("rounds", 0)])
 def test_loader_counts_every_hostile_sample_and_keeps_good_ones_intact(hostile_shards, mode, workers):
     root, good = hostile_shards
-    te = QwenVLPackingTaskEncoder(preset=PRESET, seq_length=2048, packing_mode=mode)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=PRESET, seq_length=2048, packing_mode=mode)
     batches = list(_loader(root, te, workers))
     keys = [k for b in batches for k in b["__keys__"]]
     assert sorted(keys) == sorted(good)  # each good sample exactly once
@@ -336,7 +336,7 @@ def _want_jsonl_skips():
 
 
 def test_jsonl_energon_path_counts_hostile_lines(hostile_jsonl):
-    te = TextPackingTaskEncoder(seq_length=256)
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=256)
     batches = list(_loader(hostile_jsonl, te, workers=2))
     keys = sorted((int(k) for b in batches for k in b["__keys__"]))
     assert keys == [i for i in range(30) if i not in JSONL_BAD]
@@ -373,10 +373,10 @@ def test_jsonl_energon_path_on_cr_only_file_names_the_problem(tmp_path):
     cr = tmp_path / "cr.jsonl"
     cr.write_bytes("\r".join(lines).encode() + b"\r")
     assert prepare_jsonl(cr) == 1
-    batches = list(_loader(cr, TextPackingTaskEncoder(seq_length=256), workers=0))
+    batches = list(_loader(cr, TextPackingTaskEncoder(tokenizer="demo", seq_length=256), workers=0))
     assert batches == [] or all(not b["__keys__"] for b in batches)
     # nothing to emit: the skip is visible through the encoder directly (no pack carries stats)
-    te = TextPackingTaskEncoder(seq_length=256)
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=256)
     from energon_pack.energon.text import TextRecordSample
 
     out = te.preencode_sample(TextRecordSample(__key__="0", __restore_key__=(), __subflavors__={},

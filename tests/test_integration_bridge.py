@@ -96,7 +96,7 @@ def packs25(bridge_dataset, tmp_path_factory):
     load_bridge()  # so visual_inputs is Bridge's own GenericVisualInputs
     before = listing(bridge_dataset)
     kwargs = B.bridge_dataset_kwargs(bridge_dataset, config_dir=tmp_path_factory.mktemp("cfg"))
-    te = B.BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
                                           pad_to_max_length=True, bridge_position_ids="mrope")
     batches = stream(bridge_dataset, te, **kwargs)
     assert listing(bridge_dataset) == before  # nothing written into Bridge's dataset
@@ -149,11 +149,11 @@ def test_batch_has_exactly_bridge_keys_shapes_dtypes(packs25):
 
 
 def test_auto_position_mode_and_flat_batches():
-    te25 = B.BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=256)
-    te3 = B.BridgeQwenVLPackingTaskEncoder(preset="qwen3-vl", seq_length=256)
+    te25 = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=256)
+    te3 = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen3-vl", seq_length=256)
     assert (te25.bridge_position_ids, te3.bridge_position_ids) == ("flat", "mrope")
     with pytest.raises(ConfigError, match="bridge_position_ids"):
-        B.BridgeQwenVLPackingTaskEncoder(seq_length=256, bridge_position_ids="3d")
+        B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", seq_length=256, bridge_position_ids="3d")
 
 
 def test_fallback_visual_inputs_behaves_like_bridge():
@@ -210,7 +210,7 @@ def test_unconverted_batch_loses_images_in_bridge_step(bridge_dataset, cpu_cuda,
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
     vlm_step = bridge_module("training.vlm_step")
-    te = QwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=1024)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024)
     raw = next(b for b in stream(bridge_dataset, te, **B.bridge_dataset_kwargs(bridge_dataset, config_dir=tmp_path))
                if b["image_grid_thw"] is not None)
     kept = vlm_step.get_batch_from_iterator(iter([raw]), is_first_pp_stage=True, is_last_pp_stage=True)
@@ -271,7 +271,7 @@ def test_qwen3_positions_equal_bridge_rope_index(bridge_dataset, tmp_path):
     """Bridge's Qwen3-VL per-segment get_rope_index (what the model computes when no 3-D positions
     are passed) equals the [3,1,T] positions we pass on every real token."""
     rope = bridge_module("models.qwen_vl.modelling_qwen3_vl.rope")
-    te = B.BridgeQwenVLPackingTaskEncoder(preset="qwen3-vl", seq_length=1024, cp=2)
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen3-vl", seq_length=1024, cp=2)
     batches = stream(bridge_dataset, te, **B.bridge_dataset_kwargs(bridge_dataset, config_dir=tmp_path))
     assert sorted(k for b in batches for k in b["__keys__"]) == KEYS
     sp = te.tokenizer.special
@@ -297,7 +297,7 @@ def test_bridge_dataset_yaml_as_is_with_bridge_sample_type(tmp_path):
     load_bridge()
     (tmp_path / "ds").mkdir()
     root = write_bridge_dataset(tmp_path / "ds", text=False)
-    te = B.BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
                                           pad_to_max_length=True, bridge_position_ids="mrope")
     typed = stream(root, te)
     crude = stream(root, te, **B.bridge_dataset_kwargs(root, config_dir=tmp_path / "cfg"))
@@ -337,7 +337,7 @@ def good_cfg():
 
 @pytest.fixture(scope="module")
 def te_cp2():
-    return B.BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
+    return B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
 
 
 def test_check_bridge_config_accepts_correct_config(te_cp2):
@@ -400,7 +400,7 @@ def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset
     base = bridge_module("data.base")
     monkeypatch.setenv("ENERGON_PACK_CACHE", str(tmp_path))
     monkeypatch.setattr(B, "_PROVIDER_CLASS", None)
-    te = B.BridgeQwenVLPackingTaskEncoder(preset="qwen2.5-vl", seq_length=1024)
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024)
     provider = B.make_bridge_dataset_provider(bridge_dataset, te, packing_buffer_size=8, num_workers=0, shuffle_buffer_size=1)
     assert isinstance(provider, base.DatasetProvider) and provider.dataloader_type == "external"
     context = base.DatasetBuildContext(train_samples=10, valid_samples=0, test_samples=0)

@@ -71,7 +71,7 @@ def shards(tmp_path_factory):
 
 
 def load_packs(root, preset, *, cp=2, seq_length=192):
-    te = QwenVLPackingTaskEncoder(preset=preset, seq_length=seq_length, cp=cp, pad_to_max_length=True)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=seq_length, cp=cp, pad_to_max_length=True)
     ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
                            packing_buffer_size=8, repeat=False)

@@ -12,7 +12,9 @@ from .templates import (
     template_system_prompt,
 )
 from .tokenizer import (
+    DEMO_TOKENIZER_NAME,
     ENDOFTEXT,
+    DemoTokenizerWarning,
     QWEN_SPECIAL_TOKENS,
     QwenTokenizer,
     SpecialIds,
@@ -20,10 +22,12 @@ from .tokenizer import (
     as_qwen_tokenizer,
     load_demo_tokenizer,
     load_demo_tokenizer_raw,
+    describe_tokenizer,
+    resolve_tokenizer,
 )
 
 __all__ = [
-    "ENDOFTEXT", "LOSS_POLICIES", "QWEN_SPECIAL_TOKENS", "ROLE_ALIASES", "TEMPLATE_DEFAULT", "TEMPLATE_SYSTEM_PROMPTS",
+    "DEMO_TOKENIZER_NAME", "DemoTokenizerWarning", "describe_tokenizer", "resolve_tokenizer", "ENDOFTEXT", "LOSS_POLICIES", "QWEN_SPECIAL_TOKENS", "ROLE_ALIASES", "TEMPLATE_DEFAULT", "TEMPLATE_SYSTEM_PROMPTS",
     "TEMPLATE_TOOL_SUPPORT", "ChatConfig", "ChatMLBuilder", "Conversation", "Message", "QwenTokenizer", "SpecialIds", "TokenizerLike", "as_qwen_tokenizer",
     "encode_text_chat", "load_demo_tokenizer", "load_demo_tokenizer_raw", "normalize_conversation", "place_media",
     "render_chat", "require_assistant_turn", "template_supports_tools", "template_system_prompt",

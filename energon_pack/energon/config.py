@@ -10,7 +10,7 @@ from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 
 PACKING_MODES = ("carry", "rounds")
 #: Knobs that may change between save and restore (they do not change which packs come next).
-RESUME_SAFE_KNOBS = ("skip_guard",)
+RESUME_SAFE_KNOBS = ("skip_guard", "skip_warn_rate", "skip_warn_window")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,12 @@ class PackingConfig:
     encoder). ``None`` (default) means ``max(1000, 10 * packing_buffer_size)``. A finite stream
     that ends before the limit with 0 packs warns with the same message.
 
-    Every knob except ``skip_guard`` is stored as a fingerprint in the checkpoint; restoring
+    ``skip_warn_rate`` / ``skip_warn_window``: a worker logs one warning (and a ``RuntimeWarning``)
+    the first time at least ``skip_warn_rate`` of ``skip_warn_window`` consecutive samples it
+    read were skipped (default: 50% of 200), with the skip reasons, their counts and one example
+    per reason, so mostly-skipped data does not look healthy. ``skip_warn_rate=None`` turns it off.
+
+    Every knob except ``skip_guard`` and the ``skip_warn_*`` knobs is stored as a fingerprint in the checkpoint; restoring
     with a different value raises ``ConfigError`` naming the knob.
     """
 
@@ -48,6 +53,8 @@ class PackingConfig:
     overlength: str = "skip"
     seed: int = 0
     skip_guard: Optional[int] = None
+    skip_warn_rate: Optional[float] = 0.5
+    skip_warn_window: int = 200
 
     def __post_init__(self) -> None:
         if self.packing_mode not in PACKING_MODES:
@@ -58,6 +65,13 @@ class PackingConfig:
                                             or self.skip_guard < 1):
             raise ConfigError("skip_guard", f"must be a positive int or None, got {self.skip_guard!r}",
                               "leave it None for max(1000, 10 * packing_buffer_size)")
+        rate = self.skip_warn_rate
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1):
+            raise ConfigError("skip_warn_rate", f"must be a fraction in (0, 1] or None, got {rate!r}",
+                              "use e.g. 0.5 (warn when half the samples of a window are skipped), or None for no warning")
+        window = self.skip_warn_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError("skip_warn_window", f"must be a positive int, got {window!r}", "use e.g. 200 samples")
         for knob in ("max_media_per_pack", "max_patches_per_pack"):
             value = getattr(self, knob)
             if value is not None and (not isinstance(value, int) or value < 1):

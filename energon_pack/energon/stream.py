@@ -79,6 +79,50 @@ def worker_name(worker_config) -> str:
     return f"rank {worker_config.rank} worker {wid}"
 
 
+class SkipRateMonitor:
+    """Logs one warning per worker when at least ``rate`` of ``window`` consecutive source samples
+    were skipped (``PackingConfig.skip_warn_rate`` / ``skip_warn_window``): reasons with counts
+    and one example per reason. Reads the packing layer's ``stats`` (so packer skips such as
+    ``oversize`` count too); examples come from the pre-encode skip markers it sees."""
+
+    def __init__(self, layer: Any, *, rate: float, window: int, worker_config) -> None:
+        self.layer, self.rate, self.window, self.worker_config = layer, rate, window, worker_config
+        self.warned = False
+        self._seen = 0
+        self._start = (0, 0)  # (samples seen, skips counted) when the current window began
+        self._examples: Dict[str, str] = {}
+
+    def after(self, sample: Any) -> None:
+        if self.warned:
+            return
+        reason = getattr(sample, "reason", None)
+        if isinstance(reason, str) and reason not in self._examples:
+            self._examples[reason] = f"{getattr(sample, '__key__', '?')}: {getattr(sample, 'detail', '')}"[:300]
+        self._seen += 1
+        seen0, skipped0 = self._start
+        if self._seen - seen0 < self.window:
+            return
+        stats = self.layer.stats
+        skipped = stats.skipped - skipped0
+        n = self._seen - seen0
+        self._start = (self._seen, stats.skipped)
+        if skipped >= self.rate * n:
+            self.warned = True
+            message = skip_rate_message(stats, worker_name(self.worker_config), skipped, n, self.rate, self._examples)
+            log.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def skip_rate_message(stats, worker: str, skipped: int, n: int, rate: float, examples: Dict[str, str]) -> str:
+    reasons = ", ".join(f"{r}: {c}" for r, c in sorted(stats.skips.items(), key=lambda kv: -kv[1]))
+    shown = "; ".join(f"{r}: {examples.get(r, 'no example (counted by the packer)')}"
+                      for r, _ in sorted(stats.skips.items(), key=lambda kv: -kv[1]))
+    return (f"{worker}: {skipped} of the last {n} samples were skipped ({skipped / n:.0%}, at or above "
+            f"skip_warn_rate {rate:.0%}); skips by reason so far: {reasons}; one example per reason: {shown}. "
+            "Check the field names, seq_length and that this task encoder fits the data "
+            "(logged once per worker; PackingConfig.skip_warn_rate=None turns this off)")
+
+
 class SourceEnd(BaseWrapperDataset):
     """Pass-through that records in its state that the source has ended for this pass.
 
@@ -94,6 +138,7 @@ class SourceEnd(BaseWrapperDataset):
     def __init__(self, dataset: SavableDataset, *, worker_config) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self.on_sample: Optional[Callable[[], None]] = None
+        self.monitor: Optional[SkipRateMonitor] = None  # set by PackStream
         self._restored = False
         self.reset_state_own()
 
@@ -117,6 +162,8 @@ class SourceEnd(BaseWrapperDataset):
             yield sample
             if self.on_sample is not None:
                 self.on_sample()
+            if self.monitor is not None:
+                self.monitor.after(sample)
         self._done = True
 
     def config(self) -> Dict[str, Any]:
@@ -135,9 +182,14 @@ class PackStream(BaseWrapperDataset):
 
     _savable_fields = ("_held_key", "_fingerprint")
 
-    def __init__(self, dataset: SavableDataset, *, fingerprint: Dict[str, Any], worker_config) -> None:
+    def __init__(self, dataset: SavableDataset, *, fingerprint: Dict[str, Any], worker_config,
+                 skip_warning: Optional[tuple] = None) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self.fingerprint = dict(fingerprint)
+        source = getattr(dataset, "dataset", None)
+        if skip_warning is not None and skip_warning[0] is not None and isinstance(source, SourceEnd):
+            source.monitor = SkipRateMonitor(dataset, rate=skip_warning[0], window=skip_warning[1],
+                                             worker_config=worker_config)
         self.reset_state_own()
 
     def reset_state_own(self) -> None:

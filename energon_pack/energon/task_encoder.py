@@ -47,6 +47,17 @@ class CarryOverPackingMixin:
         self.packing = config
         self.layout = config.layout(pad_token_id)
 
+    def check_width_fits(self, shortest: int, what: str) -> None:
+        """ConfigError("seq_length") when even the shortest possible sample (``shortest`` tokens,
+        e.g. the chat template's headers around a one-token answer) cannot fit one pack."""
+        span = self.layout.segment_span(shortest)
+        if self.packing.seq_length < span:
+            raise ConfigError(
+                "seq_length", f"{self.packing.seq_length} is below the shortest possible sample: {what} is already "
+                f"{shortest} tokens ({span} aligned), so every sample would be skipped",
+                f"use seq_length >= {span}; a good width is several times your median sample, e.g. 4096 or 8192",
+            )
+
     @property
     def packing_mode(self) -> str:
         return self.packing.packing_mode
@@ -146,6 +157,15 @@ class CarryOverPackingMixin:
                     "batch_size", f"online packing emits one THD row per micro-batch, got {batch_size}",
                     "use batch_size=1 (physical MBS 1) with packing_buffer_size",
                 )
+        if packing_buffer_size is None and isinstance(batch_size, int) and batch_size > 1:
+            # Without packing, Energon would put batch_size samples into one THD row: rows overflow
+            # the width and fail inside Energon (the samples are lost, one log line each).
+            raise ConfigError(
+                "batch_size", f"batch_size={batch_size} without packing_buffer_size would concatenate {batch_size} "
+                f"samples into one THD row of at most seq_length={self.packing.seq_length} tokens",
+                "pass packing_buffer_size=K (e.g. 64) with batch_size=1: every micro-batch is then one row filled "
+                "by the packer; or batch_size=1 without packing for one sample per row",
+            )
         if packing_buffer_size is None:
             return super().build_batch(
                 dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
@@ -177,7 +197,8 @@ class CarryOverPackingMixin:
                 final_packer=self.pack_selected_samples,
                 **common,
             )
-        dataset = PackStream(dataset, fingerprint=self.packing_fingerprint(packing_buffer_size), worker_config=worker_config)
+        dataset = PackStream(dataset, fingerprint=self.packing_fingerprint(packing_buffer_size), worker_config=worker_config,
+                             skip_warning=(self.packing.skip_warn_rate, self.packing.skip_warn_window))
         # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
         dataset = BatchDataset(
             dataset, batch_size=1, batcher=self.batch, batcher_stateless=get_stateless(self.batch),

@@ -58,13 +58,18 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
 
     def __init__(self, *, tokenizer: Any = None, format: str = "prompt_completion",
                  config: PackingConfig | None = None, **kw: Any) -> None:
-        from energon_pack.chat.tokenizer import load_demo_tokenizer
+        from energon_pack.chat.tokenizer import resolve_tokenizer
         from energon_pack.sft.formats import make_format
 
         super().__init__()
         packing_kw = {k: kw.pop(k) for k in list(kw) if k in PackingConfig.__dataclass_fields__}
-        self.format = make_format(format, tokenizer if tokenizer is not None else load_demo_tokenizer(), **kw)
+        # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
+        self.format = make_format(format, resolve_tokenizer(tokenizer, where=type(self).__name__), **kw)
         self.configure_packing(PackingConfig.build(config, **packing_kw), self.format.tokenizer.pad_id)
+        if format == "chat" and self.packing.overlength != "truncate":
+            shortest = len(self.format.encode({"messages": [{"role": "user", "content": ""},
+                                                            {"role": "assistant", "content": "x"}]}))
+            self.check_width_fits(shortest, "a one-token answer to an empty question (the ChatML headers)")
 
     def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
         if type(dataset.dataset) is DefaultCrudeJsonlDatasetFactory:

@@ -20,7 +20,7 @@ import torch
 
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 
-from energon_pack.chat.tokenizer import as_qwen_tokenizer, load_demo_tokenizer
+from energon_pack.chat.tokenizer import as_qwen_tokenizer, resolve_tokenizer
 from energon_pack.energon.chatml import CHATML_COOKERS, ChatMLSample, parse_chatml
 from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
@@ -45,7 +45,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def __init__(
         self,
         *,
-        tokenizer: Any = None,
+        tokenizer: Any = None,  # a HF tokenizer with the Qwen special tokens, or "demo"; None warns
         preset: str | VisionPreset = "qwen2.5-vl",
         chat: ChatConfig | None = None,
         config: PackingConfig | None = None,
@@ -55,10 +55,14 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         config = PackingConfig.build(config, **config_overrides)
         if config.overlength == "truncate":
             raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
-        self.tokenizer = as_qwen_tokenizer(tokenizer) if tokenizer is not None else load_demo_tokenizer()
+        # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
+        self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__))
         self.configure_packing(config, self.tokenizer.pad_id)
         self.preset = get_preset(preset)
         self.chat = chat or ChatConfig()
+        shortest = encoded_length([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
+                                  tokenizer=self.tokenizer, preset=self.preset, config=self.chat)
+        self.check_width_fits(shortest, "a one-token answer to an empty question (the chat template's headers)")
 
     # ------------------------------------------------------------------ pre-encode (cheap)
     @stateless

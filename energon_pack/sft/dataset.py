@@ -12,12 +12,21 @@ With ``cache_tokens=True`` the length pass also keeps the ids it computed (``<fi
 4 bytes per token, id * 2 + supervised bit) and ``__getitem__`` slices them instead of tokenising:
 for tokenizer-bound loaders, at the cost of disk.
 
+The length pass tokenises in batches (:data:`LENGTH_CHUNK` lines: the texts a record will
+tokenise are collected and encoded with one ``encode_batch_fast`` of a raw ``tokenizers.Tokenizer``
+or one batch call of a Hugging Face fast tokenizer, then served to the format from a per-chunk
+memo; anything the memo lacks is encoded one by one as before) and, for files of at least
+:data:`PARALLEL_MIN_BYTES` (or ``length_workers=N``), in N processes over contiguous line
+ranges, merged in line order: lengths, skip reasons, reason codes, details and cached tokens
+are identical to the serial per-line pass (``length_workers=1, length_batch=False``).
+
 Index :data:`PADDING_INDEX` (-1) returns a synthetic padding sample (one pad token, no loss),
 used by the sampler to give every data-parallel rank the same number of steps.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections import Counter
 from typing import Any
@@ -27,18 +36,186 @@ import numpy as np
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
 from ..thd import OVERLENGTH_POLICIES
-from .formats import FORMATS, Encoded, make_format
+from ..chat.tokenizer import _is_raw_tokenizers
+from .formats import FORMATS, Encoded, PromptCompletionFormat, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 MAX_LOGGED_DETAILS = 10000
+LENGTH_CHUNK = 512  # lines per batch tokenisation in the length pass
+PARALLEL_MIN_BYTES = 32 << 20  # length_workers=None uses processes from this file size on
+RANGES_PER_WORKER = 4  # line ranges per process (load balance)
+
+
+class _BatchMemoTokenizer:
+    """The format's tokenizer adapter, serving ids batch-encoded ahead from a per-chunk memo.
+
+    ``encode``/``encode_text`` return exactly what the adapter would (the memo holds the same
+    ids, batch and single encodes agree); a text not in the memo, or one whose ids hold a control
+    token, goes to the adapter itself (same result, same skip detail)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self._adapter = adapter
+        self._memo: dict[str, list[int]] = {}
+        inner = adapter.inner
+        self.batch_encode = None
+        if _is_raw_tokenizers(inner):
+            fast = getattr(inner, "encode_batch_fast", None) or inner.encode_batch
+            self.batch_encode = lambda texts: [e.ids for e in fast(texts, add_special_tokens=False)]
+        elif getattr(inner, "is_fast", False) and callable(inner):
+            self.batch_encode = lambda texts: inner(texts, add_special_tokens=False)["input_ids"]
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+    def prefetch(self, texts: list[str]) -> None:
+        unique = []
+        for text in dict.fromkeys(texts):
+            if not text:
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                continue  # the adapter's own encode raises the counted skip
+            unique.append(text)
+        self._memo = dict(zip(unique, self.batch_encode(unique))) if unique and self.batch_encode else {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._memo.get(text)
+        if ids is None:
+            self.misses += 1
+            return self._adapter.encode(text)
+        self.hits += 1
+        return list(ids)
+
+    def encode_text(self, text: str) -> list[int]:
+        ids = self._memo.get(text)
+        if ids is None or not self._adapter.control_ids.isdisjoint(ids):
+            self.misses += 1
+            return self._adapter.encode_text(text)
+        self.hits += 1
+        return list(ids)
+
+
+class _Recorder:
+    """A stand-in tokenizer adapter that records the texts a format asks for (ids: none)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self._adapter = adapter
+        self.texts: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+    def encode(self, text: str) -> list[int]:
+        self.texts.append(text)
+        return []
+
+    encode_text = encode
+
+
+def _with_tokenizer(fmt: Any, tokenizer: Any) -> Any:
+    """A shallow copy of the (frozen dataclass) format using ``tokenizer``."""
+    import copy
+
+    clone = copy.copy(fmt)
+    object.__setattr__(clone, "tokenizer", tokenizer)
+    if hasattr(clone, "_config"):
+        object.__setattr__(clone, "_config", fmt._config)
+    return clone
+
+
+def _format_texts(fmt: Any, recorder_fmt: Any, recorder: _Recorder, record: Any) -> list[str]:
+    """The texts ``fmt.encode(record)`` will tokenise: derived directly for prompt/completion,
+    recorded from a dry run for other formats (a text missed here is only a memo miss)."""
+    if isinstance(fmt, PromptCompletionFormat):
+        if not isinstance(record, dict):
+            return []
+        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
+        if not isinstance(prompt, str) or not isinstance(completion, str):
+            return []
+        if fmt.strip_whitespace:
+            prompt, completion = prompt.strip(), completion.strip()
+        return [fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion]
+    recorder.texts = []
+    try:
+        recorder_fmt.encode(record)
+    except Exception:
+        pass
+    return recorder.texts
+
+
+def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> tuple:
+    """(lengths int32, reasons in order of first use, details, tokens int32 | None) of lines [start, stop)."""
+    lengths = np.empty(stop - start, dtype=np.int32)
+    codes: dict[str, int] = {}
+    details: dict[int, str] = {}
+    parts: list[np.ndarray] = []
+
+    def record(i: int, fn) -> None:
+        try:
+            enc = fn()
+            lengths[i - start] = len(enc)
+            if ds.cache_tokens:
+                parts.append(enc.input_ids * 2 + enc.target_mask)
+        except SampleSkipped as exc:
+            code = codes.setdefault(exc.reason, len(codes))
+            lengths[i - start] = -1 - code
+            if len(details) < MAX_LOGGED_DETAILS:
+                details[i + 1] = exc.detail
+
+    memo = _BatchMemoTokenizer(ds.format.tokenizer) if batch else None
+    if memo is None or memo.batch_encode is None:
+        for i in range(start, stop):
+            record(i, lambda: ds.encode_line(i))
+    else:
+        fmt = _with_tokenizer(ds.format, memo)
+        recorder = _Recorder(ds.format.tokenizer)
+        recorder_fmt = _with_tokenizer(ds.format, recorder)
+        for chunk in range(start, stop, LENGTH_CHUNK):
+            end = min(stop, chunk + LENGTH_CHUNK)
+            records: list[Any] = []
+            texts: list[str] = []
+            for i in range(chunk, end):
+                try:
+                    rec = decode_json_record(ds.index.line(i))
+                    texts.extend(_format_texts(ds.format, recorder_fmt, recorder, rec))
+                    records.append(rec)
+                except SampleSkipped as exc:
+                    records.append(exc)
+            memo.prefetch(texts)
+            for i, rec in zip(range(chunk, end), records):
+                record(i, lambda: ds._finish_line(i, rec, fmt))
+    tokens = None
+    if ds.cache_tokens:
+        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if len(tokens) and int(tokens.max()) >= 2**31:
+            raise ConfigError("cache_tokens", "token ids too large for the int32 cache", "use cache_tokens=False")
+        tokens = tokens.astype(np.int32)
+    return lengths, list(codes), details, tokens
+
+
+_WORKER_DS: "JsonlSFTDataset | None" = None
+
+
+def _worker_init(ds: "JsonlSFTDataset") -> None:
+    global _WORKER_DS
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _WORKER_DS = ds
+
+
+def _worker_range(args: tuple[int, int, bool]) -> tuple:
+    return _length_range(_WORKER_DS, *args)
 
 
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
 
+    ``tokenizer``: a Hugging Face tokenizer (or ``tokenizers.Tokenizer``), or ``"demo"`` for the
+    offline demo tokenizer (``None`` uses it too, with a ``DemoTokenizerWarning``).
     ``format_kw`` go to the format: ``prompt_field``, ``completion_field``, ``template``,
     ``separator``, ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for
     prompt/completion; ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``
@@ -56,6 +233,8 @@ class JsonlSFTDataset:
         overlength: str = "skip",
         cache_dir: str | os.PathLike | None = None,
         cache_tokens: bool = False,
+        length_workers: int | None = None,
+        length_batch: bool = True,
         **format_kw: Any,
     ) -> None:
         if format not in FORMATS:
@@ -64,9 +243,18 @@ class JsonlSFTDataset:
             raise ConfigError("overlength", f"unknown policy {overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2):
             raise ConfigError("max_length", f"must be an int >= 2 or None, got {max_length!r}", "set it to the pack width")
+        from ..chat.tokenizer import resolve_tokenizer
+
+        if length_workers is not None and (isinstance(length_workers, bool) or not isinstance(length_workers, int)
+                                           or length_workers < 1):
+            raise ConfigError("length_workers", f"must be an int >= 1 or None (auto), got {length_workers!r}",
+                              "use None (processes for files >= 32 MiB), 1 (in process) or N")
+        self.length_workers = length_workers
+        self.length_batch = bool(length_batch)
         self.index = LineIndex(path, cache_dir)
         self.path = self.index.path
-        self.format = make_format(format, tokenizer, **format_kw)
+        # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
+        self.format = make_format(format, resolve_tokenizer(tokenizer, where="JsonlSFTDataset"), **format_kw)
         self.pad_token_id: int = self.format.tokenizer.pad_id
         self.max_length = max_length
         self.overlength = overlength
@@ -90,6 +278,19 @@ class JsonlSFTDataset:
             enc = self._encode_raw(self.index.line(i))
         except SampleSkipped as exc:
             raise SampleSkipped(exc.reason, f"line {i + 1}: {exc.detail}") from None
+        return self._apply_max_length(i, enc)
+
+    def _finish_line(self, i: int, record: Any, fmt: Any) -> Encoded:
+        """:meth:`encode_line` for an already decoded record (or its decode skip) with ``fmt``."""
+        try:
+            if isinstance(record, SampleSkipped):
+                raise record
+            enc = fmt.encode(record)
+        except SampleSkipped as exc:
+            raise SampleSkipped(exc.reason, f"line {i + 1}: {exc.detail}") from None
+        return self._apply_max_length(i, enc)
+
+    def _apply_max_length(self, i: int, enc: Encoded) -> Encoded:
         if self.max_length is not None and len(enc) > self.max_length:
             if self.overlength == "error":
                 raise ValueError(f"{self.path}: line {i + 1} has {len(enc)} tokens > max_length {self.max_length} "
@@ -146,31 +347,63 @@ class JsonlSFTDataset:
                 self._reasons = list(cached[1]["reasons"])
                 self._details = {int(k): v for k, v in cached[1]["details"].items()}
                 return
-        lengths = np.empty(len(self), dtype=np.int32)
-        codes: dict[str, int] = {}
-        details: dict[int, str] = {}
-        parts: list[np.ndarray] = []
-        for i in range(len(self)):
-            try:
-                enc = self.encode_line(i)
-                lengths[i] = len(enc)
-                if self.cache_tokens:
-                    parts.append(enc.input_ids * 2 + enc.target_mask)
-            except SampleSkipped as exc:
-                code = codes.setdefault(exc.reason, len(codes))
-                lengths[i] = -1 - code
-                if len(details) < MAX_LOGGED_DETAILS:
-                    details[i + 1] = exc.detail
-        self._reasons, self._details = list(codes), details
-        tokens = None
-        if self.cache_tokens:
-            tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            if len(tokens) and int(tokens.max()) >= 2**31:
-                raise ConfigError("cache_tokens", "token ids too large for the int32 cache", "use cache_tokens=False")
-            tokens = tokens.astype(np.int32)
+        lengths, self._reasons, details, tokens = self.compute_lengths()
+        self._details = details
+        if tokens is not None:
             save_cached(tokens, tok_npy, meta)
         self._set_lengths(lengths, tokens)
         save_cached(lengths, npy, {**meta, "reasons": self._reasons, "details": {str(k): v for k, v in details.items()}})
+
+    def _workers(self) -> int:
+        if self.length_workers is not None:
+            workers = self.length_workers
+        else:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            if self.path.stat().st_size < PARALLEL_MIN_BYTES:
+                workers = 1
+        if multiprocessing.current_process().daemon:  # e.g. inside a DataLoader worker: no children allowed
+            workers = 1
+        return max(1, min(workers, len(self) // LENGTH_CHUNK or 1))
+
+    def compute_lengths(self, workers: int | None = None, batch: bool | None = None) -> tuple:
+        """The length pass (no cache): (int32 lengths, reasons, details, int32 tokens | None).
+
+        ``workers`` processes (default: the constructor's ``length_workers`` rule) over
+        contiguous line ranges, merged in line order; ``batch`` tokenises by chunks. Every
+        combination gives the same result as the serial per-line pass."""
+        workers = self._workers() if workers is None else workers
+        batch = self.length_batch if batch is None else batch
+        n = len(self)
+        if workers <= 1 or n == 0:
+            return _length_range(self, 0, n, batch)
+        pieces = min(n, workers * RANGES_PER_WORKER)
+        bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
+        tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
+        ctx = multiprocessing.get_context("spawn")
+        state = {**self.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
+        clone = object.__new__(type(self))
+        clone.__dict__.update(state)
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(clone,)) as pool:
+            results = list(pool.imap(_worker_range, tasks))
+        lengths = np.empty(n, dtype=np.int32)
+        codes: dict[str, int] = {}
+        details: dict[int, str] = {}
+        token_parts = []
+        for (start, stop, _), (part, reasons, part_details, tokens) in zip(tasks, results):
+            remap = np.asarray([codes.setdefault(r, len(codes)) for r in reasons], dtype=np.int32)
+            bad = part < 0
+            part = part.copy()
+            if bad.any():
+                part[bad] = -1 - remap[-1 - part[bad]]
+            lengths[start:stop] = part
+            for line, detail in part_details.items():
+                if len(details) >= MAX_LOGGED_DETAILS:
+                    break
+                details[line] = detail
+            if tokens is not None:
+                token_parts.append(tokens)
+        tokens = (np.concatenate(token_parts) if token_parts else np.zeros(0, dtype=np.int32)) if self.cache_tokens else None
+        return lengths, list(codes), details, tokens
 
     def _set_lengths(self, lengths: np.ndarray, tokens: np.ndarray | None) -> None:
         self._lengths, self._tokens = lengths, tokens

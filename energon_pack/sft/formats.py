@@ -89,7 +89,20 @@ class PlainTokenizer:
         return ids
 
     def token_to_id(self, token: str) -> int | None:
-        return self.inner.token_to_id(token) if self._raw else self.inner.convert_tokens_to_ids(token)
+        """The id of ``token``, or None when the vocabulary lacks it. HF tokenizers map a missing
+        token to the unknown token's id: that is not the token (else a missing EOS trains ``[UNK]``)."""
+        if self._raw:
+            return self.inner.token_to_id(token)
+        tid = self.inner.convert_tokens_to_ids(token)
+        if not isinstance(tid, int):
+            return None
+        unk_id, unk = getattr(self.inner, "unk_token_id", None), getattr(self.inner, "unk_token", None)
+        if unk_id is not None and tid == unk_id and token != unk:
+            return None
+        back = getattr(self.inner, "convert_ids_to_tokens", None)
+        if callable(back) and back(tid) != token:
+            return None
+        return tid
 
 
 def text_tokenizer(tokenizer: Any) -> Any:
@@ -141,7 +154,9 @@ class PromptCompletionFormat:
             eos = getattr(tok.inner, "eos_token_id", None)
             eos = eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT)
             if not isinstance(eos, int):
-                raise ConfigError("add_eos", "the tokenizer has no eos_token_id nor <|endoftext|>", "pass eos_id=... or add_eos=False")
+                raise ConfigError("add_eos", "the tokenizer has no eos_token_id nor <|endoftext|> (a completion would "
+                                  "end with no EOS, or with the unknown token)",
+                                  "pass eos_id=<the id that ends a completion for your model>, or add_eos=False")
             object.__setattr__(self, "eos_id", eos)
         if self.add_bos and self.bos_id is None:
             bos = getattr(tok.inner, "bos_token_id", None)
@@ -198,7 +213,11 @@ class ChatFormat:
 
 
 def make_format(format: str, tokenizer: Any, **kw: Any) -> SFTFormat:
-    """``"prompt_completion"`` or ``"chat"`` with its knobs (ConfigError for an unknown one)."""
+    """``"prompt_completion"`` or ``"chat"`` with its knobs (ConfigError for an unknown one).
+    ``tokenizer="demo"`` is the demo tokenizer; ``None`` is too, with a ``DemoTokenizerWarning``."""
+    from ..chat.tokenizer import resolve_tokenizer
+
+    tokenizer = resolve_tokenizer(tokenizer, where="make_format")
     if format == "prompt_completion":
         return PromptCompletionFormat(tokenizer, **kw)
     if format == "chat":

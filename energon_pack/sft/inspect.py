@@ -1,14 +1,22 @@
 """``energon-pack inspect FILE.jsonl``: counts, length percentiles, skips by reason, packing fill.
 
 The fill is what :class:`TokenBudgetBatchSampler` reaches at the width (real tokens over
-``packs x width``), next to Megatron-Bridge's in-batch baseline that concatenates MBS rows as
-given (no bin packing), at the largest MBS whose rows overflow the width at most 1% of the time.
+``packs x width``, over the samples that fit the width), next to a baseline: Megatron-Bridge's
+in-batch packing, which concatenates MBS samples as given (no bin packing), at the largest MBS
+whose rows overflow the width at most 1% of the time, over the same samples that fit. When most
+samples are longer than the width the baseline is dropped (``None``) and a hint says so.
+
+``hints`` (printed under the table) name the likely mistake: most lines skipped with
+``missing_field`` / ``bad_conversation`` (the report lists the fields the records do have and
+which ``--format`` fits them), or a width below most samples. ``tokenizer`` names the tokenizer
+used (``demo`` is the offline demo tokenizer: not your model's lengths).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +29,20 @@ PERCENTILES = (50, 90, 95, 99)
 MAX_OVERFLOW = 0.01
 
 
-def load_tokenizer(spec: Any = None) -> Any:
-    """None -> the shipped demo tokenizer; a ``tokenizer.json`` path or a local HF directory (never downloads)."""
-    from ..chat.tokenizer import load_demo_tokenizer
+#: a hint is given when at least this share of the lines (or of the usable samples) is affected
+HINT_SHARE = 0.5
+FIELD_SCAN_LINES = 2000
+CHAT_FIELDS = ("messages", "conversations", "conversation")
+
+
+def load_tokenizer(spec: Any = None, *, stacklevel: int = 3) -> Any:
+    """``"demo"`` -> the shipped demo tokenizer; a ``tokenizer.json`` path or a local HF directory
+    (never downloads); a tokenizer object as is. ``None`` -> the demo tokenizer with a
+    ``DemoTokenizerWarning`` (no silent default)."""
+    from ..chat.tokenizer import resolve_tokenizer
 
     if spec is None or spec == "demo":
-        return load_demo_tokenizer()
+        return resolve_tokenizer(spec, where="inspect", stacklevel=stacklevel + 1)
     if not isinstance(spec, (str, os.PathLike)):
         return spec
     path = Path(spec)
@@ -49,6 +65,61 @@ def concat_baseline(lengths: np.ndarray, width: int, mbs: int, seed: int = 0) ->
     return {"mbs": mbs, "fill": fill, "rows": int(len(rows)), "overflow_rate": float((rows > width).mean()) if len(rows) else 0.0}
 
 
+def record_fields(ds: JsonlSFTDataset, limit: int = FIELD_SCAN_LINES) -> Counter:
+    """Top-level field names of the first ``limit`` JSON-object lines, with how many records have each."""
+    from ..errors import SampleSkipped
+    from ..records import decode_json_record
+
+    fields: Counter = Counter()
+    for i in range(min(limit, len(ds))):
+        try:
+            record = decode_json_record(ds.index.line(i))
+        except SampleSkipped:
+            continue
+        if isinstance(record, dict):
+            fields.update(str(k) for k in record)
+    return fields
+
+
+def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any]) -> str | None:
+    lines = report["lines"]
+    reason = next((r for r in ("missing_field", "bad_conversation")
+                   if lines and report["skips"].get(r, {}).get("count", 0) >= HINT_SHARE * lines), None)
+    if reason is None:
+        return None
+    n = report["skips"][reason]["count"]
+    fields = record_fields(ds)
+    scanned = ", ".join(f"{k!r}" for k, _ in fields.most_common(8)) or "none (no JSON object lines)"
+    head = f"{n} of {lines} lines skip with {reason}: the records have the fields {scanned}"
+    if format != "chat" and any(f in fields for f in CHAT_FIELDS):
+        chat = next(f for f in CHAT_FIELDS if f in fields)
+        return f"{head}; {chat!r} holds chat turns: use --format chat (format=\"chat\")"
+    if format != "prompt_completion" and "prompt" in fields and "completion" in fields:
+        return f"{head}; they are prompt/completion records: use --format prompt_completion (format=\"prompt_completion\")"
+    if format == "prompt_completion":
+        want = (format_kw.get("prompt_field") or "prompt", format_kw.get("completion_field") or "completion")
+        return (f"{head}, not the prompt field {want[0]!r} and completion field {want[1]!r}: name yours with "
+                f"--prompt-field / --completion-field (prompt_field=, completion_field=), or use --format chat for chat turns")
+    return (f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use --format prompt_completion with "
+            f"--prompt-field / --completion-field for prompt/completion records")
+
+
+def _width_hint(report: dict[str, Any], width: int) -> str | None:
+    usable, over = report["usable"], report["packing"]["over_width"]
+    if not usable or over < HINT_SHARE * usable:
+        return None
+    L = report["length"]
+    return (f"the width {width} is below {over} of {usable} usable samples (median length {L['p50']:.0f}, "
+            f"p99 {L['p99']:.0f}): they are never packed, and the fill above covers only the "
+            f"{usable - over} that fit. Use a width of at least the p99 length, better several times the median "
+            f"(e.g. --width {_suggest_width(L['p50'], L['p99'])})")
+
+
+def _suggest_width(median: float, p99: float) -> int:
+    target = max(p99, 4 * median, 1.0)
+    return int(2 ** int(np.ceil(np.log2(target))))
+
+
 def best_baseline(lengths: np.ndarray, width: int, seed: int = 0) -> dict[str, float]:
     """The concat baseline at the largest MBS whose rows exceed the width at most 1% of the time."""
     best = concat_baseline(lengths, width, 1, seed)
@@ -63,8 +134,15 @@ def best_baseline(lengths: np.ndarray, width: int, seed: int = 0) -> dict[str, f
 def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion", width: int = 4096,
                   pad_multiple: int = 1, window: int = 4096, max_length: int | None = None, overlength: str = "skip",
                   seed: int = 0, **format_kw: Any) -> dict[str, Any]:
-    """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass."""
-    ds = JsonlSFTDataset(path, load_tokenizer(tokenizer), format, max_length=max_length, overlength=overlength, **format_kw)
+    """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass.
+
+    ``tokenizer``: ``"demo"``, a ``tokenizer.json`` path, a local HF folder or a tokenizer object;
+    ``None`` uses the demo tokenizer with a ``DemoTokenizerWarning``. The report names it.
+    """
+    from ..chat.tokenizer import describe_tokenizer
+
+    tok = load_tokenizer(tokenizer, stacklevel=3)
+    ds = JsonlSFTDataset(path, tok, format, max_length=max_length, overlength=overlength, **format_kw)
     lengths = np.asarray(ds.lengths, dtype=np.int64)
     good = lengths[lengths > 0]
     sampler = TokenBudgetBatchSampler(lengths, width, pad_multiple=pad_multiple, window=window, seed=seed)
@@ -73,8 +151,11 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
     for line, reason, _ in ds.skipped_lines:
         if len(first_lines.setdefault(reason, [])) < 5:
             first_lines[reason].append(line)
-    return {
-        "file": str(ds.path), "format": format, "lines": len(ds), "usable": int(len(good)),
+    over_width = int(stats.skips.get("over_width", 0))
+    fits = good[good <= width]
+    report = {
+        "file": str(ds.path), "format": format, "tokenizer": describe_tokenizer(ds.format.tokenizer),
+        "lines": len(ds), "usable": int(len(good)),
         "skips": {r: {"count": n, "first_lines": first_lines.get(r, [])} for r, n in sorted(ds.skips.items())},
         "tokens": int(good.sum()),
         "length": {"min": int(good.min()) if len(good) else 0, "mean": float(good.mean()) if len(good) else 0.0,
@@ -82,15 +163,19 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
                    "max": int(good.max(initial=0))},
         "packing": {"width": width, "pad_multiple": pad_multiple, "window": window, "packs": stats.packs,
                     "fill": stats.fill, "mean_samples_per_pack": stats.mean_samples_per_pack,
-                    "over_width": int(stats.skips.get("over_width", 0))},
-        "baseline_concat": best_baseline(good, width, seed) if len(good) else None,
+                    "over_width": over_width},
+        # Bridge-style concat over the samples that fit; meaningless when most do not fit
+        "baseline_concat": (best_baseline(fits, width, seed)
+                            if len(fits) and over_width < HINT_SHARE * len(good) else None),
     }
+    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw), _width_hint(report, width)) if h]
+    return report
 
 
 def format_report(report: dict[str, Any]) -> str:
     """A short human-readable table of :func:`inspect_jsonl`'s dict."""
     L, P, B = report["length"], report["packing"], report["baseline_concat"]
-    out = [f"{report['file']} ({report['format']})",
+    out = [f"{report['file']} ({report['format']}, tokenizer {report.get('tokenizer', '?')})",
            f"  lines {report['lines']}, usable {report['usable']}, skipped {report['lines'] - report['usable']}, tokens {report['tokens']}",
            "  length  " + "  ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in L.items())]
     for reason, info in report["skips"].items():
@@ -98,7 +183,10 @@ def format_report(report: dict[str, Any]) -> str:
     out.append(f"  packer  width {P['width']} (align {P['pad_multiple']}): {P['packs']} packs, fill {P['fill']:.2%}, "
                f"{P['mean_samples_per_pack']:.1f} samples/pack, {P['over_width']} over the width")
     if B:
-        out.append(f"  baseline concat MBS={B['mbs']}: fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)")
+        out.append(f"  baseline (Bridge in-batch concat of MBS={B['mbs']} samples as given, no bin packing, over the "
+                   f"samples that fit): fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)")
+    for hint in report.get("hints", []):
+        out.append(f"  hint: {hint}")
     return "\n".join(out)
 
 
