@@ -32,6 +32,7 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
     from energon_pack.energon import make_demo_shards
 
     data = make_demo_shards(tmp_path / "data", samples=80, per_shard=40)
+    listing_before = sorted(p.name for p in data.iterdir())
     out = tmp_path / "out"
     subprocess.run(
         [sys.executable, str(ROOT / "examples" / "compare_buffer_sizes.py"), "--data", str(data), "--buffers", "4,16",
@@ -47,12 +48,17 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
         assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
     assert {t["target"] for t in result["targets"]} == {"carry fill >= rounds fill at K=4",
                                                          "carry fill >= rounds fill at K=16"}
+    assert result["recommended_k"] in (4, 16)
+    assert result["context"] == {"dataset": str(data), "seq_length": 4096, "workers": 1, "packs": 3,
+                                 "preset": "qwen2.5-vl", "tokenizer": "demo tokenizer (773 tokens; lengths are not your model's)"}
     assert (out / "buffer_sizes.md").read_text().count("\n") == 2 + 4
-    for name in ("fill", "rss", "latency"):
+    for name in ("fill", "rss", "latency", "throughput"):
         assert (out / f"buffer_{name}.png").stat().st_size > 1000
+    assert listing_before == sorted(p.name for p in data.iterdir())  # the dataset folder is only read
 
 
-@pytest.mark.parametrize("command", [["make-demo", "--help"], ["prepare", "--help"], ["inspect", "--help"]])
+@pytest.mark.parametrize("command", [["make-demo", "--help"], ["prepare", "--help"], ["inspect", "--help"],
+                                     ["bench", "--help"], ["convert", "--help"], ["--help"]])
 def test_cli_help(command):
     with pytest.raises(SystemExit) as exc:
         main(command)
