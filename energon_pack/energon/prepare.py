@@ -14,7 +14,7 @@ def prepare_jsonl(path: str | Path) -> int:
     from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"no JSONL file at {path}")
+        raise FileNotFoundError(f"no JSONL file at {path}: check the path (`energon-pack prepare FILE.jsonl`)")
     return CrudeJsonlDatasetFactory.prepare_dataset(EPath(str(path)))
 
 
@@ -34,7 +34,8 @@ def prepare_webdataset(root: str | Path, *, split: tuple[float, float, float] = 
     root = Path(root)
     shards = sorted(str(p.relative_to(root)) for p in root.rglob("*.tar"))
     if not shards:
-        raise FileNotFoundError(f"no *.tar shards under {root}")
+        raise FileNotFoundError(f"no *.tar shards under {root}: for JSON/JSONL/Parquet VLM data run "
+                                f"`energon-pack convert SOURCE OUT` (it writes and prepares the shards)")
     BaseWebdatasetFactory.prepare_dataset(
         root,
         shards,
