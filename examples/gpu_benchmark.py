@@ -147,7 +147,7 @@ def attention_flops(lengths: list[int], cfg: Any) -> float:
 
 
 def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: Any, device: torch.device,
-             world: int, counts: dict) -> dict:
+             world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
     loader, encoder = ft.make_loader(args.data, width=args.width, preset=ft.vision_preset(args.model, args.size),
                                      buffer=buffer, workers=args.workers, packing_mode=mode)
@@ -159,9 +159,11 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     budget = args.steps * args.width  # real tokens per rank in the timed phase (the same for every feed)
     cuda = device.type == "cuda"
     steps, real, slots, patches, attn, waits, step_ms = 0, 0, 0, 0, 0.0, 0.0, []
-    warm, t_start = 0, None
+    warm, t_start, warm_s = 0, None, []
     while True:
         timed = warm >= args.warmup
+        if not timed:
+            t_warm = time.perf_counter()
         if timed and t_start is None:
             if cuda:
                 torch.cuda.synchronize(device)
@@ -198,6 +200,9 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
         if cuda:
             ev1.record()
         if not timed:
+            if cuda:
+                torch.cuda.synchronize(device)
+            warm_s.append(time.perf_counter() - t_warm)  # the first includes compilation under --compile
             warm += 1
             continue
         if cuda:
@@ -207,9 +212,11 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
             step_ms.append((time.perf_counter() - c0) * 1e3)
         steps, real, slots, patches, waits = steps + 1, real + n_real, slots + n_slots, patches + n_patches, waits + wait
         attn += attention_flops(lengths, model.config)
-        done = torch.tensor([float(real >= budget)], device=device)
-        if dist.is_initialized():
-            dist.all_reduce(done, op=dist.ReduceOp.MIN)  # all ranks stop at the same step (DDP)
+        # All ranks stop at the same step (DDP). The flag travels over a CPU (gloo) group: no
+        # per-step device sync, the host keeps queueing the next step while the GPU works.
+        done = torch.tensor([float(real >= budget)])
+        if cpu_group is not None:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=cpu_group)
         if done.item():
             break
     if cuda:
@@ -225,7 +232,8 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     med = statistics.median(step_ms)
     row = {"feed": feed, "gpus": world, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
            "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
-           "tflops_per_gpu": flops / wall_max / world / 1e12}
+           "tflops_per_gpu": flops / wall_max / world / 1e12, "warmup_s": warm_s,
+           "step_ms_all": [round(x, 1) for x in step_ms]}
     row["mfu_spec"] = row["tflops_per_gpu"] * 1e12 / PEAK_SPEC if cuda else None
     row["mfu_measured_peak"] = row["tflops_per_gpu"] * 1e12 / PEAK_MEASURED if cuda else None
     return row
@@ -294,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="bench_results/gpu_benchmark.json")
     p.add_argument("--md", default=None)
     p.add_argument("--combine", nargs="+", default=None, help="merge the JSON of earlier runs (1 GPU, DP=N) into --out")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the RMSNorm/MLP/rotary pieces (compile time shows in the rows' warmup_s)")
     args = p.parse_args(argv)
 
     if args.combine:
@@ -316,10 +326,11 @@ def main(argv: list[str] | None = None) -> None:
     ft.barrier()
     model = ft.build_model(args.model, args.size, load_demo_tokenizer(), device=device, dtype=dtype)
     counts = ft.param_counts(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-    runner = model
-    if world > 1:
-        runner = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ft.linear_patch_embed(model)  # every feed: the model's patch embedding as one GEMM
+    compiled = ft.compile_elementwise(model) if args.compile else []
+    opt = ft.make_optimizer(model, 1e-5, device)  # fused AdamW on CUDA
+    runner = ft.wrap_ddp(model, device) if world > 1 else model
+    cpu_group = dist.new_group(backend="gloo") if world > 1 else None
     if rank == 0:
         print(f"{args.model} {args.size}: {counts['total'] / 1e9:.2f}B params (LLM {counts['llm'] / 1e9:.2f}B, "
               f"vision {counts['vision'] / 1e9:.2f}B), {dtype}, {world} x {device.type}", flush=True)
@@ -327,20 +338,22 @@ def main(argv: list[str] | None = None) -> None:
     for feed in args.feeds.split(","):
         if feed not in FEEDS and not feed.startswith("rounds"):
             raise SystemExit(f"unknown feed {feed!r}; use {FEEDS}")
-        row = run_feed(feed, args, model, runner, opt, device, world, counts)
+        row = run_feed(feed, args, model, runner, opt, device, world, counts, cpu_group)
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         rows.append(row)
-        if rank == 0:
+        result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
+                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "device": str(device),
+                  "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                  "torch": torch.__version__, "steps_arg": args.steps, "compiled": compiled,
+                  "rows": rows, "targets": targets(rows)}
+        if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
             print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
-                  f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}", flush=True)
-    result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
-              "buffer": args.buffer, "workers": args.workers, "world_size": world, "device": str(device),
-              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "torch": torch.__version__,
-              "rows": rows, "targets": targets(rows)}
+                  f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}  "
+                  f"warm-up {sum(row['warmup_s']):.1f} s", flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
     if rank == 0:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
         report(result, args.md)
     if dist.is_initialized():
         dist.destroy_process_group()
