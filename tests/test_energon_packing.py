@@ -38,7 +38,7 @@ SMALL_PRESET = get_preset("qwen2-vl", max_pixels=160 * 28 * 28)  # keeps pixel w
 
 def encoder(**kw):
     kw.setdefault("seq_length", 4096)
-    return QwenVLPackingTaskEncoder(preset=SMALL_PRESET, **kw)
+    return QwenVLPackingTaskEncoder(tokenizer="demo", preset=SMALL_PRESET, **kw)
 
 
 def train_ds(path, te, *, workers=0, rank=0, world_size=1, buffer=32, repeat=False, shuffle=None, seq=None):
@@ -288,7 +288,7 @@ class FailingFinalPacker(QwenVLPackingTaskEncoder):
 
 
 def test_final_packer_failures_are_counted_not_lost(demo_shards):
-    te = FailingFinalPacker(preset=SMALL_PRESET, seq_length=4096)
+    te = FailingFinalPacker(tokenizer="demo", preset=SMALL_PRESET, seq_length=4096)
     batches = list(get_loader(train_ds(demo_shards, te, buffer=16)))
     keys = set(keys_of(batches))
     lost = set(expected_valid_keys()) - keys
