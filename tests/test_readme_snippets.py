@@ -83,3 +83,14 @@ def test_contract_names_every_key_of_real_batches(demo_shards):
     row = InBatchPacker.for_dataset(sft, 256)([sft[i] for i in next(iter(sampler))])
     assert set(row) <= keys, set(row) - keys
     assert {"padding_mask", "packing_stats", "padding_segments", "cu_seqlens_q_padded", "__restore_key__"} <= keys
+
+
+def test_docstrings_and_readme_cite_only_files_in_the_repository():
+    """The project's docs stand alone: no citation of the planning notes outside the repository."""
+    outside = re.compile(r"CONTRACT\.md|ARCHITECTURE\.md|shared/reference|\.\./shared")
+    hits = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "energon_pack").rglob("*.py")), *sorted((ROOT / "examples").glob("*.py"))]:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if outside.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not hits, hits

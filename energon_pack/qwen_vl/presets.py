@@ -1,4 +1,4 @@
-"""Vision presets per Qwen-VL model version (facts: shared/reference/environment.md section 3b).
+"""Vision presets per Qwen-VL model version (the processors' and hub configs' values, cited below).
 
 Qwen2-VL values are the class defaults of transformers' ``Qwen2VLImageProcessor`` /
 ``Qwen2VLVideoProcessor``; Qwen2.5-VL uses the same image processor with ``max_pixels``

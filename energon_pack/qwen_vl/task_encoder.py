@@ -5,7 +5,7 @@
   the conversation and the encoded image bytes, never decoded pixels.
 * ``postencode_sample`` (only for members of an emitted pack): tokenize, decode + patchify
   the media, and compute M-RoPE positions -> one :class:`ThdSegment`.
-* ``batch``: the THD row of ``CONTRACT.md`` (with ``mrope_position_ids``) as a dict.
+* ``batch``: the THD row of README.md, "The batch contract" (with ``mrope_position_ids``) as a dict.
 
 Costs are (aligned tokens[, ViT patches][, media items]) (see :class:`PackingConfig`). Bad
 samples become counted skips with a reason.
