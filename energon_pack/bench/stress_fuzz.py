@@ -318,7 +318,7 @@ def _run_webdataset(root: Path, n_bad: int, n_good: int, seed: int, workers: int
     _write_shards(root, items)
     preset_kw = dict(PRESET_KW)
     preset = get_preset(preset_kw.pop("name"), **preset_kw)
-    te = QwenVLPackingTaskEncoder(preset=preset, seq_length=SEQ_LENGTH)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=SEQ_LENGTH)
     segments, counted, crash = _stream(root, te, workers)
     tok = load_demo_tokenizer()
 
@@ -361,7 +361,7 @@ def _run_jsonl(path: Path, n_bad: int, n_good: int, seed: int, workers: int) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
     prepare_jsonl(path)
-    te = TextPackingTaskEncoder(seq_length=SEQ_LENGTH)
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=SEQ_LENGTH)
     segments, counted, crash = _stream(path, te, workers)
     fmt = PromptCompletionFormat(load_demo_tokenizer())
     from energon_pack.records import decode_json_record
