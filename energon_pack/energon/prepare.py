@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from energon_pack.errors import ConfigError
+
 DATASET_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 
 
@@ -15,7 +17,35 @@ def prepare_jsonl(path: str | Path) -> int:
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no JSONL file at {path}: check the path (`energon-pack prepare FILE.jsonl`)")
-    return CrudeJsonlDatasetFactory.prepare_dataset(EPath(str(path)))
+    try:
+        return CrudeJsonlDatasetFactory.prepare_dataset(EPath(str(path)))
+    except AssertionError:  # Energon's indexer asserts on the first line that is not one {...} object
+        raise _jsonl_index_error(Path(path)) from None
+
+
+def _jsonl_index_error(path: Path) -> ConfigError:
+    """What Energon's JSONL indexer refused (it needs every non-blank line to be one ``{...}``), by line."""
+    bad: list[str] = []
+    lines = 0
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            lines += 1
+            text = line.strip()
+            if not text or (text.startswith(b"{") and text.endswith(b"}")):
+                continue
+            why = ("starts with a UTF-8 byte-order mark" if text.startswith(b"\xef\xbb\xbf")
+                   else "holds several records separated by CR only" if b"\r" in text
+                   else f"is not one JSON object: {text[:40]!r}")
+            bad.append(f"line {lineno} {why}")
+            if len(bad) == 3:
+                break
+    if not lines or not bad:
+        return ConfigError("jsonl", f"{path} holds no JSON record", "write one JSON object per line")
+    return ConfigError(
+        "jsonl", f"Energon's JSONL indexer needs every non-blank line of {path} to be one {{...}} object; " + "; ".join(bad),
+        "fix or remove those lines (strip a BOM, convert CR line ends with `tr '\\r' '\\n'`), or load the file with "
+        "JsonlSFTDataset, which counts such lines as skips",
+    )
 
 
 def prepare(path: str | Path, **kw) -> int:
