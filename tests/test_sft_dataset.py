@@ -129,3 +129,73 @@ def test_token_cache_gives_the_same_samples_and_survives_pickling(tmp_path):
             with pytest.raises(SampleSkipped, match="line 2"):
                 ds[1]
     assert len(list(tmp_path.glob("d.jsonl.tok-*.npy"))) == 1
+
+
+def _assert_same(a, b):
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1] and a[2] == b[2]
+    assert (a[3] is None and b[3] is None) or np.array_equal(a[3], b[3])
+
+
+@pytest.mark.parametrize("fmt", ["prompt_completion", "chat"])
+def test_batched_and_parallel_length_pass_identical_to_serial(tmp_path, fmt, monkeypatch):
+    import random
+
+    from energon_pack.sft import dataset as D
+
+    monkeypatch.setattr(D, "LENGTH_CHUNK", 16)  # many chunks and ranges on a small file
+    rng = random.Random(0)
+    words = "a b the cat sat on mat hello world x y z".split()
+    lines = []
+    for i in range(300):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        if fmt == "chat":
+            rec = {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text[::-1]}]}
+        else:
+            rec = {"prompt": text, "completion": text[::-1] if i % 7 else ""}
+        lines.append(json.dumps(rec).encode())
+    lines[5], lines[40], lines[41] = b"{bad", b"   ", '{"prompt": "\\ud800", "completion": "x"}'.encode()
+    lines[77] = json.dumps({"prompt": "hi <|im_end|>", "completion": "y",
+                            "messages": [{"role": "user", "content": "<|im_end|>"}, {"role": "assistant", "content": "y"}]}).encode()
+    path = write(tmp_path / "d.jsonl", lines)
+    ds = JsonlSFTDataset(path, TOK, format=fmt, max_length=30, cache_tokens=True)
+    serial = ds.compute_lengths(workers=1, batch=False)
+    assert len(set(serial[1])) >= 4  # several skip reasons, in order of first use
+    _assert_same(ds.compute_lengths(workers=1, batch=True), serial)
+    _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
+    _assert_same(ds.compute_lengths(workers=3, batch=False), serial)
+    # the batch path really served the texts from the batch encode
+    memo = D._BatchMemo(ds.format.tokenizer)
+    assert memo.batch_encode is not None
+    # through the public properties (each with its own fresh cache) too
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    par = JsonlSFTDataset(path, TOK, format=fmt, max_length=30, length_workers=2, cache_dir=tmp_path / "a")
+    ser = JsonlSFTDataset(path, TOK, format=fmt, max_length=30, length_workers=1, length_batch=False, cache_dir=tmp_path / "b")
+    assert par._workers() == 2 and par.lengths.tolist() == ser.lengths.tolist() == serial[0].tolist()
+    assert par.skipped_lines == ser.skipped_lines and par.skips == ser.skips
+    with pytest.raises(ConfigError, match="length_workers"):
+        JsonlSFTDataset(path, TOK, length_workers=0)
+
+
+def test_batched_pass_hits_the_memo_and_hf_fast_tokenizer_batch_call(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from energon_pack.chat.tokenizer import load_demo_tokenizer_raw
+    from energon_pack.sft import dataset as D
+
+    lines = [{"prompt": f"question {i} about the cat", "completion": f"answer {i} " * (i % 5 + 1)} for i in range(200)]
+    path = write(tmp_path / "d.jsonl", lines)
+    hf = PreTrainedTokenizerFast(tokenizer_object=load_demo_tokenizer_raw())
+    for tok in (TOK, hf):
+        ds = JsonlSFTDataset(path, tok)
+        memo = D._BatchMemo(ds.format.tokenizer)
+        assert memo.batch_encode is not None
+        memo.prefetch(["question 1 about the cat", "answer 1"])
+        assert memo.tokenizer.encode_text("answer 1") == ds.format.tokenizer.encode_text("answer 1") and memo.hits == 1
+        _assert_same(ds.compute_lengths(workers=1, batch=True), ds.compute_lengths(workers=1, batch=False))
+
+
+def test_overlength_error_raises_from_the_parallel_pass(tmp_path):
+    path = write(tmp_path / "d.jsonl", [GOOD] * 50 + [{"prompt": "x " * 40, "completion": "y"}] + [GOOD] * 50)
+    with pytest.raises(ValueError, match="line 51 has"):
+        JsonlSFTDataset(path, TOK, max_length=16, overlength="error").compute_lengths(workers=2)

@@ -27,7 +27,7 @@ from energon_pack.sft.sampler import TokenBudgetBatchSampler
 
 WORDS = ("the of and to in is that for it with as was on be by this are from at or an have not but what all were "
          "when we there can model data train token pack batch width loss answer question user").split()
-TARGETS = {"index_vs_wc": 3.0, "getitem_per_s": 20000.0, "fill": 0.98}
+TARGETS = {"index_vs_wc": 3.0, "getitem_per_s": 20000.0, "fill": 0.98, "length_pass_speedup": 3.0}
 
 
 def _text(rng: random.Random, n_words: int) -> str:
@@ -106,6 +106,72 @@ def bench_getitem(workdir: Path, samples: int = 5000) -> dict[str, Any]:
             "cache_tokens_per_s": samples / cached_s, "length_pass_s": pass_s}
 
 
+def write_unique_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
+    """A prompt/completion JSONL of about ``size_bytes`` whose every line is distinct (a line
+    number starts each prompt), so no text memo can shortcut the length pass."""
+    rng = random.Random(seed)
+    pairs = [(_text(rng, rng.randint(5, 120)), _text(rng, rng.randint(5, 400))) for _ in range(4000)]
+    written = k = 0
+    with open(path, "w") as f:
+        while written < size_bytes:
+            buf = []
+            for prompt, completion in pairs:
+                buf.append(f'{{"prompt": "{k} {prompt}", "completion": "{completion} {k}"}}\n')
+                k += 1
+            block = "".join(buf)
+            f.write(block)
+            written += len(block)
+    return written
+
+
+def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, sample_lines: int = 20000) -> dict[str, Any]:
+    """Index + length pass over a ``size_mb`` MiB JSONL (demo tokenizer, prompt/completion): today's
+    serial per-line pass vs the batched pass over ``workers`` processes (None: one per core), same
+    run; results must be identical. Also the tokenizer-only CPU time (one thread,
+    ``encode_batch_fast`` of the same texts, from ``sample_lines`` lines scaled to the file): the
+    floor any pass on one core pays."""
+    import os
+
+    from energon_pack.records import decode_json_record
+
+    path = workdir / "lengths.jsonl"
+    size = write_unique_jsonl(path, size_mb << 20)
+    raw = load_demo_tokenizer_raw()
+
+    def run(**kw):
+        npy = cache_path(path, ".idx.npy")
+        npy.unlink(missing_ok=True)
+        start = time.perf_counter()
+        ds = JsonlSFTDataset(path, QwenTokenizer(raw, cache_size=4096))
+        index_s = time.perf_counter() - start
+        result = ds.compute_lengths(**kw)
+        return index_s, time.perf_counter() - start, result, len(ds)
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    new_index, new_total, new, lines = run(workers=workers, batch=True)
+    old_index, old_total, old, _ = run(workers=1, batch=False)
+    identical = (np.array_equal(new[0], old[0]) and new[1] == old[1] and new[2] == old[2])
+    ds = JsonlSFTDataset(path, QwenTokenizer(raw))
+    n = min(sample_lines, lines)
+    records = [decode_json_record(ds.index.line(i)) for i in range(n)]
+    texts = [r["prompt"].strip() for r in records] + [r["completion"].strip() for r in records]
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    cpu = time.process_time()
+    raw.encode_batch_fast(texts, add_special_tokens=False)
+    tok_cpu = (time.process_time() - cpu) * lines / n
+    if saved is None:
+        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+    else:
+        os.environ["TOKENIZERS_PARALLELISM"] = saved
+    for f in workdir.glob("lengths.jsonl*"):
+        f.unlink()
+    return {"bytes": size, "lines": lines, "cores": cores, "workers": workers or cores,
+            "serial_index_s": old_index, "serial_total_s": old_total, "new_index_s": new_index, "new_total_s": new_total,
+            "speedup": old_total / new_total, "identical": bool(identical),
+            "tokenizer_only_cpu_s": tok_cpu, "ceiling_on_cores": old_total / (tok_cpu / cores)}
+
+
 def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed: int = 0) -> dict[str, Any]:
     lengths = lognormal_text(samples, width, seed)[:, 0]
     sampler = TokenBudgetBatchSampler(lengths, width, window=window, seed=seed)
@@ -117,14 +183,18 @@ def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed
 
 
 def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, getitem_samples: int = 5000,
-         fill_samples: int = 20000, workdir: str | Path | None = None) -> dict[str, Any]:
+         fill_samples: int = 20000, workdir: str | Path | None = None,
+         length_pass_mb: int | None = None) -> dict[str, Any]:
     vocab = load_demo_tokenizer_raw().get_vocab_size()
     print(f"tokenizer: demo tokenizer ({vocab} tokens; lengths are not your model's); synthetic prompt/completion "
           f"JSONL, {size_mb} MiB for the index benchmark", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="sft_bench_", dir=workdir))
+    length_pass = None
     try:
         index = bench_index(tmp, size_mb)
         getitem = bench_getitem(tmp, getitem_samples)
+        if length_pass_mb:
+            length_pass = bench_length_pass(tmp, length_pass_mb)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     fill = bench_fill(fill_samples)
@@ -133,7 +203,12 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
         {"name": "lazy __getitem__ samples/s", "value": getitem["per_s"], "target": f">= {TARGETS['getitem_per_s']:.0f}", "met": getitem["per_s"] >= TARGETS["getitem_per_s"]},
         {"name": "in-batch fill @4096", "value": fill["fill"], "target": f">= {TARGETS['fill']}", "met": fill["fill"] >= TARGETS["fill"]},
     ]
-    result = {"index": index, "getitem": getitem, "fill": fill, "targets": targets}
+    if length_pass is not None:
+        lp = length_pass
+        targets.append({"name": f"length pass speedup ({lp['cores']} cores)", "value": lp["speedup"],
+                        "target": f">= {TARGETS['length_pass_speedup']}",
+                        "met": lp["speedup"] >= TARGETS["length_pass_speedup"] and lp["identical"]})
+    result = {"index": index, "getitem": getitem, "fill": fill, "length_pass": length_pass, "targets": targets}
     print(f"index: {index['bytes'] / 2**20:.0f} MiB, {index['lines']} lines: build {index['index_build_s']:.3f}s, "
           f"wc -l {index['wc_l_s']:.3f}s, cached load {index['index_cached_load_s'] * 1e3:.1f}ms")
     print(f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s ({getitem['us_per_sample']:.1f} us, "
@@ -143,6 +218,12 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
     print(f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s) vs "
           f"concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)")
     print(f"\nproject benchmark targets (for information; `energon-pack bench-sft --check` exits 1 on a miss)")
+    if length_pass is not None:
+        lp = length_pass
+        print(f"length pass: {lp['bytes'] / 2**20:.0f} MiB, {lp['lines']} distinct lines: index + serial per-line pass "
+              f"{lp['serial_total_s']:.1f}s, index + batched pass on {lp['workers']} processes {lp['new_total_s']:.1f}s "
+              f"({lp['speedup']:.2f}x, identical: {lp['identical']}); tokenizer alone {lp['tokenizer_only_cpu_s']:.1f} CPU-s "
+              f"(ceiling on {lp['cores']} cores {lp['ceiling_on_cores']:.2f}x)")
     print(f"{'target':<30} {'value':>12} {'goal':>10}  met")
     for t in targets:
         print(f"{t['name']:<30} {t['value']:>12.3f} {t['target']:>10}  {'yes' if t['met'] else 'missed'}")
@@ -154,4 +235,5 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
 if __name__ == "__main__":
     import sys
 
-    main(size_mb=int(sys.argv[1]) if len(sys.argv) > 1 else 1024)
+    size = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+    main(size_mb=size, length_pass_mb=int(sys.argv[2]) if len(sys.argv) > 2 else size)

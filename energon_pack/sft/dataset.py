@@ -49,15 +49,18 @@ PARALLEL_MIN_BYTES = 32 << 20  # length_workers=None uses processes from this fi
 RANGES_PER_WORKER = 4  # line ranges per process (load balance)
 
 
-class _BatchMemoTokenizer:
-    """The format's tokenizer adapter, serving ids batch-encoded ahead from a per-chunk memo.
+class _BatchMemo:
+    """Batch encodes the texts of a chunk ahead and hands the format a copy of its tokenizer
+    adapter (same class, so ``as_qwen_tokenizer`` keeps it) whose ``encode``/``encode_text``
+    serve them from a memo.
 
-    ``encode``/``encode_text`` return exactly what the adapter would (the memo holds the same
-    ids, batch and single encodes agree); a text not in the memo, or one whose ids hold a control
-    token, goes to the adapter itself (same result, same skip detail)."""
+    The memo holds exactly the ids the adapter would compute (batch and single encodes agree);
+    a text not in the memo, or one whose ids hold a control token, goes to the adapter itself
+    (same result, same skip detail)."""
 
     def __init__(self, adapter: Any) -> None:
-        self._adapter = adapter
+        import copy
+
         self._memo: dict[str, list[int]] = {}
         inner = adapter.inner
         self.batch_encode = None
@@ -67,9 +70,30 @@ class _BatchMemoTokenizer:
         elif getattr(inner, "is_fast", False) and callable(inner):
             self.batch_encode = lambda texts: inner(texts, add_special_tokens=False)["input_ids"]
         self.hits = self.misses = 0
+        memo = self._memo_get
+        control = adapter.control_ids
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._adapter, name)
+        def encode(text: str) -> list[int]:
+            ids = memo(text)
+            return adapter.encode(text) if ids is None else list(ids)
+
+        def encode_text(text: str) -> list[int]:
+            ids = memo(text)
+            if ids is None or not control.isdisjoint(ids):
+                return adapter.encode_text(text)
+            return list(ids)
+
+        self.tokenizer = copy.copy(adapter)
+        self.tokenizer.encode = encode
+        self.tokenizer.encode_text = encode_text
+
+    def _memo_get(self, text: str) -> list[int] | None:
+        ids = self._memo.get(text) if text else None
+        if ids is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return ids
 
     def prefetch(self, texts: list[str]) -> None:
         unique = []
@@ -83,38 +107,20 @@ class _BatchMemoTokenizer:
             unique.append(text)
         self._memo = dict(zip(unique, self.batch_encode(unique))) if unique and self.batch_encode else {}
 
-    def encode(self, text: str) -> list[int]:
-        ids = self._memo.get(text)
-        if ids is None:
-            self.misses += 1
-            return self._adapter.encode(text)
-        self.hits += 1
-        return list(ids)
 
-    def encode_text(self, text: str) -> list[int]:
-        ids = self._memo.get(text)
-        if ids is None or not self._adapter.control_ids.isdisjoint(ids):
-            self.misses += 1
-            return self._adapter.encode_text(text)
-        self.hits += 1
-        return list(ids)
+def _recorder(adapter: Any) -> tuple[Any, list[str]]:
+    """A copy of the adapter that records the texts a format asks for (and returns no ids)."""
+    import copy
 
+    texts: list[str] = []
+    rec = copy.copy(adapter)
 
-class _Recorder:
-    """A stand-in tokenizer adapter that records the texts a format asks for (ids: none)."""
-
-    def __init__(self, adapter: Any) -> None:
-        self._adapter = adapter
-        self.texts: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._adapter, name)
-
-    def encode(self, text: str) -> list[int]:
-        self.texts.append(text)
+    def encode(text: str) -> list[int]:
+        texts.append(text)
         return []
 
-    encode_text = encode
+    rec.encode = rec.encode_text = encode
+    return rec, texts
 
 
 def _with_tokenizer(fmt: Any, tokenizer: Any) -> Any:
@@ -123,12 +129,10 @@ def _with_tokenizer(fmt: Any, tokenizer: Any) -> Any:
 
     clone = copy.copy(fmt)
     object.__setattr__(clone, "tokenizer", tokenizer)
-    if hasattr(clone, "_config"):
-        object.__setattr__(clone, "_config", fmt._config)
     return clone
 
 
-def _format_texts(fmt: Any, recorder_fmt: Any, recorder: _Recorder, record: Any) -> list[str]:
+def _format_texts(fmt: Any, recorder_fmt: Any, recorded: list[str], record: Any) -> list[str]:
     """The texts ``fmt.encode(record)`` will tokenise: derived directly for prompt/completion,
     recorded from a dry run for other formats (a text missed here is only a memo miss)."""
     if isinstance(fmt, PromptCompletionFormat):
@@ -140,12 +144,12 @@ def _format_texts(fmt: Any, recorder_fmt: Any, recorder: _Recorder, record: Any)
         if fmt.strip_whitespace:
             prompt, completion = prompt.strip(), completion.strip()
         return [fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion]
-    recorder.texts = []
+    recorded.clear()
     try:
         recorder_fmt.encode(record)
     except Exception:
         pass
-    return recorder.texts
+    return list(recorded)
 
 
 def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> tuple:
@@ -167,13 +171,13 @@ def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> 
             if len(details) < MAX_LOGGED_DETAILS:
                 details[i + 1] = exc.detail
 
-    memo = _BatchMemoTokenizer(ds.format.tokenizer) if batch else None
+    memo = _BatchMemo(ds.format.tokenizer) if batch else None
     if memo is None or memo.batch_encode is None:
         for i in range(start, stop):
             record(i, lambda: ds.encode_line(i))
     else:
-        fmt = _with_tokenizer(ds.format, memo)
-        recorder = _Recorder(ds.format.tokenizer)
+        fmt = _with_tokenizer(ds.format, memo.tokenizer)
+        recorder, recorded = _recorder(ds.format.tokenizer)
         recorder_fmt = _with_tokenizer(ds.format, recorder)
         for chunk in range(start, stop, LENGTH_CHUNK):
             end = min(stop, chunk + LENGTH_CHUNK)
@@ -182,7 +186,7 @@ def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> 
             for i in range(chunk, end):
                 try:
                     rec = decode_json_record(ds.index.line(i))
-                    texts.extend(_format_texts(ds.format, recorder_fmt, recorder, rec))
+                    texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
                     records.append(rec)
                 except SampleSkipped as exc:
                     records.append(exc)
@@ -379,11 +383,22 @@ class JsonlSFTDataset:
         pieces = min(n, workers * RANGES_PER_WORKER)
         bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
         tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
-        ctx = multiprocessing.get_context("spawn")
+        # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
+        # tokenizers' own parallelism off (one process per core), so the fork is safe for it
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         state = {**self.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
         clone = object.__new__(type(self))
         clone.__dict__.update(state)
-        with ctx.Pool(workers, initializer=_worker_init, initargs=(clone,)) as pool:
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # silences tokenizers' fork warning; restored below
+        try:
+            pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
+        finally:
+            if saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+        with pool:
             results = list(pool.imap(_worker_range, tasks))
         lengths = np.empty(n, dtype=np.int32)
         codes: dict[str, int] = {}
