@@ -91,7 +91,7 @@ def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, caps
     path = _write(tmp_path / "long.jsonl", [long] * 9 + [GOOD])
     report = inspect_jsonl(path, tokenizer="demo", width=100)
     L = report["length"]
-    assert report["packing"]["over_width"] == 9 and L["p50"] > 100
+    assert report["packing"]["oversize"] == 9 and L["p50"] > 100
     assert report["baseline_concat"] is None  # was a 99.96%-style "fill" counting cut rows as full
     assert report["hints"] == [
         f"the width 100 is below 9 of 10 usable samples (median length {L['p50']:.0f}, p99 {L['p99']:.0f}): they are "
@@ -102,13 +102,13 @@ def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, caps
     assert "baseline" not in out and "hint: the width 100 is below 9 of 10 usable samples" in out
     # a width that fits: baseline present, computed over the samples that fit, no hint
     ok = inspect_jsonl(path, tokenizer="demo", width=1024)
-    assert ok["hints"] == [] and ok["baseline_concat"]["fill"] <= 1.0 and ok["packing"]["over_width"] == 0
+    assert ok["hints"] == [] and ok["baseline_concat"]["fill"] <= 1.0 and ok["packing"]["oversize"] == 0
 
 
 def test_baseline_counts_only_samples_that_fit(tmp_path):
     long = {"prompt": "word " * 60, "completion": "answer " * 60}
     path = _write(tmp_path / "mix.jsonl", [GOOD] * 8 + [long] * 2)
     report = inspect_jsonl(path, tokenizer="demo", width=16)
-    assert report["packing"]["over_width"] == 2 and report["hints"] == []
+    assert report["packing"]["oversize"] == 2 and report["hints"] == []
     # only the eight 7-token samples: MBS 2 fills 14 of 16 per row (a long sample would count as a full row)
     assert report["baseline_concat"]["mbs"] == 2 and report["baseline_concat"]["fill"] == 56 / 64

@@ -48,7 +48,7 @@ def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, pad_mul
     plan = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128).plan()
     assert padding == -len(plan) % world  # only the last step is padded, on the ranks that ran out
     s = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128)
-    assert s.stats.skips.get("over_width", 0) == int(((lengths > 0) & ~fits).sum())
+    assert s.stats.skips.get("oversize", 0) == int(((lengths > 0) & ~fits).sum())
 
 
 def test_padding_steps_counted_on_the_short_ranks():

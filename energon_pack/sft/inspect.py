@@ -105,7 +105,7 @@ def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format
 
 
 def _width_hint(report: dict[str, Any], width: int) -> str | None:
-    usable, over = report["usable"], report["packing"]["over_width"]
+    usable, over = report["usable"], report["packing"]["oversize"]
     if not usable or over < HINT_SHARE * usable:
         return None
     L = report["length"]
@@ -151,7 +151,7 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
     for line, reason, _ in ds.skipped_lines:
         if len(first_lines.setdefault(reason, [])) < 5:
             first_lines[reason].append(line)
-    over_width = int(stats.skips.get("over_width", 0))
+    oversize = int(stats.skips.get("oversize", 0))
     fits = good[good <= width]
     report = {
         "file": str(ds.path), "format": format, "tokenizer": describe_tokenizer(ds.format.tokenizer),
@@ -163,10 +163,10 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
                    "max": int(good.max(initial=0))},
         "packing": {"width": width, "pad_multiple": pad_multiple, "window": window, "packs": stats.packs,
                     "fill": stats.fill, "mean_samples_per_pack": stats.mean_samples_per_pack,
-                    "over_width": over_width},
+                    "oversize": oversize},
         # Bridge-style concat over the samples that fit; meaningless when most do not fit
         "baseline_concat": (best_baseline(fits, width, seed)
-                            if len(fits) and over_width < HINT_SHARE * len(good) else None),
+                            if len(fits) and oversize < HINT_SHARE * len(good) else None),
     }
     report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw), _width_hint(report, width)) if h]
     return report
@@ -181,7 +181,7 @@ def format_report(report: dict[str, Any]) -> str:
     for reason, info in report["skips"].items():
         out.append(f"  skip {reason:<20} {info['count']:>8}  first lines {info['first_lines']}")
     out.append(f"  packer  width {P['width']} (align {P['pad_multiple']}): {P['packs']} packs, fill {P['fill']:.2%}, "
-               f"{P['mean_samples_per_pack']:.1f} samples/pack, {P['over_width']} over the width")
+               f"{P['mean_samples_per_pack']:.1f} samples/pack, {P['oversize']} over the width")
     if B:
         out.append(f"  baseline (Bridge in-batch concat of MBS={B['mbs']} samples as given, no bin packing, over the "
                    f"samples that fit): fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)")

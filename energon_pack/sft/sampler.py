@@ -8,7 +8,7 @@ goes to rank ``j % num_replicas``, so each rank gets whole micro-batches. Ranks 
 longest rank's step count get ``[PADDING_INDEX]`` micro-batches (one synthetic pad token with no
 loss, counted in ``padding_steps``): every rank runs the same number of steps, no real sample is
 duplicated. Lines that are unusable (negative length) or wider than the width are never
-yielded; the latter are counted in ``stats.skips["over_width"]``.
+yielded; the latter are counted in ``stats.skips["oversize"]``.
 
 ``state_dict(steps_consumed)`` / ``load_state_dict`` resume mid-epoch exactly: the plan is a
 pure function of (lengths, seed, epoch, config), so only the step is stored.
@@ -28,7 +28,7 @@ from ..thd import aligned_length
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
-OVER_WIDTH = "over_width"
+OVERSIZE = "oversize"
 
 
 class TokenBudgetBatchSampler:
@@ -90,7 +90,7 @@ class TokenBudgetBatchSampler:
         over = usable & (spans > self.width)
         stats = PackingStats()
         if over.any():
-            stats.record_skip(OVER_WIDTH, int(over.sum()))
+            stats.record_skip(OVERSIZE, int(over.sum()))
         order = np.flatnonzero(usable & ~over)
         if self.shuffle:
             order = rng.permutation(order)
