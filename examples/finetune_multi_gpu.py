@@ -176,6 +176,14 @@ def compile_elementwise(model: Any) -> list[str]:
     the vision merger and the loss stay eager. Returns what was compiled."""
     import importlib
 
+    # One RMSNorm class serves the LLM (3-D input) and the vision tower (2-D), a padded batch adds
+    # batch 4 vs 1: each is its own graph. Dynamo's default limit (8 per function) was hit on the
+    # H200 run with the padded feed and later shapes then ran eager; allow more (each compiles once).
+    import torch._dynamo
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 64))
     done = []
     for name, module in model.named_modules():
         cls = type(module).__name__

@@ -20,6 +20,12 @@ MFU = useful model FLOPs / (step time x GPUs x peak), useful FLOPs per step =
 (the last: causal LLM attention per sample, fwd+bwd; vision attention not counted). Peak: H200 dense
 bf16 989 TFLOP/s (spec; ~790 measured on random data).
 
+Every feed runs the same model and training step: the vision patch embedding as one GEMM
+(``linear_patch_embed``), fused AdamW on CUDA, DDP with ``gradient_as_bucket_view``, no per-step
+device sync in the loop (the DP stop flag goes over a gloo group); ``--compile`` adds
+``torch.compile`` of the RMSNorm / MLP / rotary pieces (compile time lands in the warm-up steps,
+reported per feed as ``warmup_s``, not in the timed steps).
+
     python examples/gpu_benchmark.py --size 3b --out bench_results/gpu1.json
     torchrun --nproc-per-node 2 examples/gpu_benchmark.py --size 3b --out bench_results/gpu2.json
     python examples/gpu_benchmark.py --combine bench_results/gpu1.json bench_results/gpu2.json \\
