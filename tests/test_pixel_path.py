@@ -12,7 +12,7 @@ from PIL import Image
 
 from energon_pack.bench.pixel_bench import encode, make_image, make_image_set
 from energon_pack.errors import ConfigError
-from energon_pack.qwen_vl import get_preset, normalize_pixels, pixels_to_torch
+from energon_pack.qwen_vl import get_preset, load_demo_tokenizer, normalize_pixels, pixels_to_torch
 from energon_pack.qwen_vl import vision as V
 
 BOUNDS = dict(min_pixels=200_704, max_pixels=1_003_520)
@@ -138,7 +138,7 @@ def test_real_loader_bfloat16_batch(tmp_path):
     images = make_image_set(6, seed=5, lo=60, hi=300)
     root = write_shards(tmp_path / "shards", images, 12)
     preset = get_preset("qwen2-vl", min_pixels=56 * 56, max_pixels=112 * 112, pixel_dtype="bfloat16")
-    encoder = QwenVLPackingTaskEncoder(preset=preset, seq_length=1024)
+    encoder = QwenVLPackingTaskEncoder(tokenizer=load_demo_tokenizer(), preset=preset, seq_length=1024)
     ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1), task_encoder=encoder,
                            packing_buffer_size=8, repeat=False)

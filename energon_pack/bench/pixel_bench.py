@@ -4,6 +4,8 @@ For one set of generated photos and scans (JPEG and PNG, sides 102..1,411 px, Qw
 200,704..1,003,520 pixels) it prints images per CPU-second (one core) for:
 
 * ``floor``: PIL decode + RGB convert only (what every path pays);
+* ``floor + PIL bicubic resize``: decode + the uint8 resize both HF and we run (the floor of
+  any path with HF-identical pixels);
 * ``ours/<dtype>``: :func:`energon_pack.qwen_vl.vision.patchify_image` with ``pixel_dtype``
   float32, bfloat16, uint8 (and float32 with ``jpeg_draft``);
 * ``reference``: the pre-issue-13 float path (:func:`~energon_pack.qwen_vl.vision.reference_patchify_image`);
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from energon_pack.qwen_vl import get_preset
+from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl import vision as V
 
 MIN_PIXELS, MAX_PIXELS = 200_704, 1_003_520
@@ -132,6 +134,14 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
         for d in datas:
             V.to_rgb_image(V.open_image(d))
 
+    def floor_resize():
+        for d in datas:
+            rgb = V.to_rgb_image(V.open_image(d))
+            rh, rw = V.resized_image_size(rgb.height, rgb.width, base)
+            if (rgb.height, rgb.width) != (rh, rw):
+                rgb = rgb.resize((rw, rh), resample=Image.Resampling.BICUBIC)
+            np.asarray(rgb)
+
     def ours(preset):
         return lambda: [V.patchify_image(d, preset) for d in datas]
 
@@ -141,7 +151,7 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
             for d in datas:
                 proc(images=[V.to_rgb_image(V.open_image(d))], return_tensors="np")
 
-    paths = {"floor": floor, "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
+    paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:
@@ -229,7 +239,7 @@ def bench_loader(path: Path, dtype: str, packs: int = 24, warmup: int = 4, seq_l
 
     _wait_for_workers_to_exit()
     preset = get_preset("qwen2.5-vl", min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, pixel_dtype=dtype)
-    encoder = QwenVLPackingTaskEncoder(preset=preset, seq_length=seq_length)
+    encoder = QwenVLPackingTaskEncoder(tokenizer=load_demo_tokenizer(), preset=preset, seq_length=seq_length)
     dataset = get_train_dataset(str(path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                                 worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1, seed_offset=0),
                                 task_encoder=encoder, packing_buffer_size=16, repeat=True)
