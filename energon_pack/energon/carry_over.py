@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional
 
-from megatron.energon.errors import ErrorContext, handle_restore_errors
+from megatron.energon.errors import ErrorContext
 from megatron.energon.flavors.base_dataset import SavableDataset, add_sample_restore_key, set_sample_restore_key
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
@@ -28,6 +28,7 @@ from energon_pack.packing import OnlinePacker
 from energon_pack.packing.costs import Cost
 
 from .samples import SkippedSample
+from .pack_restore import restore_pack
 from .stream import AllSkippedError, all_skipped_message, worker_name
 
 
@@ -217,24 +218,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         super().assert_can_restore()
 
     def restore_sample(self, restore_key: Any) -> Any:
-        self.assert_can_restore()
-        name, pack_idx, *member_keys = restore_key
-        assert name == type(self).__name__
-        pack = []
-        for key in member_keys:
-            if self.sample_encoder is not None:
-                name, encode_idx, *key = key
-                assert name == type(self).__name__
-            sample = self.dataset.restore_sample(tuple(key))
-            if self.sample_encoder is not None:
-                with handle_restore_errors(self.worker_config.restore_error_handler, sample):
-                    with self._sample_encoder_sample_index.ctx(encode_idx):
-                        sample = self.sample_encoder(sample)
-                    sample = add_sample_restore_key(sample, encode_idx, src=self)
-            pack.append(sample)
-        with self._final_packing_sample_index.ctx(pack_idx):
-            packed = self.final_packer(pack)
-        return set_sample_restore_key(packed, pack_idx, *member_keys, src=self)
+        return restore_pack(self, restore_key)
 
     def config(self) -> Dict[str, Any]:
         packer = self.make_packer()

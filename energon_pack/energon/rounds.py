@@ -18,12 +18,11 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Optional
 
 from megatron.energon import SkipSample
-from megatron.energon.errors import handle_restore_errors
-from megatron.energon.flavors.base_dataset import add_sample_restore_key, set_sample_restore_key
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 
 from energon_pack.packing import PackingStats
 
+from .pack_restore import restore_pack
 from .stream import AllSkippedError, SourceEnd, all_skipped_message, worker_name
 
 
@@ -113,25 +112,7 @@ class RoundsPackingDataset(PackingDataset):
         381-384) strips each member's sample-encoder prefix twice, so with a ``postencode_sample``
         it always fails an assertion; this is the same logic with the prefix stripped once.
         """
-        self.assert_can_restore()
-        name, pack_idx, *member_keys = restore_key
-        assert name == type(self).__name__, (name, type(self).__name__)
-        pack = []
-        for key in member_keys:
-            encode_idx = None
-            if self.sample_encoder is not None:
-                name, encode_idx, *key = key
-                assert name == type(self).__name__ and isinstance(encode_idx, int)
-            sample = self.dataset.restore_sample(tuple(key))
-            if self.sample_encoder is not None:
-                with handle_restore_errors(self.worker_config.restore_error_handler, sample):
-                    with self._sample_encoder_sample_index.ctx(encode_idx):
-                        sample = self.sample_encoder(sample)
-                    sample = add_sample_restore_key(sample, encode_idx, src=self)
-            pack.append(sample)
-        with self._final_packing_sample_index.ctx(pack_idx):
-            packed = self.final_packer(pack)
-        return set_sample_restore_key(packed, pack_idx, *member_keys, src=self)
+        return restore_pack(self, restore_key)
 
     def __str__(self) -> str:
         return f"RoundsPackingDataset(buffer_size={self.buffer_size}, dataset={self.dataset})"
