@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from energon_pack.bench.pixel_bench import encode, make_image, make_image_set
-from energon_pack.errors import ConfigError
+from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer, normalize_pixels, pixels_to_torch
 from energon_pack.qwen_vl import vision as V
 
@@ -124,9 +124,17 @@ def test_jpeg_draft_keeps_grids_and_stays_within_the_documented_bound():
         diff = np.abs(full - pv)
         assert 0 < diff.max() <= 0.6  # documented bound: max 0.6 normalised (measured <= 0.53, 36/255)
         assert diff.mean() < 0.02  # measured <= 0.012
-    # small JPEGs and PNGs: draft is a no-op (bit-equal)
-    small = encode(make_image(rng, 800, 600, "photo"), "JPEG", rng)
-    np.testing.assert_array_equal(V.patchify_image(small, draft)[0], V.patchify_image(small, base)[0])
+    # small JPEGs and PNGs (even large ones): draft is a no-op (bit-equal)
+    for data in (encode(make_image(rng, 800, 600, "photo"), "JPEG", rng), encode(photo, "PNG", rng)):
+        np.testing.assert_array_equal(V.patchify_image(data, draft)[0], V.patchify_image(data, base)[0])
+    # skip reasons are kept, not turned into corrupt_image
+    thin = encode(Image.new("RGB", (4000, 10)), "JPEG", rng)
+    with pytest.raises(SampleSkipped) as err:
+        V.patchify_image(thin, draft)
+    assert err.value.reason == "extreme_aspect_ratio"
+    with pytest.raises(SampleSkipped) as err:
+        V.patchify_image(b"\xff\xd8garbage", draft)
+    assert err.value.reason == "corrupt_image"
 
 
 def test_real_loader_bfloat16_batch(tmp_path):

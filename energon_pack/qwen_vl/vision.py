@@ -371,24 +371,29 @@ def _draft_target(img: Image.Image, preset: VisionPreset) -> tuple[int, int] | N
 
 
 def decode_for_patchify(image: Image.Image | bytes, preset: VisionPreset) -> tuple[Image.Image, int, int]:
-    """(upright 8-bit RGB image, target height, target width): the target comes from the *full*
-    (header) size, so draft decoding never changes grids or token counts."""
+    """(upright 8-bit RGB image, target height, target width).
+
+    With ``preset.jpeg_draft`` a JPEG whose target is at most half its size in each side is
+    decoded at a reduced scale (PIL draft: 1/2, 1/4 or 1/8, never below the target); the target
+    still comes from the *full* header size (EXIF orientation included, read at open time for
+    JPEG), so grids and token counts never change. Everything else decodes in full."""
     if preset.jpeg_draft and isinstance(image, (bytes, bytearray)):
         try:
             img = Image.open(io.BytesIO(image))
-            full_w, full_h = img.size
             target = _draft_target(img, preset)
             if target is not None:
+                full_w, full_h = img.size
+                orientation = exif_orientation(img)
                 img.draft(img.mode, target)
         except SampleSkipped:
             raise
         except Exception as exc:
             raise SampleSkipped("corrupt_image", f"cannot decode image: {type(exc).__name__}: {exc}") from None
-        orientation = exif_orientation(img)
-        shown_h, shown_w = (full_w, full_h) if orientation >= 5 else (full_h, full_w)
-        rgb = to_rgb_image(open_image(img))
-        rh, rw = resized_image_size(shown_h, shown_w, preset)
-        return rgb, rh, rw
+        if target is not None:
+            shown_h, shown_w = (full_w, full_h) if orientation >= 5 else (full_h, full_w)
+            rgb = to_rgb_image(open_image(img))
+            return (rgb, *resized_image_size(shown_h, shown_w, preset))
+        image = img  # not a draft case: full decode of the opened image
     rgb = to_rgb_image(open_image(image))
     rh, rw = resized_image_size(rgb.height, rgb.width, preset)
     return rgb, rh, rw
