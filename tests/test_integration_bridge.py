@@ -24,6 +24,7 @@ from PIL import Image
 
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import bridge as B
+from energon_pack.qwen_vl import get_preset
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _bridge_light import PackedSeqParams, bridge_module, bridge_version, load_bridge  # noqa: E402
@@ -419,3 +420,18 @@ def test_example_check_mode_runs(tmp_path):
     assert "check_bridge_config: ok" in out.stdout
     assert out.stdout.count("pack ") == 3
     assert ("through Bridge's get_batch: ok" in out.stdout) == (bridge_version() is not None)
+
+
+def test_uint8_pixels_are_refused_for_bridge(packs25):
+    """Bridge's step hands pixel_values to the vision model as they are: uint8 would train on 0..255.
+    The encoder refuses it at construction (an error inside encode_batch would only skip batches)."""
+    with pytest.raises(ConfigError) as err:
+        B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset=get_preset("qwen2.5-vl", pixel_dtype="uint8"))
+    assert err.value.knob == "pixel_dtype" and "bfloat16" in str(err.value)
+    _, batches = packs25
+    batch = next(b for b in batches if b["visual_inputs"].pixel_values is not None)
+    raw = {k: v for k, v in batch.items() if k != "visual_inputs"}
+    raw.update(pixel_values=batch["visual_inputs"].pixel_values.to(torch.uint8), input_ids=batch["input_ids"],
+               mrope_position_ids=None, image_grid_thw=batch["visual_inputs"].image_grid_thw)
+    with pytest.raises(ConfigError, match="pixel_dtype"):
+        B.to_bridge_batch(raw)

@@ -22,7 +22,7 @@ from PIL import Image
 from energon_pack.energon import prepare_webdataset
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import hf as H
-from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 from _hf_helpers import PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
@@ -350,3 +350,22 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
     bad["cu_seqlens_kv_padded"][-1] -= 1
     with pytest.raises(ConfigError, match="cu_seqlens_kv_padded"):
         H.hf_forward_kwargs(bad, model=packed)
+
+
+def test_uint8_pixels_are_normalised_with_the_preset_or_refused(setup, shards):
+    """pixel_dtype="uint8" (a quarter of the bytes through the loader) gives the float32 logits when
+    hf_forward_kwargs gets the preset; without it, raw 0..255 values are refused, never fed to the tower."""
+    name, tok, packs, te, ref, packed = setup
+    u8_packs, u8_te = load_packs(shards, get_preset(te.preset, pixel_dtype="uint8"))
+    assert [b["__keys__"] for b in u8_packs] == [b["__keys__"] for b in packs]
+    for b32, b8 in zip(packs, u8_packs):
+        if b8["pixel_values"] is None and b8["pixel_values_videos"] is None:
+            continue
+        assert all(b8[k].dtype == torch.uint8 for k in ("pixel_values", "pixel_values_videos") if b8[k] is not None)
+        with pytest.raises(ConfigError) as err:
+            H.packed_forward(packed, b8)
+        assert err.value.knob == "pixel_dtype"
+        with torch.no_grad():
+            got = H.packed_forward(packed, b8, preset=u8_te.preset).logits
+            want = H.packed_forward(packed, b32).logits
+        assert torch.equal(got, want), name

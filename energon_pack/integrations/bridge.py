@@ -142,6 +142,11 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
         raise ValueError(f"not a packed THD batch: missing {missing}")
     if batch["input_ids"].dim() != 2 or batch["input_ids"].shape[0] != 1:
         raise ValueError(f"Bridge's packed VLM step needs one THD row [1, T], got {tuple(batch['input_ids'].shape)}")
+    for key in ("pixel_values", "pixel_values_videos"):
+        pixels = batch.get(key)
+        if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
+            raise ConfigError("pixel_dtype", f"{key} is uint8: Bridge's step feeds it to the vision model as raw 0..255 values",
+                              "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge")
     cls = visual_inputs_cls or bridge_visual_inputs_class()
     visual = cls(**{k: batch.get(k) for k in VISUAL_KEYS})
     mrope = batch.get("mrope_position_ids")
@@ -356,6 +361,9 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
         super().__init__(**kwargs)
         if bridge_position_ids not in POSITION_MODES:
             raise ConfigError("bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}")
+        if self.preset.pixel_dtype == "uint8":
+            raise ConfigError("pixel_dtype", "uint8 pixels would reach Bridge's vision model as raw 0..255 values",
+                              "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge")
         if bridge_position_ids == "auto":
             bridge_position_ids = "mrope" if self.preset.rope_style == "qwen3" else "flat"
         self.bridge_position_ids = bridge_position_ids

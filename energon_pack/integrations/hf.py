@@ -95,8 +95,13 @@ def hf_forward_kwargs(
     model: Any = None,
     device: torch.device | str | None = None,
     use_cache: bool = False,
+    preset: Any = None,
 ) -> dict[str, Any]:
     """Keyword arguments for a HF Qwen-VL ``forward`` (ForConditionalGeneration or base model).
+
+    uint8 pixels (``pixel_dtype="uint8"``) are normalised on ``device`` with the vision
+    ``preset``'s mean/std (:func:`energon_pack.qwen_vl.normalize_pixels`); without ``preset``
+    they are refused, since HF would feed raw 0..255 values to the vision tower.
 
     ``model`` (optional, a model or its config) enables the checks that need it: a text-only LLM
     gets ``(1, T)`` positions and must not receive visual tensors; ``second_per_grid_ts`` is
@@ -185,6 +190,15 @@ def hf_forward_kwargs(
             return moved[id(v)]
 
         kwargs = {k: to_device(v) for k, v in kwargs.items()}
+    for key in ("pixel_values", "pixel_values_videos"):
+        if isinstance(kwargs.get(key), torch.Tensor) and kwargs[key].dtype == torch.uint8:
+            if preset is None:
+                raise ConfigError("pixel_dtype", f"{key} is uint8 and would reach the vision tower as raw 0..255 values",
+                                  "pass preset=task_encoder.preset (normalised on the device), or use pixel_dtype "
+                                  "'float32' / 'bfloat16'")
+            from energon_pack.qwen_vl.vision import normalize_pixels
+
+            kwargs[key] = normalize_pixels(kwargs[key], preset)
     return kwargs
 
 
@@ -247,8 +261,9 @@ def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str
     return out
 
 
-def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
-    """``model(**hf_forward_kwargs(batch, model=model), **extra)``, refusing overrides that break packing.
+def packed_forward(model: Any, batch: Mapping[str, Any], *, preset: Any = None, **extra: Any) -> Any:
+    """``model(**hf_forward_kwargs(batch, model=model, preset=preset), **extra)``, refusing overrides
+    that break packing.
 
     ``model`` may be wrapped (DDP, FSDP): the wrapper is called, its ``.module`` configures the kwargs."""
     if extra.get("use_cache"):
@@ -265,7 +280,7 @@ def packed_forward(model: Any, batch: Mapping[str, Any], **extra: Any) -> Any:
     extra.pop("use_cache", None)
     inner = getattr(model, "module", model)  # DDP / FSDP wrappers: the config lives on the wrapped model
     device = next(model.parameters()).device
-    return model(**hf_forward_kwargs(batch, model=inner, device=device), **extra)
+    return model(**hf_forward_kwargs(batch, model=inner, device=device, preset=preset), **extra)
 
 
 # --------------------------------------------------------------------------------- varlen attention
