@@ -11,7 +11,7 @@ This module is pure torch/numpy: it must never import Megatron or Energon.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch

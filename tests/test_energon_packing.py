@@ -17,7 +17,7 @@ from megatron.energon import (
 
 from energon_pack.energon.chatml import CHATML_COOKERS
 
-from energon_pack.energon.demo_data import CORRUPT_KINDS, expected_skips
+from energon_pack.energon.demo_data import expected_skips
 from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset

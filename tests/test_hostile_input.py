@@ -17,7 +17,7 @@ import torch
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from PIL import Image, ImageOps
 
-from energon_pack.chat import ChatConfig, encode_text_chat, load_demo_tokenizer, load_demo_tokenizer_raw, normalize_conversation
+from energon_pack.chat import encode_text_chat, load_demo_tokenizer, load_demo_tokenizer_raw, normalize_conversation
 from energon_pack.energon import TextPackingTaskEncoder, prepare_jsonl
 from energon_pack.energon.chatml import ChatMLSample, parse_chatml
 from energon_pack.energon.prepare import prepare_webdataset

@@ -15,7 +15,7 @@ import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 
 from energon_pack.bench.stress_data import StressTaskEncoder, random_records, valid_keys, write_shards
-from energon_pack.energon import AllSkippedError, save_state_rank
+from energon_pack.energon import AllSkippedError
 from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 

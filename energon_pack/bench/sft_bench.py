@@ -218,7 +218,7 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
     b = fill["baseline"]
     print(f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s) vs "
           f"concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)")
-    print(f"\nproject benchmark targets (for information; `energon-pack bench-sft --check` exits 1 on a miss)")
+    print("\nproject benchmark targets (for information; `energon-pack bench-sft --check` exits 1 on a miss)")
     if length_pass is not None:
         lp = length_pass
         print(f"length pass: {lp['bytes'] / 2**20:.0f} MiB, {lp['lines']} distinct lines: index + serial per-line pass "

@@ -15,9 +15,8 @@ import signal
 import time
 import warnings
 from collections import Counter
-from pathlib import Path
 
-from .stress_resume import HANG_SECONDS, SCALES, _alarm, _Hang, close, make_loader
+from .stress_resume import HANG_SECONDS, _alarm, _Hang, close, make_loader, stress_out_dir
 
 
 def shapes(scale: str) -> dict[str, list[list[dict]]]:
@@ -78,11 +77,7 @@ def run_coverage(out_dir, scale: str = "bounded") -> dict:
     """Run every shape x layout at ``scale``; writes ``coverage.json`` to ``out_dir``."""
     from .stress_data import write_shards
 
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    out_dir = stress_out_dir(out_dir, scale)
     layouts = ([(w, r, m) for w in (0, 2, 4) for r in (1, 2) for m in ("carry", "rounds")] if scale == "full"
                else [(0, 1, "carry"), (2, 2, "rounds"), (0, 2, "rounds"), (2, 1, "carry")])
     totals = dict(cases=0, duplicates=0, lost=0, uncounted=0, crashes=0, hangs=0)

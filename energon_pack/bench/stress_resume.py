@@ -15,11 +15,20 @@ import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
 SCALES = ("bounded", "full")
+
+
+def stress_out_dir(out_dir, scale: str) -> Path:
+    """Check ``scale``, create ``out_dir``, and silence the CPU-only pin_memory warning of the loaders."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    return out_dir
 HANG_SECONDS = 120
 
 
@@ -172,11 +181,7 @@ def run_resume_sweep(out_dir, scale: str = "bounded") -> dict:
     """Run the sweep at ``scale`` ("bounded" or "full"); writes ``resume_sweep.json`` to ``out_dir``."""
     from .stress_data import random_records, write_shards
 
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    out_dir = stress_out_dir(out_dir, scale)
     records = random_records(360 if scale == "full" else 200, seed=11, max_len=300, bad_every=23)
     data = write_shards(out_dir / "resume_data", [records[i : i + 40] for i in range(0, len(records), 40)])
     train_packs, tail = (40, 10) if scale == "full" else (24, 6)

@@ -28,7 +28,7 @@ from typing import Any, Hashable, Literal
 import numpy as np
 
 from .bins import Bin, OpenBins
-from .costs import Cost, CostLike, as_capacity, as_cost
+from .costs import CostLike, as_capacity, as_cost
 from .offline import OversizeError
 from .stats import PackingStats
 
