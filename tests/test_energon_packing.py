@@ -22,6 +22,7 @@ from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.bench.stress_resume import batch_difference
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 SAMPLES = 600
@@ -165,12 +166,7 @@ def test_two_ranks_are_disjoint_and_complete(demo_shards):
 
 
 def _same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        elif k != "__restore_key__":
-            assert a[k] == b[k], k
+    assert batch_difference(a, b) is None, batch_difference(a, b)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -18,6 +18,7 @@ from energon_pack.bench.stress_data import StressTaskEncoder, random_records, va
 from energon_pack.energon import AllSkippedError
 from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
+from energon_pack.bench.stress_resume import batch_difference
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 N = 240
@@ -53,12 +54,7 @@ def roundtrip(state):
 
 
 def same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        elif k != "__restore_key__":
-            assert a[k] == b[k], k
+    assert batch_difference(a, b) is None, batch_difference(a, b)
 
 
 # ---------------------------------------------------------------- 1. finite streams resume once

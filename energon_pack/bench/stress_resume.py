@@ -40,16 +40,18 @@ def _alarm(_signum, _frame):
     raise _Hang()
 
 
-def _same(a: dict, b: dict) -> bool:
+def batch_difference(a: dict, b: dict) -> str | None:
+    """The first key where two batches differ (tensors bit for bit, dtype included), or None when
+    they are the same; ``__restore_key__`` is not compared (it names the cut, not the content)."""
     if a.keys() != b.keys():
-        return False
+        return f"keys {sorted(set(a) ^ set(b))}"
     for k in a:
         if isinstance(a[k], torch.Tensor):
             if not (isinstance(b[k], torch.Tensor) and a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])):
-                return False
+                return k
         elif k != "__restore_key__" and a[k] != b[k]:
-            return False
-    return True
+            return k
+    return None
 
 
 def close(loader) -> None:
@@ -167,7 +169,7 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
                 extra = list(rit)
                 figures["duplicates"] += sum(len(b["__keys__"]) for b in extra)
             figures["lost"] += sum(len(b["__keys__"]) for b in want[len(got):])
-            figures["mismatches"] += sum(not _same(a, b) for a, b in zip(got, want))
+            figures["mismatches"] += sum(batch_difference(a, b) is not None for a, b in zip(got, want))
             close(restored)
         except _Hang:
             figures["hangs"] += 1
