@@ -100,35 +100,13 @@ def ensure_demo_data(path: str | Path, samples: int) -> Path:  # kept for caller
 def load_tokenizer(spec: str | None) -> tuple[Any, str]:
     """(tokenizer, description) for ``--tokenizer``: None or ``demo`` -> the shipped demo tokenizer;
     a ``tokenizer.json`` file or a local Hugging Face folder otherwise. Never downloads."""
-    from energon_pack.chat.tokenizer import load_demo_tokenizer
+    from energon_pack.chat.tokenizer import load_tokenizer as load
 
+    tok = load(spec or "demo", where="--tokenizer")
     if spec is None or spec == "demo":
-        tok = load_demo_tokenizer()
         return tok, f"demo tokenizer ({tok.inner.get_vocab_size()} tokens; lengths are not your model's)"
-    path = Path(spec)
-    if path.is_file():
-        from tokenizers import Tokenizer
-
-        try:
-            tok = Tokenizer.from_file(str(path))
-        except Exception as exc:
-            raise CliError(f"--tokenizer {spec}: not a tokenizers JSON file ({str(exc).splitlines()[0][:120]}): "
-                           f"pass a tokenizer.json or a local Hugging Face tokenizer folder") from None
-        return tok, f"{path} ({tok.get_vocab_size()} tokens)"
-    if path.is_dir():
-        try:
-            from transformers import AutoTokenizer
-        except ImportError:
-            raise CliError(f"--tokenizer {spec}: a tokenizer folder needs transformers (pip install transformers), "
-                           f"or pass its tokenizer.json file") from None
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except Exception as exc:
-            raise CliError(f"--tokenizer {spec}: no tokenizer could be loaded from this folder "
-                           f"({str(exc).splitlines()[0][:120]}): pass a folder with tokenizer files or a tokenizer.json") from None
-        return tok, f"{path} ({len(tok)} tokens)"
-    raise CliError(f"--tokenizer {spec}: no such file or folder: pass a tokenizer.json or a local Hugging Face "
-                   f"tokenizer folder (nothing is downloaded), or leave it out for the demo tokenizer")
+    size = tok.get_vocab_size() if hasattr(tok, "get_vocab_size") else len(tok)
+    return tok, f"{spec} ({size} tokens)"
 
 
 # ------------------------------------------------------------------------------------ argument types

@@ -373,3 +373,19 @@ def test_sweep_prints_a_time_estimate_before_it_starts(tmp_path, capsys, monkeyp
     est = buffer_sweep.estimate_seconds(6, 100)
     assert est == pytest.approx(6 * (buffer_sweep.SECONDS_PER_CELL + 100 * buffer_sweep.SECONDS_PER_PACK_AT_8192))
     assert buffer_sweep.estimate_seconds(6, None) is None
+
+
+def test_one_tokenizer_loader_names_the_fix_for_bad_paths(tmp_path, capsys):
+    """``--tokenizer`` and ``inspect``'s tokenizer share chat.tokenizer.load_tokenizer: a bad path is a ConfigError."""
+    from energon_pack.chat.tokenizer import load_tokenizer
+    from energon_pack.errors import ConfigError
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{}")
+    for spec, problem in ((tmp_path / "missing", "no such file or folder"), (bad, "is not a tokenizers JSON file"),
+                          (tmp_path, "no tokenizer could be loaded")):
+        with pytest.raises(ConfigError) as err:
+            load_tokenizer(spec)
+        assert err.value.knob == "tokenizer" and problem in str(err.value)
+    assert main(["bench", "--tokenizer", str(bad)]) == 2
+    assert "is not a tokenizers JSON file" in one_error_line(capsys.readouterr().err, "bench")

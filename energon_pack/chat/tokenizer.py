@@ -242,3 +242,42 @@ def load_demo_tokenizer() -> QwenTokenizer:
     tok._energon_pack_demo = True
     return tok
 
+
+
+def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: int = 3) -> Any:
+    """A tokenizer from what a user names: ``"demo"`` (the shipped demo tokenizer), ``None`` (the
+    same, with a :class:`DemoTokenizerWarning`), a ``tokenizer.json`` file, a local Hugging Face
+    tokenizer folder (never downloads), or a tokenizer object (returned as is).
+
+    A path that holds no loadable tokenizer raises :class:`ConfigError` naming the fix.
+    """
+    import os
+    from pathlib import Path
+
+    if spec is None or spec == DEMO_TOKENIZER_NAME:
+        return resolve_tokenizer(spec, where=where, stacklevel=stacklevel + 1)
+    if not isinstance(spec, (str, os.PathLike)):
+        return spec
+    path = Path(spec)
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library raises its own Exception type
+            raise ConfigError("tokenizer", f"{path} is not a tokenizers JSON file ({str(exc).splitlines()[0][:120]})",
+                              "pass a tokenizer.json or a local Hugging Face tokenizer folder") from None
+    if path.is_dir():
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ConfigError("tokenizer", f"{path} is a folder, and loading it needs transformers",
+                              "pip install transformers, or pass its tokenizer.json file") from None
+        try:
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as exc:  # transformers raises OSError/ValueError/... for unusable folders
+            raise ConfigError("tokenizer", f"no tokenizer could be loaded from {path} ({str(exc).splitlines()[0][:120]})",
+                              "pass a folder with tokenizer files or a tokenizer.json") from None
+    raise ConfigError("tokenizer", f"{spec}: no such file or folder",
+                      "pass a tokenizer.json or a local Hugging Face tokenizer folder (nothing is downloaded), "
+                      "or \"demo\" for the demo tokenizer")

@@ -36,25 +36,10 @@ CHAT_FIELDS = ("messages", "conversations", "conversation")
 
 
 def load_tokenizer(spec: Any = None, *, stacklevel: int = 3) -> Any:
-    """``"demo"`` -> the shipped demo tokenizer; a ``tokenizer.json`` path or a local HF directory
-    (never downloads); a tokenizer object as is. ``None`` -> the demo tokenizer with a
-    ``DemoTokenizerWarning`` (no silent default)."""
-    from ..chat.tokenizer import resolve_tokenizer
+    """:func:`energon_pack.chat.tokenizer.load_tokenizer` for ``inspect`` (``None`` warns: no silent default)."""
+    from ..chat.tokenizer import load_tokenizer as load
 
-    if spec is None or spec == "demo":
-        return resolve_tokenizer(spec, where="inspect", stacklevel=stacklevel + 1)
-    if not isinstance(spec, (str, os.PathLike)):
-        return spec
-    path = Path(spec)
-    if path.is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(path))
-    if path.is_dir():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    raise FileNotFoundError(f"tokenizer not found: {str(spec)!r} (give a tokenizer.json file or a local directory)")
+    return load(spec, where="inspect", stacklevel=stacklevel + 1)
 
 
 def concat_baseline(lengths: np.ndarray, width: int, mbs: int, seed: int = 0) -> dict[str, float]:
