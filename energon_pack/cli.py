@@ -368,8 +368,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from energon_pack.bench import buffer_sweep
     from energon_pack.bench.targets import format_target
 
+    tokenizer, described = load_tokenizer(args.tokenizer)  # a bad knob is named before the data is looked at
     data = require_prepared(args.data)
-    tokenizer, described = load_tokenizer(args.tokenizer)
     print(f"data: {data}; preset: {args.preset}; tokenizer: {described}", flush=True)
     result = buffer_sweep.main(
         data, args.out_dir, plots=not args.no_plots, buffers=args.buffers, modes=args.modes, workers=args.workers,
