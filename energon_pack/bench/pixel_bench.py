@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -142,8 +143,29 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
                 rgb = rgb.resize((rw, rh), resample=Image.Resampling.BICUBIC)
             np.asarray(rgb)
 
+    def floor_our_resize():
+        from energon_pack.qwen_vl.pil_resample import resize_rgb
+
+        for d in datas:
+            rgb = V.to_rgb_image(V.open_image(d))
+            rh, rw = V.resized_image_size(rgb.height, rgb.width, base)
+            if (rgb.height, rgb.width) != (rh, rw):
+                resize_rgb(np.asarray(rgb), rh, rw, "bicubic")
+
     def ours(preset):
         return lambda: [V.patchify_image(d, preset) for d in datas]
+
+    def without_kernels():
+        saved = os.environ.get(V.PIXEL_KERNELS_ENV)
+        os.environ[V.PIXEL_KERNELS_ENV] = "off"
+        try:
+            for d in datas:
+                V.patchify_image(d, presets["float32"])
+        finally:
+            if saved is None:
+                del os.environ[V.PIXEL_KERNELS_ENV]
+            else:
+                os.environ[V.PIXEL_KERNELS_ENV] = saved
 
     def hf_path():
         with warnings.catch_warnings():
@@ -151,8 +173,11 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
             for d in datas:
                 proc(images=[V.to_rgb_image(V.open_image(d))], return_tensors="np")
 
-    paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
+    V.warm_pixel_path(base)
+    paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "floor + our PIL-exact resize": floor_our_resize,
+             "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
+             "ours/float32 without numba": without_kernels,
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:
         paths["hf Qwen2VLImageProcessor (PIL)"] = hf_path

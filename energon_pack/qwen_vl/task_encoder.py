@@ -63,6 +63,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         shortest = encoded_length([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
                                   tokenizer=self.tokenizer, preset=self.preset, config=self.chat)
         self.check_width_fits(shortest, "a one-token answer to an empty question (the chat template's headers)")
+        V.warm_pixel_path(self.preset)  # compile/verify the pixel kernels here, before the loader's workers fork
 
     # ------------------------------------------------------------------ pre-encode (cheap)
     @stateless

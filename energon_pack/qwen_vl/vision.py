@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -399,31 +400,97 @@ def decode_for_patchify(image: Image.Image | bytes, preset: VisionPreset) -> tup
     return rgb, rh, rw
 
 
+_IDENTITY_U8 = np.ascontiguousarray(np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 256)))
+_IDENTITY_U8.flags.writeable = False
+
+
+def _storage_table(preset: VisionPreset) -> np.ndarray:
+    """[3, 256] table from a channel byte to its stored value in ``preset.pixel_dtype``: the float32
+    LUT, the bfloat16 bit patterns of it, or the byte itself (uint8)."""
+    if preset.pixel_dtype == "uint8":
+        return _IDENTITY_U8
+    f32, bf16 = _luts(tuple(preset.image_mean), tuple(preset.image_std))
+    return f32 if preset.pixel_dtype == "float32" else bf16
+
+
+#: environment variable: "off" makes every worker use the PIL + numpy pixel path (same values)
+PIXEL_KERNELS_ENV = "ENERGON_PACK_PIXEL_KERNELS"
+
+
+def _fast_kernels(preset: VisionPreset):
+    """:mod:`.pixel_kernels` when the compiled path reproduces PIL's ``preset.resample`` resize
+    here (numba installed, probe passed, not turned off by ``ENERGON_PACK_PIXEL_KERNELS=off``);
+    None otherwise (the PIL + numpy path)."""
+    from .pil_resample import fast_resize_available
+
+    if os.environ.get(PIXEL_KERNELS_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        return None
+    if not fast_resize_available(preset.resample):
+        return None
+    from . import pixel_kernels
+
+    return pixel_kernels
+
+
+def warm_pixel_path(preset: VisionPreset) -> bool:
+    """Load (or compile) the pixel kernels and verify them against PIL now, e.g. in the main
+    process before data-loader workers fork, so no worker pays for it. True if they are used."""
+    kernels = _fast_kernels(preset)
+    if kernels is None:
+        return False
+    side = 2 * preset.factor
+    _patch_rows(np.zeros((1, side, side, 3), dtype=np.uint8), 1, preset, kernels)
+    return True
+
+
+def _resized_u8(rgb: Image.Image, height: int, width: int, preset: VisionPreset, fast: bool) -> np.ndarray:
+    """uint8 [height, width, 3] of an RGB image, resized exactly like ``rgb.resize`` (PIL's bytes)."""
+    if (rgb.height, rgb.width) == (height, width):
+        return np.asarray(rgb, dtype=np.uint8)
+    if fast:
+        from .pil_resample import resize_rgb
+
+        return resize_rgb(np.asarray(rgb, dtype=np.uint8), height, width, preset.resample)
+    return np.asarray(rgb.resize((width, height), resample=_RESAMPLE[preset.resample]), dtype=np.uint8)
+
+
+def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset,
+                kernels) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``preset.pixel_dtype``'s storage, grid).
+    Frames past T (up to a multiple of tp) repeat the last one; a single image fills every slot."""
+    p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
+    grid = (-(-num_frames // tp), frames.shape[1] // p, frames.shape[2] // p)
+    if kernels is not None:
+        table = _storage_table(preset)
+        out = np.empty((grid[0] * grid[1] * grid[2], preset.patch_dim), dtype=table.dtype)
+        kernels.layout(frames, p, m, table, out)
+        return out, grid
+    if num_frames == 1:  # one temporal slot; _finish repeats it tp times while writing
+        layout, _ = _patch_layout_u8(frames, p, m, 1)
+        return _finish(layout, preset, repeat_t=True), grid
+    total = grid[0] * tp
+    if total != num_frames:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], total - num_frames, axis=0)])
+    layout, _ = _patch_layout_u8(frames, p, m, tp)
+    return _finish(layout, preset), grid
+
+
 def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
     """(pixel_values [patches, C*tp*p*p], image_grid_thw int64 [1, 3]) like Qwen2VLImageProcessor.
 
-    Resize in PIL on uint8, patch order by one uint8 transpose, then one fused step to
-    ``preset.pixel_dtype``: float32 (a per-channel 256-entry lookup table holding exactly the
-    reference float32 values), uint16 bit patterns of bfloat16 (the float32 values rounded to
-    nearest even; :func:`pixels_to_torch` views them as ``torch.bfloat16``), or uint8 (normalise
-    later with :func:`normalize_pixels`).
+    PIL's resize on uint8 (reproduced byte for byte by compiled kernels where verified, see
+    :mod:`.pil_resample`), then one pass that writes HF's patch order through a per-channel
+    256-entry table in ``preset.pixel_dtype``: float32 (exactly the reference float32 values),
+    uint16 bit patterns of bfloat16 (the float32 values rounded to nearest even;
+    :func:`pixels_to_torch` views them as ``torch.bfloat16``), or uint8 (normalise later with
+    :func:`normalize_pixels`). Without numba, PIL and numpy give the same values, slower.
     """
     rgb, rh, rw = decode_for_patchify(image, preset)
-    if (rgb.height, rgb.width) != (rh, rw):  # resize the PIL image itself: no full-size numpy copies
-        rgb = rgb.resize((rw, rh), resample=_RESAMPLE[preset.resample])
-    hwc = np.asarray(rgb, dtype=np.uint8)
+    kernels = _fast_kernels(preset)
+    hwc = _resized_u8(rgb, rh, rw, preset, kernels is not None)
     del rgb
-    # one temporal slot; _finish repeats it temporal_patch_size times while writing the output
-    layout, (_t, gh, gw) = _patch_layout_u8(hwc[None], preset.patch_size, preset.merge_size, 1)
-    pixel_values = _finish(layout, preset, repeat_t=True)
+    pixel_values, (_t, gh, gw) = _patch_rows(hwc[None], 1, preset, kernels)
     return pixel_values, np.asarray([[1, gh, gw]], dtype=np.int64)
-
-
-def _frame_u8(frame: Image.Image | bytes, height: int, width: int, preset: VisionPreset) -> np.ndarray:
-    rgb = to_rgb_image(open_image(frame))
-    if (rgb.height, rgb.width) != (height, width):
-        rgb = rgb.resize((width, height), resample=_RESAMPLE[preset.resample])
-    return np.asarray(rgb, dtype=np.uint8)
 
 
 def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
@@ -433,20 +500,18 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
     All frames are resized to the size the first frame's size maps to; frames are padded to a
     multiple of temporal_patch_size by repeating the last one; second_per_grid_ts =
     temporal_patch_size / fps (fps of the given frames; preset.video_fps when None). Frames are
-    decoded one at a time into one uint8 array, laid out on uint8, then converted like images.
+    decoded one at a time into one uint8 array, then laid out and converted like images.
     """
     if len(frames) == 0:
         raise SampleSkipped("empty_video", "video has no frames")
     first = to_rgb_image(open_image(frames[0]))
     rh, rw = resized_video_size(len(frames), first.height, first.width, preset)
-    total = len(frames) + (-len(frames) % preset.temporal_patch_size)
+    kernels = _fast_kernels(preset)
     # one frame decoded at a time, written into the final uint8 array (no per-frame lists, no stack copy)
-    out = np.empty((total, rh, rw, 3), dtype=np.uint8)
+    out = np.empty((len(frames), rh, rw, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
-        out[i] = _frame_u8(first if i == 0 else frame, rh, rw, preset)
+        rgb = first if i == 0 else to_rgb_image(open_image(frame))
+        out[i] = _resized_u8(rgb, rh, rw, preset, kernels is not None)
         first = None
-    out[len(frames):] = out[len(frames) - 1]
-    layout, grid = _patch_layout_u8(out, preset.patch_size, preset.merge_size, preset.temporal_patch_size)
-    del out
-    pixel_values = _finish(layout, preset)
+    pixel_values, grid = _patch_rows(out, len(frames), preset, kernels)
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)

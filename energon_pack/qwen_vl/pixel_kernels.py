@@ -1,0 +1,113 @@
+"""Compiled (numba) loops of the worker's pixel path: PIL's fixed-point resampling passes and the
+fused patch layout. Integer arithmetic only in the resampling passes, so any loop order gives
+PIL's exact bytes; the layout writes each output row once, in order, through a lookup table.
+
+Why numba and not numpy: each pass is a short multiply-accumulate over a few neighbours or a
+scatter into HF's patch order; in numpy that is one temporary array per tap and per axis, slower
+than PIL itself. numba compiles the loops to vectorised machine code (``cache=True`` keeps the
+compiled code on disk, so worker processes load it instead of compiling). This module imports
+numba at import time; :mod:`.pil_resample` imports it lazily and falls back to PIL and numpy
+where numba is missing.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: PIL's fixed-point precision for 8-bit resampling (``PRECISION_BITS`` in libImaging/Resample.c)
+PRECISION_BITS = 32 - 8 - 2
+#: rows transposed into one tile by the horizontal pass (tile = source width x TILE_ROWS x 3 bytes)
+TILE_ROWS = 32
+HALF = 1 << (PRECISION_BITS - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def horizontal(src, y0, y1, xmin, xlen, coef, out):  # pragma: no cover - compiled
+    """out[y - y0, xx, c] = clip((HALF + sum_j src[y, xmin[xx] + j, c] * coef[xx, j]) >> PRECISION_BITS)
+    for y in [y0, y1): rows are transposed into a tile so the taps run over contiguous vectors."""
+    out_w = xmin.shape[0]
+    width = src.shape[1]
+    tile = np.empty((width, TILE_ROWS * 3), np.uint8)
+    acc = np.empty(TILE_ROWS * 3, np.int32)
+    for yb in range(y0, y1, TILE_ROWS):
+        nb = min(TILE_ROWS, y1 - yb)
+        n3 = nb * 3
+        for r in range(nb):
+            row = src[yb + r]
+            for x in range(width):
+                tile[x, r * 3] = row[x, 0]
+                tile[x, r * 3 + 1] = row[x, 1]
+                tile[x, r * 3 + 2] = row[x, 2]
+        for xx in range(out_w):
+            for i in range(n3):
+                acc[i] = HALF
+            x0 = xmin[xx]
+            for j in range(xlen[xx]):
+                k = coef[xx, j]
+                t = tile[x0 + j]
+                for i in range(n3):
+                    acc[i] += np.int32(t[i]) * k
+            for r in range(nb):
+                orow = out[yb + r - y0, xx]
+                for c in range(3):
+                    orow[c] = min(max(acc[r * 3 + c] >> PRECISION_BITS, 0), 255)
+
+
+@numba.njit(cache=True, nogil=True)
+def vertical(src, ymin, ylen, coef, out):  # pragma: no cover - compiled
+    """out[yy] = clip((HALF + sum_j src[ymin[yy] + j] * coef[yy, j]) >> PRECISION_BITS), row-vectorised."""
+    out_h = ymin.shape[0]
+    n = src.shape[1] * src.shape[2]
+    flat_in = src.reshape(src.shape[0], n)
+    flat_out = out.reshape(out_h, n)
+    acc = np.empty(n, np.int32)
+    for yy in range(out_h):
+        for i in range(n):
+            acc[i] = HALF
+        y_first = ymin[yy]
+        for j in range(ylen[yy]):
+            k = coef[yy, j]
+            r = flat_in[y_first + j]
+            for i in range(n):
+                acc[i] += np.int32(r[i]) * k
+        orow = flat_out[yy]
+        for i in range(n):
+            orow[i] = min(max(acc[i] >> PRECISION_BITS, 0), 255)
+
+@numba.njit(cache=True, nogil=True)
+def layout(frames, patch, merge, lut, out):  # pragma: no cover - compiled
+    """uint8 frames [T, H, W, 3] -> out [N, 3 * tp * patch^2] in HF's patch order (temporal
+    group, merge block rows, merge block columns, rows and columns inside the block), each
+    value ``lut[channel, byte]``. Frame index g * tp + t past the end repeats the last frame
+    (a single image fills every temporal slot); a repeated slot is copied, not recomputed."""
+    num_frames, height, width, _ = frames.shape
+    gh = height // patch
+    gw = width // patch
+    pp = patch * patch
+    tp = out.shape[1] // (3 * pp)
+    gt = out.shape[0] // (gh * gw)
+    n = 0
+    for g in range(gt):
+        for bh in range(gh // merge):
+            for bw in range(gw // merge):
+                for mh in range(merge):
+                    for mw in range(merge):
+                        y0 = (bh * merge + mh) * patch
+                        x0 = (bw * merge + mw) * patch
+                        row = out[n]
+                        for c in range(3):
+                            table = lut[c]
+                            for t in range(tp):
+                                f = min(g * tp + t, num_frames - 1)
+                                base = (c * tp + t) * pp
+                                if t > 0 and f == min(g * tp + t - 1, num_frames - 1):
+                                    for i in range(pp):
+                                        row[base + i] = row[base - pp + i]
+                                    continue
+                                img = frames[f]
+                                for iy in range(patch):
+                                    src = img[y0 + iy]
+                                    for ix in range(patch):
+                                        row[base + iy * patch + ix] = table[src[x0 + ix, c]]
+                        n += 1
