@@ -10,6 +10,7 @@ from PIL import Image
 from energon_pack.bench.pixel_bench import make_image_set
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl import pil_resample as R
+from energon_pack.qwen_vl import pixel_kernels as K
 from energon_pack.qwen_vl import vision as V
 
 
@@ -76,7 +77,7 @@ def test_coefficients_are_pils_fixed_point_weights():
         xmin, xlen, fixed = R.coefficients(in_size, out_size, "bicubic")
         assert (xmin >= 0).all() and (xlen >= 1).all() and (xmin + xlen <= in_size).all()
         sums = fixed.astype(np.int64).sum(axis=1)
-        assert np.abs(sums - (1 << R.PRECISION_BITS)).max() <= fixed.shape[1]
+        assert np.abs(sums - (1 << K.PRECISION_BITS)).max() <= fixed.shape[1]
         assert not fixed.flags.writeable
 
 

@@ -16,33 +16,12 @@ filter; otherwise (no numba, an unknown Pillow change, another filter) callers u
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from PIL import Image
 
-PRECISION_BITS = 32 - 8 - 2
-
-
-def _bicubic(x: np.ndarray) -> np.ndarray:
-    a = -0.5
-    x = np.abs(x)
-    out = np.zeros_like(x)
-    near = x < 1.0
-    far = ~near & (x < 2.0)
-    xn, xf = x[near], x[far]
-    out[near] = ((a + 2.0) * xn - (a + 3.0)) * xn * xn + 1
-    out[far] = (((xf - 5) * xf + 8) * xf - 4) * a
-    return out
-
-
-def _bilinear(x: np.ndarray) -> np.ndarray:
-    x = np.abs(x)
-    return np.where(x < 1.0, 1.0 - x, 0.0)
-
-
-#: resample name -> (filter, support), as in Resample.c
-FILTERS = {"bicubic": (_bicubic, 2.0), "bilinear": (_bilinear, 1.0)}
+#: resample names with a compiled path (the others always use PIL)
+FILTERS = ("bicubic", "bilinear")
 #: pass-order rules PIL has had: "vertical_when_height_shrinks_more" (Pillow 13+), "horizontal_first"
 ORDER_RULES = ("vertical_when_height_shrinks_more", "horizontal_first")
 
@@ -50,29 +29,14 @@ ORDER_RULES = ("vertical_when_height_shrinks_more", "horizontal_first")
 @functools.lru_cache(maxsize=4096)
 def coefficients(in_size: int, out_size: int, resample: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first source index, tap count, int32 fixed-point weights [out_size, ksize]) of one axis,
-    computed with Resample.c's double operations in its order (so the integers are PIL's)."""
-    filt, base_support = FILTERS[resample]
-    scale = float(np.float32(in_size)) / out_size  # (double)(in1 - in0) / outSize, box in float32
-    filterscale = max(scale, 1.0)
-    support = base_support * filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
-    center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
-    xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
-    xlen = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - xmin
-    weights = np.zeros((out_size, ksize), dtype=np.float64)
-    total = np.zeros(out_size, dtype=np.float64)
-    for j in range(ksize):  # one tap at a time: the sum is accumulated in C's order
-        w = filt(((j + xmin).astype(np.float64) - center + 0.5) * (1.0 / filterscale))
-        w[j >= xlen] = 0.0
-        weights[:, j] = w
-        total = total + w
-    nonzero = total != 0.0
-    weights[nonzero] /= total[nonzero, None]
-    scaled = weights * (1 << PRECISION_BITS)
-    fixed = np.where(weights < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int32)
-    for arr in (xmin, xlen, fixed):
+    PIL's own integers (see :func:`.pixel_kernels.coefficients`); read-only, cached per size pair."""
+    from . import pixel_kernels as K
+
+    kind, support = K.FILTER_KINDS[resample]
+    arrays = K.coefficients(in_size, out_size, kind, support)
+    for arr in arrays:
         arr.flags.writeable = False
-    return xmin, xlen, fixed
+    return arrays
 
 
 def _horizontal_first(height: int, width: int, out_h: int, out_w: int, rule: str) -> bool:

@@ -12,6 +12,8 @@ where numba is missing.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -20,6 +22,64 @@ PRECISION_BITS = 32 - 8 - 2
 #: rows transposed into one tile by the horizontal pass (tile = source width x TILE_ROWS x 3 bytes)
 TILE_ROWS = 32
 HALF = 1 << (PRECISION_BITS - 1)
+#: filter kinds of :func:`coefficients`, with Resample.c's support radius
+FILTER_KINDS = {"bicubic": (0, 2.0), "bilinear": (1, 1.0)}
+
+
+@numba.njit(cache=True, nogil=True)
+def _filter(kind, x):  # pragma: no cover - compiled
+    """Resample.c's ``bicubic_filter`` (a = -0.5; kind 0) and ``bilinear_filter`` (kind 1)."""
+    if x < 0.0:
+        x = -x
+    if kind == 0:
+        a = -0.5
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+        if x < 2.0:
+            return (((x - 5) * x + 8) * x - 4) * a
+        return 0.0
+    if x < 1.0:
+        return 1.0 - x
+    return 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def coefficients(in_size, out_size, kind, base_support):  # pragma: no cover - compiled
+    """(first source index, tap count, int32 weights [out_size, ksize]) of one axis: Resample.c's
+    ``precompute_coeffs`` + ``normalize_coeffs_8bpc``, the same double operations in the same order
+    (no fast-math, so the fixed-point integers are PIL's)."""
+    scale = in_size / out_size
+    filterscale = scale if scale > 1.0 else 1.0
+    support = base_support * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    first = np.empty(out_size, np.int64)
+    count = np.empty(out_size, np.int64)
+    fixed = np.zeros((out_size, ksize), np.int32)
+    w = np.empty(ksize, np.float64)
+    ss = 1.0 / filterscale
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale
+        lo = int(center - support + 0.5)
+        if lo < 0:
+            lo = 0
+        hi = int(center + support + 0.5)
+        if hi > in_size:
+            hi = in_size
+        n = hi - lo
+        total = 0.0
+        for x in range(n):
+            v = _filter(kind, (x + lo - center + 0.5) * ss)
+            w[x] = v
+            total += v
+        for x in range(n):
+            if total != 0.0:
+                w[x] /= total
+        for x in range(n):
+            scaled = w[x] * (1 << PRECISION_BITS)
+            fixed[xx, x] = int(-0.5 + scaled) if w[x] < 0 else int(0.5 + scaled)
+        first[xx] = lo
+        count[xx] = n
+    return first, count, fixed
 
 
 @numba.njit(cache=True, nogil=True)
