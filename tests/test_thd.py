@@ -596,3 +596,31 @@ def test_attention_mask_golden():
 def test_attention_mask_property(pack, seed):
     segments, layout = pack
     assert _thd_vs_per_segment_attention(segments, layout, seed=seed) < 1e-5
+
+
+class _PixelParts(torch.utils.data.Dataset):
+    """Concatenates pixel rows the way pack collation does, reporting whether the result was
+    already in shared memory inside the worker (so the queue transfer does not copy it again)."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        from energon_pack.thd import _cat_rows
+
+        parts = [torch.full((i + 2, 5), float(i)), torch.arange(10, dtype=torch.float32).view(2, 5)]
+        out = _cat_rows(parts)
+        return out, out.is_shared()
+
+
+def test_pixel_concat_lands_in_shared_memory_inside_workers_only():
+    from energon_pack.thd import _cat_rows
+
+    parts = [torch.ones(2, 3, dtype=torch.bfloat16), torch.zeros(1, 3, dtype=torch.bfloat16)]
+    local = _cat_rows(parts)
+    assert not local.is_shared() and torch.equal(local, torch.cat(parts))
+    loader = torch.utils.data.DataLoader(_PixelParts(), batch_size=None, num_workers=1)
+    for i, (rows, shared_in_worker) in enumerate(loader):
+        assert shared_in_worker
+        expected = torch.cat([torch.full((i + 2, 5), float(i)), torch.arange(10, dtype=torch.float32).view(2, 5)])
+        assert torch.equal(rows, expected)
