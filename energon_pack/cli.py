@@ -277,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
     st.add_argument("--out", default="bench_results/stress", help="report folder")
 
+    bp = add("bench-pixels", "worker pixel path: images per CPU-second vs HF's processor and the decode floor, "
+             "per pixel_dtype; real-loader CPU and bytes per pack")
+    bp.add_argument("--images", type=_positive_int, default=46, help="generated photos and scans to time")
+    bp.add_argument("--rounds", type=_positive_int, default=5, help="interleaved rounds (best round counts)")
+    bp.add_argument("--loader-packs", type=int, default=24, help="packs per dtype through the real loader (0: skip)")
+    bp.add_argument("--no-draft", action="store_true", help="skip the jpeg_draft comparison on large photos")
+    bp.add_argument("--out", default="bench_results/pixel.json", help="JSON report path")
+    bp.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+
     bs = add("bench-sft", "JSONL index build vs wc -l, lazy getitem samples/s, in-batch fill")
     bs.add_argument("--size-mb", type=_positive_int, default=1024, help="size of the generated JSONL for the index benchmark")
     bs.add_argument("--out", default="bench_results/sft.json", help="JSON report path")
@@ -399,6 +408,19 @@ def run_bench_sft(args: argparse.Namespace) -> int:
     return _targets_exit(result["targets"], args.check)
 
 
+def run_bench_pixels(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from energon_pack.bench import pixel_bench
+
+    hf = importlib.util.find_spec("transformers") is not None
+    if not hf:
+        print("transformers is not installed: the HF processor column is left out (pip install transformers)")
+    result = pixel_bench.main(args.out, images=args.images, rounds=args.rounds, loader_packs=max(args.loader_packs, 0),
+                              draft=not args.no_draft, hf=hf)
+    return _targets_exit(result["targets"], args.check)
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from energon_pack.sft.inspect import main as inspect_main
 
@@ -439,6 +461,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return stress_main((["--full"] if args.full else []) + ["--out", args.out])
     if args.command == "bench-sft":
         return run_bench_sft(args)
+    if args.command == "bench-pixels":
+        return run_bench_pixels(args)
     raise CliError(f"unknown command {args.command!r}")
 
 

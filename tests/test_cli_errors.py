@@ -228,7 +228,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def test_every_option_has_help_and_its_default(capsys):
     subs = _subparsers(build_parser())
-    assert {"demo", "make-demo", "convert", "prepare", "bench", "bench-packing", "inspect", "stress", "bench-sft"} <= set(subs)
+    assert {"demo", "make-demo", "convert", "prepare", "bench", "bench-packing", "inspect", "stress", "bench-sft",
+            "bench-pixels"} <= set(subs)
     for name, sub in subs.items():
         if name == "convert":  # its own parser: energon_pack.energon.convert.build_parser
             continue
@@ -309,6 +310,19 @@ def test_bench_sft_exits_0_on_a_missed_target_unless_check(tmp_path, capsys, mon
     assert "tokenizer: demo tokenizer (773 tokens; lengths are not your model's)" in printed
     assert "missed" in printed and "for information" in printed
     assert main(["bench-sft", "--size-mb", "1", "--out", str(out), "--check"]) == 1
+
+
+def test_bench_pixels_reports_every_path_and_grades_only_with_check(tmp_path, capsys):
+    out = tmp_path / "pixel.json"
+    args = ["bench-pixels", "--images", "3", "--rounds", "1", "--loader-packs", "0", "--no-draft", "--out", str(out)]
+    assert main(args) == 0
+    rows = json.loads(out.read_text())["paths"]["rows"]
+    assert {"floor", "ours/float32", "ours/bfloat16", "ours/uint8", "ours/float32 without numba",
+            "hf Qwen2VLImageProcessor (PIL)"} <= set(rows)
+    assert all(r["images_per_cpu_s"] > 0 for r in rows.values())
+    assert "images/cpu-s" in capsys.readouterr().out
+    code = main(args + ["--check"])
+    assert code == (0 if all(t["met"] for t in json.loads(out.read_text())["targets"]) else 1)
 
 
 # ----------------------------------------------------------------------------- 12. plots
