@@ -82,6 +82,18 @@ def coefficients(in_size, out_size, kind, base_support):  # pragma: no cover - c
     return first, count, fixed
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, n, rows, first, count, weights):  # pragma: no cover - compiled
+    """acc[:n] = HALF + sum_j rows[first + j, :n] * weights[j]: one output's taps, over a vector."""
+    for i in range(n):
+        acc[i] = HALF
+    for j in range(count):
+        k = weights[j]
+        r = rows[first + j]
+        for i in range(n):
+            acc[i] += np.int32(r[i]) * k
+
+
 @numba.njit(cache=True, nogil=True)
 def horizontal(src, y0, y1, xmin, xlen, coef, out):  # pragma: no cover - compiled
     """out[y - y0, xx, c] = clip((HALF + sum_j src[y, xmin[xx] + j, c] * coef[xx, j]) >> PRECISION_BITS)
@@ -100,14 +112,7 @@ def horizontal(src, y0, y1, xmin, xlen, coef, out):  # pragma: no cover - compil
                 tile[x, r * 3 + 1] = row[x, 1]
                 tile[x, r * 3 + 2] = row[x, 2]
         for xx in range(out_w):
-            for i in range(n3):
-                acc[i] = HALF
-            x0 = xmin[xx]
-            for j in range(xlen[xx]):
-                k = coef[xx, j]
-                t = tile[x0 + j]
-                for i in range(n3):
-                    acc[i] += np.int32(t[i]) * k
+            _accumulate(acc, n3, tile, xmin[xx], xlen[xx], coef[xx])
             for r in range(nb):
                 orow = out[yb + r - y0, xx]
                 for c in range(3):
@@ -123,17 +128,11 @@ def vertical(src, ymin, ylen, coef, out):  # pragma: no cover - compiled
     flat_out = out.reshape(out_h, n)
     acc = np.empty(n, np.int32)
     for yy in range(out_h):
-        for i in range(n):
-            acc[i] = HALF
-        y_first = ymin[yy]
-        for j in range(ylen[yy]):
-            k = coef[yy, j]
-            r = flat_in[y_first + j]
-            for i in range(n):
-                acc[i] += np.int32(r[i]) * k
+        _accumulate(acc, n, flat_in, ymin[yy], ylen[yy], coef[yy])
         orow = flat_out[yy]
         for i in range(n):
             orow[i] = min(max(acc[i] >> PRECISION_BITS, 0), 255)
+
 
 @numba.njit(cache=True, nogil=True)
 def layout(frames, patch, merge, lut, out):  # pragma: no cover - compiled
