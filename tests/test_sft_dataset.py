@@ -177,6 +177,84 @@ def test_batched_and_parallel_length_pass_identical_to_serial(tmp_path, fmt, mon
         JsonlSFTDataset(path, TOK, length_workers=0)
 
 
+def _pc_lines(n, seed=0):
+    """Prompt/completion lines with every kind of line the lean pass must hand to the format."""
+    import random
+
+    rng = random.Random(seed)
+    words = "a b the cat sat on mat hello world x y z <| |> é 漢".split()
+    lines = []
+    for i in range(n):
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(0, 30)))
+        completion = " ".join(rng.choice(words) for _ in range(rng.randint(0, 30)))
+        lines.append(json.dumps({"prompt": f"  {prompt} ", "completion": f"{completion}\n"}).encode())
+    odd = [b"{bad", b"   ", b"[1, 2]", b'"text"', json.dumps({"prompt": 3, "completion": "x"}).encode(),
+           json.dumps({"completion": "x"}).encode(), json.dumps({"prompt": "x", "completion": "   "}).encode(),
+           json.dumps({"prompt": "", "completion": "y"}).encode(), json.dumps({"prompt": "", "completion": ""}).encode(),
+           '{"prompt": "\\ud800 a", "completion": "x"}'.encode(), '{"prompt": "a", "completion": "x \\udfff"}'.encode(),
+           json.dumps({"prompt": "hi <|im_end|>", "completion": "y"}).encode(),
+           json.dumps({"prompt": "hi", "completion": "y <|endoftext|> z"}).encode(),
+           json.dumps({"prompt": "<|im_start", "completion": "<|"}).encode(), b'\xff\xfe',
+           json.dumps({"prompt": "x " * 60, "completion": "y"}).encode(), json.dumps({"prompt": "x", "completion": "y " * 60}).encode(),
+           json.dumps({"prompt": {"a": 1}, "completion": "x", "q": [[[]]]}).encode(), b"{" * 100 + b"}" * 100]
+    for k, line in enumerate(odd):
+        lines[(k * 37 + 5) % n] = line
+    return lines
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(max_length=30), dict(max_length=30, overlength="truncate"), dict(),
+    dict(max_length=12, overlength="truncate", loss="full", add_bos=True, bos_id=3),
+    dict(template="Q: {prompt}\nA:", separator=" ", add_eos=False, strip_whitespace=False, max_length=40),
+    dict(add_eos=False, max_length=2, overlength="truncate"),
+])
+@pytest.mark.parametrize("cache_tokens", [False, True])
+def test_prompt_completion_lean_pass_identical_to_serial(tmp_path, monkeypatch, knobs, cache_tokens):
+    """The prompt/completion pass decides most lines from token counts (ids too with a token
+    cache) and hands every odd line to the format: same lengths, reasons, details and tokens."""
+    from energon_pack.sft import dataset as D
+
+    monkeypatch.setattr(D, "LENGTH_CHUNK", 16)
+    path = write(tmp_path / "d.jsonl", _pc_lines(400), end=b"")
+    ds = JsonlSFTDataset(path, TOK, cache_tokens=cache_tokens, **knobs)
+    memo = D._BatchMemo(ds.format.tokenizer)
+    assert D._LeanPromptCompletion(ds, memo).counts_only is not cache_tokens  # the demo tokenizer qualifies
+    serial = ds.compute_lengths(workers=1, batch=False)
+    assert len(set(serial[1])) >= 5
+    _assert_same(ds.compute_lengths(workers=1, batch=True), serial)
+    _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
+
+
+def test_lean_pass_overlength_error_and_control_screen(tmp_path):
+    from tokenizers import AddedToken
+
+    from energon_pack.chat.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
+    from energon_pack.sft import dataset as D
+
+    path = write(tmp_path / "d.jsonl", [GOOD] * 3 + [{"prompt": "x " * 40, "completion": "y"}] + [b"{bad"])
+    for workers in (1, 2):
+        with pytest.raises(ValueError, match="line 4 has 81 tokens > max_length 16"):
+            JsonlSFTDataset(path, TOK, max_length=16, overlength="error").compute_lengths(workers=workers, batch=True)
+    raw = load_demo_tokenizer_raw()
+    assert D._literal_control_contents(raw, QwenTokenizer(raw).control_ids) == tuple(
+        raw.id_to_token(t) for t in sorted(QwenTokenizer(raw).control_ids))
+    normalized = load_demo_tokenizer_raw()  # a special token matched after a normalizer: ids are checked
+    from tokenizers import normalizers
+
+    normalized.normalizer = normalizers.Lowercase()
+    normalized.add_special_tokens([AddedToken("<shout>", special=True, normalized=True)])
+    assert D._literal_control_contents(normalized, QwenTokenizer(normalized).control_ids) is None
+    in_vocab = load_demo_tokenizer_raw()  # a special token the model itself can emit: ids are checked
+    in_vocab.add_special_tokens([AddedToken("There", special=True)])  # id of the model's own "There"
+    assert D._literal_control_contents(in_vocab, QwenTokenizer(in_vocab).control_ids) is None
+    padded = load_demo_tokenizer_raw()  # a padding batch would not match single encodes: no batch path
+    padded.enable_padding(length=64)
+    from energon_pack.sft.formats import PlainTokenizer
+
+    assert D._BatchMemo(PlainTokenizer(load_demo_tokenizer_raw())).batch_encode is not None
+    assert D._BatchMemo(PlainTokenizer(padded)).batch_encode is None
+
+
 def test_batched_pass_hits_the_memo_and_hf_fast_tokenizer_batch_call(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
