@@ -225,6 +225,41 @@ def test_prompt_completion_lean_pass_identical_to_serial(tmp_path, monkeypatch, 
     _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
 
 
+def test_fresh_interpreter_workers_identical_raise_and_fall_back(tmp_path, monkeypatch):
+    """Large files run the workers in fresh interpreters (larger malloc cache): same results,
+    a task's exception raised in the caller, forked workers when the dataset does not pickle."""
+    from energon_pack.sft import dataset as D
+
+    if not D._glibc():
+        pytest.skip("fresh-interpreter workers are used on glibc only")
+    monkeypatch.setattr(D, "LENGTH_CHUNK", 16)
+    monkeypatch.setattr(D, "FRESH_WORKERS_MIN_BYTES", 0)
+    path = write(tmp_path / "d.jsonl", _pc_lines(300))
+    ds = JsonlSFTDataset(path, TOK, max_length=30, overlength="truncate", cache_tokens=True)
+    serial = ds.compute_lengths(workers=1, batch=False)
+    tasks = [(0, 100, True), (100, 250, True), (250, 300, False)]
+    fresh = D._fresh_worker_results(ds, tasks, 2)
+    assert fresh is not None and len(fresh) == 3
+    for (a, b, batch), got in zip(tasks, fresh):
+        _assert_same(got, D._length_range(ds, a, b, batch))
+    _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
+    chat_path = write(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": f"q {i}"},
+                                                           {"role": "assistant", "content": "a " * (i % 9)}]}
+                                             for i in range(100)])
+    chat = JsonlSFTDataset(chat_path, TOK, format="chat")
+    _assert_same(chat.compute_lengths(workers=2, batch=True), chat.compute_lengths(workers=1, batch=False))
+    strict = JsonlSFTDataset(path, TOK, max_length=8, overlength="error")
+    with pytest.raises(ValueError, match="has .* > max_length 8") as serial_error:
+        strict.compute_lengths(workers=1, batch=False)
+    with pytest.raises(ValueError) as fresh_error:
+        strict.compute_lengths(workers=2)
+    assert str(fresh_error.value) == str(serial_error.value)
+    unpicklable = JsonlSFTDataset(path, TOK, max_length=30)
+    unpicklable.hook = lambda: None
+    assert D._fresh_worker_results(unpicklable, tasks, 2) is None
+    _assert_same(unpicklable.compute_lengths(workers=2), unpicklable.compute_lengths(workers=1, batch=False))
+
+
 def test_lean_pass_overlength_error_and_control_screen(tmp_path):
     from tokenizers import AddedToken
 

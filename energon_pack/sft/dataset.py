@@ -53,6 +53,10 @@ LENGTH_CHUNK = 128  # lines per batch tokenisation in the length pass (256 texts
 PARALLEL_MIN_BYTES = 32 << 20  # length_workers=None uses processes from this file size on
 RANGES_PER_WORKER = 4  # at least this many line ranges per process (load balance)
 RANGE_LINES = 8192  # and ranges of at most about this many lines, so no process idles long at the end
+# from this file size on (glibc only) the workers are fresh interpreters with a larger malloc
+# tcache: ~9% less tokenizer time, for ~2 s of start-up (importing energon_pack)
+FRESH_WORKERS_MIN_BYTES = 256 << 20
+FRESH_WORKER_TUNABLES = "glibc.malloc.tcache_count=1000"
 
 
 class _BatchMemo:
@@ -439,6 +443,91 @@ def _worker_range(args: tuple[int, int, bool]) -> tuple:
     return _length_range(_WORKER_DS, *args)
 
 
+def _glibc() -> bool:
+    import platform
+
+    return os.name == "posix" and platform.libc_ver()[0] == "glibc"
+
+
+def _fresh_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list | None:
+    """Results of ``tasks`` (in order) from ``workers`` fresh interpreters started with a larger
+    glibc malloc tcache (:mod:`._length_worker`), handed tasks one at a time as they finish; None
+    when they cannot be used (the dataset does not pickle, an interpreter fails to start or to
+    load it): the caller then forks. An exception a task raises is raised here."""
+    import pickle
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection, wait
+
+    try:
+        payload = pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p) or os.environ.get("PYTHONPATH", ""))
+    env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES", ""), FRESH_WORKER_TUNABLES]))
+    procs, readers, writers = [], [], []
+    try:
+        for _ in range(workers):
+            to_child_r, to_child_w = os.pipe()
+            from_child_r, from_child_w = os.pipe()
+            code = f"from energon_pack.sft._length_worker import main; main({to_child_r}, {from_child_w})"
+            try:
+                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                                              pass_fds=(to_child_r, from_child_w), close_fds=True))
+            finally:
+                os.close(to_child_r)
+                os.close(from_child_w)
+            writers.append(Connection(to_child_w, readable=False))
+            readers.append(Connection(from_child_r, writable=False))
+        for w in writers:
+            w.send_bytes(payload)
+        for r in readers:
+            if r.recv()[0] != "ready":
+                return None
+        results: list = [None] * len(tasks)
+        todo = list(enumerate(tasks))[::-1]
+        busy: dict[Connection, int] = {}
+        for r, w in zip(readers, writers):
+            if todo:
+                k, task = todo.pop()
+                w.send(task)
+                busy[r] = k
+        errors: dict[int, BaseException] = {}
+        while busy:
+            for r in wait(list(busy)):
+                kind, value = r.recv()
+                k = busy.pop(r)
+                if kind == "ok":
+                    results[k] = value
+                else:
+                    errors[k] = value
+                if todo and not errors:
+                    k, task = todo.pop()
+                    writers[readers.index(r)].send(task)
+                    busy[r] = k
+        if errors:  # every earlier task has run: this is the error of the first offending line, as serially
+            raise errors[min(errors)]
+        return results
+    except (EOFError, OSError):  # an interpreter died or could not start: fork instead
+        return None
+    finally:
+        for w in writers:
+            try:
+                w.send(None)
+            except OSError:
+                pass
+            w.close()
+        for r in readers:
+            r.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
 
@@ -611,23 +700,27 @@ class JsonlSFTDataset:
         pieces = min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES)))
         bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
         tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
-        # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
-        # tokenizers' own parallelism off (one process per core), so the fork is safe for it
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         state = {**self.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
         clone = object.__new__(type(self))
         clone.__dict__.update(state)
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # silences tokenizers' fork warning; restored below
-        try:
-            pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
-        finally:
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
-        with pool:
-            results = list(pool.imap(_worker_range, tasks))
+        results = None
+        if self.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
+            results = _fresh_worker_results(clone, tasks, workers)
+        if results is None:
+            # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
+            # tokenizers' own parallelism off (one process per core), so the fork is safe for it
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+            saved = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # silences tokenizers' fork warning; restored below
+            try:
+                pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
+            finally:
+                if saved is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = saved
+            with pool:
+                results = list(pool.imap(_worker_range, tasks))
         lengths = np.empty(n, dtype=np.int32)
         codes: dict[str, int] = {}
         details: dict[int, str] = {}
