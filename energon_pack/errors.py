@@ -9,6 +9,19 @@ so nothing is dropped silently. Configuration mistakes raise :class:`ConfigError
 from __future__ import annotations
 
 
+def _rebuild_exception(cls: type, args: tuple, state: dict) -> BaseException:
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
+
+
+def _reduce_exception(self: BaseException):
+    """Pickle an exception with its message and attributes, without calling ``__init__`` again
+    (whose signature differs from ``args``): our errors cross process boundaries intact."""
+    return _rebuild_exception, (type(self), self.args, self.__dict__)
+
+
 class SampleSkipped(Exception):
     """A sample that must be skipped, with a reason code and a human detail."""
 
@@ -17,6 +30,8 @@ class SampleSkipped(Exception):
         self.reason = reason
         self.detail = detail
 
+    __reduce__ = _reduce_exception
+
 
 class ConfigError(ValueError):
     """An invalid configuration: the message names the knob and how to fix it."""
@@ -24,3 +39,7 @@ class ConfigError(ValueError):
     def __init__(self, knob: str, problem: str, fix: str) -> None:
         super().__init__(f"{knob}: {problem}. Fix: {fix}")
         self.knob = knob
+        self.problem = problem
+        self.fix = fix
+
+    __reduce__ = _reduce_exception

@@ -159,3 +159,19 @@ def test_no_skip_rate_warning_below_the_rate_or_when_off(tmp_path):
         PackingConfig(skip_warn_rate=1.5)
     with pytest.raises(ConfigError, match="skip_warn_window"):
         PackingConfig(skip_warn_window=0)
+
+
+def test_our_errors_cross_process_boundaries_intact():
+    """Worker processes send exceptions to the parent by pickling: type, message and attributes
+    must survive (ConfigError's constructor takes three arguments, its args hold one message)."""
+    import pickle
+
+    from energon_pack.energon.stream import ResumeConfigError
+    from energon_pack.errors import ConfigError, SampleSkipped
+
+    for exc in (ConfigError("width", "too small", "raise it"), SampleSkipped("corrupt_image", "bad header"),
+                ResumeConfigError("packing_buffer_size", "changed", "keep 16"),
+                ResumeConfigError("worker said: ResumeConfigError: seq_length: changed")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and vars(back) == vars(exc)
+    assert pickle.loads(pickle.dumps(ConfigError("a", "b", "c"))).fix == "c"

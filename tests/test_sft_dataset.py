@@ -254,6 +254,7 @@ def test_fresh_interpreter_workers_identical_raise_and_fall_back(tmp_path, monke
     with pytest.raises(ValueError) as fresh_error:
         strict.compute_lengths(workers=2)
     assert str(fresh_error.value) == str(serial_error.value)
+    assert type(fresh_error.value) is type(serial_error.value)
     unpicklable = JsonlSFTDataset(path, TOK, max_length=30)
     unpicklable.hook = lambda: None
     assert D._fresh_worker_results(unpicklable, tasks, 2) is None
@@ -310,5 +311,8 @@ def test_batched_pass_hits_the_memo_and_hf_fast_tokenizer_batch_call(tmp_path):
 
 def test_overlength_error_raises_from_the_parallel_pass(tmp_path):
     path = write(tmp_path / "d.jsonl", [GOOD] * 50 + [{"prompt": "x " * 40, "completion": "y"}] + [GOOD] * 50)
-    with pytest.raises(ValueError, match="line 51 has"):
+    with pytest.raises(ValueError, match="line 51 has") as serial_error:
+        JsonlSFTDataset(path, TOK, max_length=16, overlength="error").compute_lengths(workers=1, batch=False)
+    with pytest.raises(ValueError, match="line 51 has") as parallel_error:
         JsonlSFTDataset(path, TOK, max_length=16, overlength="error").compute_lengths(workers=2)
+    assert type(parallel_error.value) is type(serial_error.value)
