@@ -10,6 +10,7 @@ from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.qwen_vl import load_demo_tokenizer
 from energon_pack.sft.dataset import PADDING_INDEX, PADDING_KEY, JsonlSFTDataset
 from energon_pack.sft.index import LineIndex, scan_line_ends
+from energon_pack.sft.length_pass import default_workers
 
 TOK = load_demo_tokenizer()
 GOOD = {"prompt": "Hi there", "completion": "Hello!"}  # 7 tokens, 4 supervised
@@ -140,7 +141,7 @@ def _assert_same(a, b):
 def test_batched_and_parallel_length_pass_identical_to_serial(tmp_path, fmt, monkeypatch):
     import random
 
-    from energon_pack.sft import dataset as D
+    from energon_pack.sft import length_pass as D
 
     monkeypatch.setattr(D, "LENGTH_CHUNK", 16)  # many chunks and ranges on a small file
     rng = random.Random(0)
@@ -171,7 +172,7 @@ def test_batched_and_parallel_length_pass_identical_to_serial(tmp_path, fmt, mon
     (tmp_path / "b").mkdir()
     par = JsonlSFTDataset(path, TOK, format=fmt, max_length=30, length_workers=2, cache_dir=tmp_path / "a")
     ser = JsonlSFTDataset(path, TOK, format=fmt, max_length=30, length_workers=1, length_batch=False, cache_dir=tmp_path / "b")
-    assert par._workers() == 2 and par.lengths.tolist() == ser.lengths.tolist() == serial[0].tolist()
+    assert default_workers(par) == 2 and par.lengths.tolist() == ser.lengths.tolist() == serial[0].tolist()
     assert par.skipped_lines == ser.skipped_lines and par.skips == ser.skips
     with pytest.raises(ConfigError, match="length_workers"):
         JsonlSFTDataset(path, TOK, length_workers=0)
@@ -212,7 +213,7 @@ def _pc_lines(n, seed=0):
 def test_prompt_completion_lean_pass_identical_to_serial(tmp_path, monkeypatch, knobs, cache_tokens):
     """The prompt/completion pass decides most lines from token counts (ids too with a token
     cache) and hands every odd line to the format: same lengths, reasons, details and tokens."""
-    from energon_pack.sft import dataset as D
+    from energon_pack.sft import length_pass as D
 
     monkeypatch.setattr(D, "LENGTH_CHUNK", 16)
     path = write(tmp_path / "d.jsonl", _pc_lines(400), end=b"")
@@ -228,7 +229,7 @@ def test_prompt_completion_lean_pass_identical_to_serial(tmp_path, monkeypatch, 
 def test_fresh_interpreter_workers_identical_raise_and_fall_back(tmp_path, monkeypatch):
     """Large files run the workers in fresh interpreters (larger malloc cache): same results,
     a task's exception raised in the caller, forked workers when the dataset does not pickle."""
-    from energon_pack.sft import dataset as D
+    from energon_pack.sft import length_pass as D
 
     if not D._glibc():
         pytest.skip("fresh-interpreter workers are used on glibc only")
@@ -265,7 +266,7 @@ def test_lean_pass_overlength_error_and_control_screen(tmp_path):
     from tokenizers import AddedToken
 
     from energon_pack.chat.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
-    from energon_pack.sft import dataset as D
+    from energon_pack.sft import length_pass as D
 
     path = write(tmp_path / "d.jsonl", [GOOD] * 3 + [{"prompt": "x " * 40, "completion": "y"}] + [b"{bad"])
     for workers in (1, 2):
@@ -295,7 +296,7 @@ def test_batched_pass_hits_the_memo_and_hf_fast_tokenizer_batch_call(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from energon_pack.chat.tokenizer import load_demo_tokenizer_raw
-    from energon_pack.sft import dataset as D
+    from energon_pack.sft import length_pass as D
 
     lines = [{"prompt": f"question {i} about the cat", "completion": f"answer {i} " * (i % 5 + 1)} for i in range(200)]
     path = write(tmp_path / "d.jsonl", lines)

@@ -136,7 +136,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     import os
     import resource
 
-    from energon_pack.sft import dataset as sft_dataset
+    from energon_pack.sft import length_pass as length_pass
 
     from energon_pack.records import decode_json_record
 
@@ -161,7 +161,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     new_index, new_total, new, lines, new_cpu = run(workers=workers, batch=True)
     old_index, old_total, old, _, _ = run(workers=1, batch=False)
-    fresh = size >= sft_dataset.FRESH_WORKERS_MIN_BYTES and sft_dataset._glibc() and (workers or cores) > 1
+    fresh = size >= length_pass.FRESH_WORKERS_MIN_BYTES and length_pass._glibc() and (workers or cores) > 1
     identical = (np.array_equal(new[0], old[0]) and new[1] == old[1] and new[2] == old[2])
     ds = JsonlSFTDataset(path, QwenTokenizer(raw))
     n = min(sample_lines, lines)
@@ -170,7 +170,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     cpu = time.process_time()
-    chunk = 2 * sft_dataset.LENGTH_CHUNK  # the pass's batch: two texts per line (one huge batch is slower)
+    chunk = 2 * length_pass.LENGTH_CHUNK  # the pass's batch: two texts per line (one huge batch is slower)
     for k in range(0, len(texts), chunk):
         raw.encode_batch_fast(texts[k : k + chunk], add_special_tokens=False)
     tok_cpu = (time.process_time() - cpu) * lines / n

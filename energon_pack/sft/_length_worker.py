@@ -1,4 +1,4 @@
-"""A length-pass worker in a fresh interpreter (see :func:`energon_pack.sft.dataset._fresh_worker_results`).
+"""A length-pass worker in a fresh interpreter (see :func:`energon_pack.sft.length_pass._fresh_worker_results`).
 
 Started as ``python -c "from energon_pack.sft._length_worker import main; main(<in fd>, <out fd>)"``
 with glibc's per-thread malloc cache enlarged (``GLIBC_TUNABLES``): the tokenizer allocates
@@ -22,7 +22,7 @@ def main(in_fd: int, out_fd: int) -> None:
 
     reader, writer = Connection(in_fd, writable=False), Connection(out_fd, readable=False)
     try:
-        from energon_pack.sft import dataset as D
+        from energon_pack.sft import length_pass as D
 
         D._worker_init(reader.recv())
     except BaseException:  # noqa: BLE001 - reported to the parent, which falls back to forked workers

@@ -1,0 +1,577 @@
+"""The GPT-SFT length pass: every line of a JSONL file tokenised once for its length (and
+skip reason), fast.
+
+Lines are tokenised in batches (:data:`LENGTH_CHUNK` lines: the texts a record will tokenise are
+collected and encoded with one ``encode_batch_fast`` of a raw ``tokenizers.Tokenizer`` or one
+batch call of a Hugging Face fast tokenizer, then served to the format from a per-chunk memo;
+anything the memo lacks is encoded one by one as before) and, for files of at least
+:data:`PARALLEL_MIN_BYTES` (or ``length_workers=N``), in N processes over contiguous line
+ranges of at most about :data:`RANGE_LINES` lines (so both cores stay busy to the end), merged
+in line order: lengths, skip reasons, reason codes, details and cached tokens are identical to
+the serial per-line pass (``length_workers=1, length_batch=False``). Prompt/completion lines
+take a lean route (:class:`_LeanPromptCompletion`): the length is arithmetic on the two texts'
+token counts (no id lists at all without ``cache_tokens`` when the tokenizer allows it), and
+only unusual lines go through the format; the tokenizer is then ~97% of the pass.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..chat.tokenizer import _is_raw_tokenizers
+from ..errors import ConfigError, SampleSkipped
+from ..records import decode_json_record
+from .formats import PromptCompletionFormat
+
+if TYPE_CHECKING:
+    from .dataset import JsonlSFTDataset
+
+MAX_LOGGED_DETAILS = 10000
+LENGTH_CHUNK = 128  # lines per batch tokenisation in the length pass (256 texts: ~3% faster than 1024)
+PARALLEL_MIN_BYTES = 32 << 20  # length_workers=None uses processes from this file size on
+RANGES_PER_WORKER = 4  # at least this many line ranges per process (load balance)
+RANGE_LINES = 8192  # and ranges of at most about this many lines, so no process idles long at the end
+# from this file size on (glibc only) the workers are fresh interpreters with a larger malloc
+# tcache: ~9% less tokenizer time, for ~2 s of start-up (importing energon_pack)
+FRESH_WORKERS_MIN_BYTES = 256 << 20
+FRESH_WORKER_TUNABLES = "glibc.malloc.tcache_count=1000"
+
+
+class _BatchMemo:
+    """Batch encodes the texts of a chunk ahead and hands the format a copy of its tokenizer
+    adapter (same class, so ``as_qwen_tokenizer`` keeps it) whose ``encode``/``encode_text``
+    serve them from a memo.
+
+    The memo holds exactly the ids the adapter would compute (batch and single encodes agree);
+    a text not in the memo, or one whose ids hold a control token, goes to the adapter itself
+    (same result, same skip detail)."""
+
+    def __init__(self, adapter: Any) -> None:
+        import copy
+
+        self._memo: dict[str, list[int]] = {}
+        inner = adapter.inner
+        self.batch_encode = self.batch_lengths = None
+        self.control_contents: tuple[str, ...] | None = None
+        if _is_raw_tokenizers(inner):
+            if inner.padding is not None or inner.truncation is not None:
+                pass  # a batch would pad/truncate where the adapter's single encodes do not: no batch path
+            else:
+                fast = getattr(inner, "encode_batch_fast", None) or inner.encode_batch
+                self.batch_encode = lambda texts: [e.ids for e in fast(texts, add_special_tokens=False)]
+                self.batch_lengths = lambda texts: [len(e) for e in fast(texts, add_special_tokens=False)]
+                self.control_contents = _literal_control_contents(inner, adapter.control_ids)
+        elif getattr(inner, "is_fast", False) and callable(inner):
+            self.batch_encode = lambda texts: inner(texts, add_special_tokens=False)["input_ids"]
+        self.hits = self.misses = 0
+        memo = self._memo_get
+        control = adapter.control_ids
+
+        def encode(text: str) -> list[int]:
+            ids = memo(text)
+            return adapter.encode(text) if ids is None else list(ids)
+
+        def encode_text(text: str) -> list[int]:
+            ids = memo(text)
+            if ids is None or not control.isdisjoint(ids):
+                return adapter.encode_text(text)
+            return list(ids)
+
+        self.tokenizer = copy.copy(adapter)
+        self.tokenizer.encode = encode
+        self.tokenizer.encode_text = encode_text
+
+    def _memo_get(self, text: str) -> list[int] | None:
+        ids = self._memo.get(text) if text else None
+        if ids is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return ids
+
+    @staticmethod
+    def encodable(texts: list[str]) -> list[str]:
+        """The distinct non-empty ``texts`` that encode as UTF-8 (the adapter's own encode raises
+        the counted ``invalid_text`` skip for the others)."""
+        unique = []
+        for text in dict.fromkeys(texts):
+            if not text:
+                continue
+            if not text.isascii():  # O(1) for str; only non-ASCII text can hold a lone surrogate
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    continue
+            unique.append(text)
+        return unique
+
+    def prefetch(self, texts: list[str]) -> dict[str, list[int]]:
+        """Batch encode the distinct encodable ``texts``; returns the memo (text -> ids)."""
+        unique = self.encodable(texts)
+        self._memo = dict(zip(unique, self.batch_encode(unique))) if unique and self.batch_encode else {}
+        return self._memo
+
+
+def _literal_control_contents(inner: Any, control_ids: frozenset[int]) -> tuple[str, ...] | None:
+    """The control tokens' texts when a text can produce a control id only by containing one of
+    them literally, else None.
+
+    True for a raw ``tokenizers.Tokenizer`` whose control ids are all added tokens outside the
+    model's vocabulary (the model never emits them) matched on the raw text (``normalized=False``
+    or no normalizer): the added vocabulary is the only way to such an id, and it matches a
+    token's exact content (``lstrip``/``rstrip``/``single_word`` only narrow that). Then a text
+    containing none of them needs no look at its ids to rule out ``control_token_in_text``."""
+    try:
+        added = inner.get_added_tokens_decoder()
+        model_ids = set(inner.get_vocab(with_added_tokens=False).values())
+    except Exception:  # pragma: no cover - an unusual tokenizer: keep the ids check
+        return None
+    contents = []
+    for tid in sorted(control_ids):
+        tok = added.get(tid)
+        if tok is None or tid in model_ids or not tok.content or (tok.normalized and inner.normalizer is not None):
+            return None
+        contents.append(tok.content)
+    return tuple(contents)
+
+
+def _recorder(adapter: Any) -> tuple[Any, list[str]]:
+    """A copy of the adapter that records the texts a format asks for (and returns no ids)."""
+    import copy
+
+    texts: list[str] = []
+    rec = copy.copy(adapter)
+
+    def encode(text: str) -> list[int]:
+        texts.append(text)
+        return []
+
+    rec.encode = rec.encode_text = encode
+    return rec, texts
+
+
+def _with_tokenizer(fmt: Any, tokenizer: Any) -> Any:
+    """A shallow copy of the (frozen dataclass) format using ``tokenizer``."""
+    import copy
+
+    clone = copy.copy(fmt)
+    object.__setattr__(clone, "tokenizer", tokenizer)
+    return clone
+
+
+def _format_texts(fmt: Any, recorder_fmt: Any, recorded: list[str], record: Any) -> list[str]:
+    """The texts ``fmt.encode(record)`` will tokenise: derived directly for prompt/completion,
+    recorded from a dry run for other formats (a text missed here is only a memo miss)."""
+    if isinstance(fmt, PromptCompletionFormat):
+        if not isinstance(record, dict):
+            return []
+        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
+        if not isinstance(prompt, str) or not isinstance(completion, str):
+            return []
+        if fmt.strip_whitespace:
+            prompt, completion = prompt.strip(), completion.strip()
+        return [fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion]
+    recorded.clear()
+    try:
+        recorder_fmt.encode(record)
+    except Exception:
+        pass
+    return list(recorded)
+
+
+class _LeanPromptCompletion:
+    """The length pass for prompt/completion lines without per-line Python objects.
+
+    A line whose record is an object with string fields, whose texts encode (batch) to no
+    control token, and whose length needs nothing from the format gets its length by arithmetic
+    on the two texts' token counts: ``[bos] + prompt ids + separator/completion ids + [eos]``,
+    supervised from the prompt's end (``loss="completion"``) or everywhere (``"full"``), cut
+    to ``max_length`` (``truncate``), counted ``too_long`` (``skip``) or raised (``error``):
+    exactly what :meth:`PromptCompletionFormat.encode` and
+    :meth:`JsonlSFTDataset._apply_max_length` compute. Every other line (a decode error, a
+    missing/empty field, a control token, a lone surrogate, nothing supervised) goes through
+    the format itself, in line order, so skip reasons, details and errors are the serial pass's.
+
+    Without a token cache, and when a text can produce a control id only by containing its text
+    (:func:`_literal_control_contents`), the batch gives token counts only (no id lists are
+    built); a text containing a control token's text goes through the format."""
+
+    def __init__(self, ds: "JsonlSFTDataset", memo: "_BatchMemo") -> None:
+        fmt = ds.format
+        self.ds = ds
+        self.pf, self.cf = fmt.prompt_field, fmt.completion_field
+        self.plain = fmt.template in ("{prompt}", "{" + fmt.prompt_field + "}")  # format_map(...) is the prompt
+        self.template, self.sep, self.strip = fmt.template, fmt.separator, fmt.strip_whitespace
+        self.head = [fmt.bos_id] if fmt.add_bos else []
+        self.tail = [fmt.eos_id] if fmt.add_eos else []
+        self.full = fmt.loss == "full"
+        self.control = fmt.tokenizer.control_ids
+        self.max_length = ds.max_length
+        self.overlength = ds.overlength
+        self.counts_only = not ds.cache_tokens and memo.batch_lengths is not None and memo.control_contents is not None
+
+    def _texts(self, chunk: int, end: int) -> tuple[list[Any], list[str]]:
+        """Per line of [chunk, end): (prompt text, completion text, record), or the record /
+        SampleSkipped for the format; and the texts to encode."""
+        ends = self.ds.index.ends
+        lo = int(ends[chunk - 1]) + 1 if chunk > 0 else 0
+        block = self.ds.index.data[lo : int(ends[end - 1])].tobytes()
+        pf, cf, plain, template, sep, strip = self.pf, self.cf, self.plain, self.template, self.sep, self.strip
+        rows: list[Any] = []
+        texts: list[str] = []
+        prev = 0
+        for off in (ends[chunk:end] - lo).tolist():
+            raw, prev = block[prev:off], off + 1
+            try:
+                rec = decode_json_record(raw)
+            except SampleSkipped as exc:
+                rows.append(exc)
+                continue
+            if type(rec) is not dict:
+                rows.append(rec)
+                continue
+            prompt, completion = rec.get(pf), rec.get(cf)
+            if type(prompt) is not str or type(completion) is not str:
+                rows.append(rec)
+                continue
+            if strip:
+                prompt, completion = prompt.strip(), completion.strip()
+                if not completion:
+                    rows.append(rec)
+                    continue
+            elif not completion.strip():
+                rows.append(rec)
+                continue
+            ptext = prompt if plain else template.format_map({"prompt": prompt, pf: prompt})
+            ctext = sep + completion
+            texts.append(ptext)
+            texts.append(ctext)
+            rows.append((ptext, ctext, rec))
+        return rows, texts
+
+    def chunk(self, chunk: int, end: int, memo: "_BatchMemo", exact: Any, skip: Any, lengths: np.ndarray,
+              start: int, parts: list | None) -> None:
+        """Lengths of lines [chunk, end) into ``lengths[i - start]``; ``exact(i, record_or_skip)``
+        for the lines the format handles itself, ``skip(i, SampleSkipped)`` for a ``too_long``
+        line; packed tokens appended to ``parts`` in line order."""
+        rows, texts = self._texts(chunk, end)
+        if self.counts_only:
+            memo._memo = {}  # the format's lines encode on their own
+            unique = memo.encodable(texts)
+            count_of = dict(zip(unique, memo.batch_lengths(unique))) if unique else {}
+            contents = memo.control_contents
+            for i, row in enumerate(rows, chunk):
+                if type(row) is tuple:
+                    ptext, ctext, rec = row
+                    n_prompt = count_of.get(ptext) if ptext else 0
+                    n_completion = count_of.get(ctext) if ctext else 0
+                    if (n_prompt is not None and n_completion is not None
+                            and not any(c in ptext or c in ctext for c in contents)):
+                        placed = self._place(i, start, n_prompt, n_completion, lengths)
+                        if placed is not False:
+                            if placed is not True:
+                                skip(i, placed)
+                            continue
+                    row = rec
+                exact(i, row)
+            return
+        ids_of = memo.prefetch(texts)
+        control, head, tail = self.control, self.head, self.tail
+        empty: list[int] = []
+        flat: list[int] = []
+        runs: list[int] = []  # per line in ``flat``: first supervised position, kept length
+
+        def flush() -> None:
+            if flat:
+                ids = np.asarray(flat, dtype=np.int64)
+                sup = np.zeros(len(ids), dtype=np.int64)
+                pos = 0
+                for first, kept in zip(runs[::2], runs[1::2]):
+                    sup[pos + first : pos + kept] = 1
+                    pos += kept
+                parts.append(ids * 2 + sup)
+                flat.clear()
+                runs.clear()
+
+        for i, row in enumerate(rows, chunk):
+            if type(row) is tuple:
+                ptext, ctext, rec = row
+                pids = ids_of.get(ptext) if ptext else empty
+                cids = ids_of.get(ctext) if ctext else empty
+                if pids is not None and cids is not None and control.isdisjoint(pids) and control.isdisjoint(cids):
+                    placed = self._place(i, start, len(pids), len(cids), lengths)
+                    if placed is True:
+                        if parts is not None:
+                            kept = int(lengths[i - start])
+                            line_ids = head + pids + cids + tail
+                            flat.extend(line_ids[:kept])
+                            runs.append(0 if self.full else len(head) + len(pids))
+                            runs.append(kept)
+                        continue
+                    if placed is not False:
+                        skip(i, placed)  # no tokens for a skipped line: nothing to flush
+                        continue
+                row = rec
+            if parts is not None:
+                flush()
+            exact(i, row)
+        if parts is not None:
+            flush()
+
+    def _place(self, i: int, start: int, n_prompt: int, n_completion: int, lengths: np.ndarray) -> "bool | SampleSkipped":
+        """True: line ``i``'s length is stored; a SampleSkipped: the line is ``too_long`` (``skip``);
+        False: the format must see the line (nothing supervised). Raises under ``overlength="error"``."""
+        n_prompt += len(self.head)
+        n = n_prompt + n_completion + len(self.tail)
+        first = 0 if self.full else n_prompt
+        # the format's own check: >= 2 tokens and a supervised token at position >= 1
+        if n < 2 or n <= max(1, first):
+            return False
+        kept = n
+        if self.max_length is not None and n > self.max_length:
+            if self.overlength == "skip":
+                return self.ds._overlength(i, n)
+            if self.overlength == "error":
+                raise self.ds._overlength(i, n)
+            kept = self.max_length
+            if kept <= max(1, first):  # nothing supervised after truncation
+                return False
+        lengths[i - start] = kept
+        return True
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> tuple:
+    """(lengths int32, reasons in order of first use, details, tokens int32 | None) of lines [start, stop)."""
+    lengths = np.empty(stop - start, dtype=np.int32)
+    codes: dict[str, int] = {}
+    details: dict[int, str] = {}
+    parts: list[np.ndarray] = []
+
+    def record(i: int, fn) -> None:
+        try:
+            enc = fn()
+            lengths[i - start] = len(enc)
+            if ds.cache_tokens:
+                parts.append(enc.input_ids * 2 + enc.target_mask)
+        except SampleSkipped as exc:
+            code = codes.setdefault(exc.reason, len(codes))
+            lengths[i - start] = -1 - code
+            if len(details) < MAX_LOGGED_DETAILS:
+                details[i + 1] = exc.detail
+
+    memo = _BatchMemo(ds.format.tokenizer) if batch else None
+    if memo is None or memo.batch_encode is None:
+        for i in range(start, stop):
+            record(i, lambda: ds.encode_line(i))
+    else:
+        # the batched pass makes (next to) no reference cycles, so the cyclic collector would only
+        # walk the (forked) heap again and again: ~4% of a worker's time; any cycle is collected after
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            fmt = _with_tokenizer(ds.format, memo.tokenizer)
+            recorder, recorded = _recorder(ds.format.tokenizer)
+            recorder_fmt = _with_tokenizer(ds.format, recorder)
+            lean = _LeanPromptCompletion(ds, memo) if isinstance(ds.format, PromptCompletionFormat) else None
+            for chunk in range(start, stop, LENGTH_CHUNK):
+                end = min(stop, chunk + LENGTH_CHUNK)
+                if lean is not None:
+                    lean.chunk(chunk, end, memo, lambda i, rec: record(i, lambda: ds._finish_line(i, rec, fmt)),
+                               lambda i, exc: record(i, lambda: _raise(exc)), lengths, start,
+                               parts if ds.cache_tokens else None)
+                    continue
+                records: list[Any] = []
+                texts: list[str] = []
+                for i in range(chunk, end):
+                    try:
+                        rec = decode_json_record(ds.index.line(i))
+                        texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
+                        records.append(rec)
+                    except SampleSkipped as exc:
+                        records.append(exc)
+                memo.prefetch(texts)
+                for i, rec in zip(range(chunk, end), records):
+                    record(i, lambda: ds._finish_line(i, rec, fmt))
+        finally:
+            if gc_enabled:
+                gc.enable()
+    tokens = None
+    if ds.cache_tokens:
+        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if len(tokens) and int(tokens.max()) >= 2**31:
+            raise ConfigError("cache_tokens", "token ids too large for the int32 cache", "use cache_tokens=False")
+        tokens = tokens.astype(np.int32)
+    return lengths, list(codes), details, tokens
+
+
+_WORKER_DS: "JsonlSFTDataset | None" = None
+
+
+def _worker_init(ds: "JsonlSFTDataset") -> None:
+    global _WORKER_DS
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _WORKER_DS = ds
+
+
+def _worker_range(args: tuple[int, int, bool]) -> tuple:
+    return _length_range(_WORKER_DS, *args)
+
+
+def _glibc() -> bool:
+    import platform
+
+    return os.name == "posix" and platform.libc_ver()[0] == "glibc"
+
+
+def _fresh_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list | None:
+    """Results of ``tasks`` (in order) from ``workers`` fresh interpreters started with a larger
+    glibc malloc tcache (:mod:`._length_worker`), handed tasks one at a time as they finish; None
+    when they cannot be used (the dataset does not pickle, an interpreter fails to start or to
+    load it): the caller then forks. An exception a task raises is raised here."""
+    import pickle
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection, wait
+
+    try:
+        payload = pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p) or os.environ.get("PYTHONPATH", ""))
+    env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES", ""), FRESH_WORKER_TUNABLES]))
+    procs, readers, writers = [], [], []
+    try:
+        for _ in range(workers):
+            to_child_r, to_child_w = os.pipe()
+            from_child_r, from_child_w = os.pipe()
+            code = f"from energon_pack.sft._length_worker import main; main({to_child_r}, {from_child_w})"
+            try:
+                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                                              pass_fds=(to_child_r, from_child_w), close_fds=True))
+            finally:
+                os.close(to_child_r)
+                os.close(from_child_w)
+            writers.append(Connection(to_child_w, readable=False))
+            readers.append(Connection(from_child_r, writable=False))
+        for w in writers:
+            w.send_bytes(payload)
+        for r in readers:
+            if r.recv()[0] != "ready":
+                return None
+        results: list = [None] * len(tasks)
+        todo = list(enumerate(tasks))[::-1]
+        busy: dict[Connection, int] = {}
+        for r, w in zip(readers, writers):
+            if todo:
+                k, task = todo.pop()
+                w.send(task)
+                busy[r] = k
+        errors: dict[int, BaseException] = {}
+        while busy:
+            for r in wait(list(busy)):
+                kind, value = r.recv()
+                k = busy.pop(r)
+                if kind == "ok":
+                    results[k] = value
+                else:
+                    errors[k] = value
+                if todo and not errors:
+                    k, task = todo.pop()
+                    writers[readers.index(r)].send(task)
+                    busy[r] = k
+        if errors:  # every earlier task has run: this is the error of the first offending line, as serially
+            raise errors[min(errors)]
+        return results
+    except (EOFError, OSError):  # an interpreter died or could not start: fork instead
+        return None
+    finally:
+        for w in writers:
+            try:
+                w.send(None)
+            except OSError:
+                pass
+            w.close()
+        for r in readers:
+            r.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def default_workers(ds: "JsonlSFTDataset") -> int:
+    """Processes for the length pass: ``length_workers``, else the usable cores from
+    :data:`PARALLEL_MIN_BYTES` on; 1 inside a daemon process (a DataLoader worker)."""
+    if ds.length_workers is not None:
+        workers = ds.length_workers
+    else:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if ds.path.stat().st_size < PARALLEL_MIN_BYTES:
+            workers = 1
+    if multiprocessing.current_process().daemon:  # e.g. inside a DataLoader worker: no children allowed
+        workers = 1
+    return max(1, min(workers, len(ds) // LENGTH_CHUNK or 1))
+
+
+def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
+    """(int32 lengths, reasons, details, int32 tokens | None) of every line of ``ds``: serially, or
+    in ``workers`` processes over line ranges (fresh interpreters for large files on glibc, else
+    forked), merged in line order; identical to the serial per-line pass either way."""
+    n = len(ds)
+    if workers <= 1 or n == 0:
+        return _length_range(ds, 0, n, batch)
+    pieces = min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES)))
+    bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
+    tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
+    state = {**ds.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
+    clone = object.__new__(type(ds))
+    clone.__dict__.update(state)
+    results = None
+    if ds.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
+        results = _fresh_worker_results(clone, tasks, workers)
+    if results is None:
+        # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
+        # tokenizers' own parallelism off (one process per core), so the fork is safe for it
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # silences tokenizers' fork warning; restored below
+        try:
+            pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
+        finally:
+            if saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+        with pool:
+            results = list(pool.imap(_worker_range, tasks))
+    lengths = np.empty(n, dtype=np.int32)
+    codes: dict[str, int] = {}
+    details: dict[int, str] = {}
+    token_parts = []
+    for (start, stop, _), (part, reasons, part_details, tokens) in zip(tasks, results):
+        remap = np.asarray([codes.setdefault(r, len(codes)) for r in reasons], dtype=np.int32)
+        bad = part < 0
+        part = part.copy()
+        if bad.any():
+            part[bad] = -1 - remap[-1 - part[bad]]
+        lengths[start:stop] = part
+        for line, detail in part_details.items():
+            if len(details) >= MAX_LOGGED_DETAILS:
+                break
+            details[line] = detail
+        if tokens is not None:
+            token_parts.append(tokens)
+    tokens = (np.concatenate(token_parts) if token_parts else np.zeros(0, dtype=np.int32)) if ds.cache_tokens else None
+    return lengths, list(codes), details, tokens
