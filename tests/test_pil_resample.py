@@ -134,3 +134,26 @@ def test_without_numba_the_pixel_path_still_works(monkeypatch):
             np.testing.assert_array_equal(slow_grid, grid)
     finally:
         R._verified_rule.cache_clear()
+
+
+def test_a_kernel_that_cannot_run_here_falls_back_to_pil_with_one_warning(monkeypatch):
+    """numba may fail at compile or cache time (read-only install, no writable home): the probe
+    catches it, warns once, and every image still gets PIL's exact pixels."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot cache function 'horizontal': no locator available")
+
+    preset = get_preset("qwen2.5-vl")
+    data = make_image_set(2, seed=4)
+    fast = [V.patchify_image(im["data"], preset) for im in data]
+    monkeypatch.setattr(K, "horizontal", broken)
+    monkeypatch.setattr(K, "vertical", broken)
+    R._verified_rule.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="compiled pixel kernels unavailable"):
+            assert not R.fast_resize_available("bicubic")
+        for im, (pv, grid) in zip(data, fast):
+            slow_pv, slow_grid = V.patchify_image(im["data"], preset)
+            np.testing.assert_array_equal(slow_pv, pv)
+            np.testing.assert_array_equal(slow_grid, grid)
+    finally:
+        R._verified_rule.cache_clear()

@@ -16,6 +16,7 @@ filter; otherwise (no numba, an unknown Pillow change, another filter) callers u
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 from PIL import Image
@@ -101,9 +102,14 @@ def _verified_rule(resample: str) -> str | None:
         src[: h // 2] = src[: h // 2, :1]  # flat stretches and edges, not only noise
         ref = np.asarray(Image.fromarray(src).resize((ow, oh), resample=getattr(Image.Resampling, resample.upper())))
         probes.append((src, oh, ow, ref))
-    for rule in ORDER_RULES:
-        if all(np.array_equal(_resize(src, oh, ow, resample, rule), ref) for src, oh, ow, ref in probes):
-            return rule
+    try:
+        for rule in ORDER_RULES:
+            if all(np.array_equal(_resize(src, oh, ow, resample, rule), ref) for src, oh, ow, ref in probes):
+                return rule
+    except Exception as exc:  # e.g. numba cannot compile or cache here (read-only install, no home)
+        warnings.warn(f"energon_pack: compiled pixel kernels unavailable ({type(exc).__name__}: {exc}); using PIL "
+                      f"for resizing (same pixels, slower). Setting NUMBA_CACHE_DIR to a writable folder may help.",
+                      RuntimeWarning, stacklevel=2)
     return None
 
 
