@@ -157,3 +157,23 @@ def test_a_kernel_that_cannot_run_here_falls_back_to_pil_with_one_warning(monkey
             np.testing.assert_array_equal(slow_grid, grid)
     finally:
         R._verified_rule.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_warming_compiles_every_kernel_variant_real_images_need(dtype):
+    """Decoded images are read-only arrays, resize outputs writable ones; numba compiles one
+    variant per kind. After warm_pixel_path (what the task encoder runs before workers fork),
+    real images, resized or not, in both pass orders, compile nothing more."""
+    import io
+
+    preset = get_preset("qwen2.5-vl", pixel_dtype=dtype)
+    assert V.warm_pixel_path(preset)
+    counts = lambda: {n: len(getattr(K, n).signatures) for n in ("horizontal", "vertical", "layout", "coefficients")}
+    before = counts()
+    exact = io.BytesIO()
+    Image.new("RGB", (448, 448), (10, 20, 30)).save(exact, "PNG")  # already on the grid: no resize
+    tall = io.BytesIO()
+    Image.new("RGB", (300, 2000), (1, 2, 3)).save(tall, "PNG")  # height shrinks most: vertical pass first
+    for data in [im["data"] for im in make_image_set(6, seed=1)] + [exact.getvalue(), tall.getvalue()]:
+        V.patchify_image(data, preset)
+    assert counts() == before

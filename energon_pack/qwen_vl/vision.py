@@ -438,8 +438,19 @@ def warm_pixel_path(preset: VisionPreset) -> bool:
     kernels = _fast_kernels(preset)
     if kernels is None:
         return False
+    from .pil_resample import resize_rgb
+
     side = 2 * preset.factor
-    _patch_rows(np.zeros((1, side, side, 3), dtype=np.uint8), 1, preset, kernels)
+    # decoded images arrive read-only (np.asarray of a PIL image), resize outputs writable: numba
+    # compiles each kind once, so warm both, with both pass orders, here rather than in a worker
+    readonly = np.zeros((side + 7, side + 5, 3), dtype=np.uint8)
+    readonly.flags.writeable = False
+    for out_h, out_w in ((side, side), (side // 4, side + 9)):
+        resize_rgb(readonly, out_h, out_w, preset.resample)
+    frames = np.zeros((1, side, side, 3), dtype=np.uint8)
+    _patch_rows(frames, 1, preset, kernels)
+    frames.flags.writeable = False
+    _patch_rows(frames, 1, preset, kernels)
     return True
 
 
