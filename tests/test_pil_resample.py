@@ -27,6 +27,15 @@ def _random_case(rng: np.random.Generator, max_in: int = 260, max_out: int = 330
     return src, out_h, out_w
 
 
+def _assert_same_patches(images, expected, preset) -> None:
+    """patchify_image of each image gives exactly ``expected`` (values, dtype and grid)."""
+    for data, (pv, grid) in zip(images, expected):
+        got_pv, got_grid = V.patchify_image(data, preset)
+        assert got_pv.dtype == pv.dtype
+        np.testing.assert_array_equal(got_pv, pv)
+        np.testing.assert_array_equal(got_grid, grid)
+
+
 def test_the_compiled_path_is_verified_here():
     """numba is a dependency: the fast path must be on in this environment, for both filters."""
     assert R.fast_resize_available("bicubic") and R.fast_resize_available("bilinear")
@@ -128,10 +137,7 @@ def test_without_numba_the_pixel_path_still_works(monkeypatch):
     try:
         assert not R.fast_resize_available("bicubic")
         assert V.warm_pixel_path(preset) is False
-        for im, (pv, grid) in zip(data, fast):
-            slow_pv, slow_grid = V.patchify_image(im["data"], preset)
-            np.testing.assert_array_equal(slow_pv, pv)
-            np.testing.assert_array_equal(slow_grid, grid)
+        _assert_same_patches([im["data"] for im in data], fast, preset)
     finally:
         R._verified_rule.cache_clear()
 
@@ -151,10 +157,7 @@ def test_a_kernel_that_cannot_run_here_falls_back_to_pil_with_one_warning(monkey
     try:
         with pytest.warns(RuntimeWarning, match="compiled pixel kernels unavailable"):
             assert not R.fast_resize_available("bicubic")
-        for im, (pv, grid) in zip(data, fast):
-            slow_pv, slow_grid = V.patchify_image(im["data"], preset)
-            np.testing.assert_array_equal(slow_pv, pv)
-            np.testing.assert_array_equal(slow_grid, grid)
+        _assert_same_patches([im["data"] for im in data], fast, preset)
     finally:
         R._verified_rule.cache_clear()
 
