@@ -11,12 +11,11 @@ together with the end-of-stream warning.
 from __future__ import annotations
 
 import json
-import signal
 import time
 import warnings
 from collections import Counter
 
-from .stress_resume import HANG_SECONDS, _alarm, _Hang, close, make_loader, stress_out_dir
+from .stress_resume import HANG_SECONDS, _Hang, close, hang_alarm, make_loader, stress_out_dir
 
 
 def shapes(scale: str) -> dict[str, list[list[dict]]]:
@@ -83,41 +82,35 @@ def run_coverage(out_dir, scale: str = "bounded") -> dict:
     totals = dict(cases=0, duplicates=0, lost=0, uncounted=0, crashes=0, hangs=0)
     cases, errors = [], []
     start = time.perf_counter()
-    old = signal.signal(signal.SIGALRM, _alarm)
+    # 0 samples: Energon refuses to prepare/load it; the error must be clear (counted as a crash if not)
     try:
-        # 0 samples: Energon refuses to prepare/load it; the error must be clear (counted as a crash if not)
-        try:
-            write_shards(out_dir / "cov_empty", [[]])
-            list(make_loader(out_dir / "cov_empty", mode="carry", workers=0, finite=True))
-            cases.append({"shape": "empty", "outcome": "0 packs"})
-        except Exception as exc:  # noqa: BLE001
-            clear = "empty" in str(exc).lower() or "no " in str(exc).lower()
-            cases.append({"shape": "empty", "outcome": f"{type(exc).__name__}: {str(exc)[:160]}", "clear": clear})
-            if not clear:
-                totals["crashes"] += 1
-        for name, records in shapes(scale).items():
-            path = write_shards(out_dir / f"cov_{name}", records)
-            for workers, world, mode in layouts:
-                totals["cases"] += 1
-                t0 = time.perf_counter()
-                signal.alarm(HANG_SECONDS)
-                try:
+        write_shards(out_dir / "cov_empty", [[]])
+        list(make_loader(out_dir / "cov_empty", mode="carry", workers=0, finite=True))
+        cases.append({"shape": "empty", "outcome": "0 packs"})
+    except Exception as exc:  # noqa: BLE001
+        clear = "empty" in str(exc).lower() or "no " in str(exc).lower()
+        cases.append({"shape": "empty", "outcome": f"{type(exc).__name__}: {str(exc)[:160]}", "clear": clear})
+        if not clear:
+            totals["crashes"] += 1
+    for name, records in shapes(scale).items():
+        path = write_shards(out_dir / f"cov_{name}", records)
+        for workers, world, mode in layouts:
+            totals["cases"] += 1
+            t0 = time.perf_counter()
+            try:
+                with hang_alarm(HANG_SECONDS):
                     figures = run_case(path, records, mode=mode, workers=workers, world_size=world)
-                except _Hang:
-                    totals["hangs"] += 1
-                    figures = {"hang": True}
-                except Exception as exc:  # noqa: BLE001
-                    totals["crashes"] += 1
-                    errors.append(f"{name} w{workers} r{world} {mode}: {type(exc).__name__}: {exc}"[:300])
-                    figures = {"crash": True}
-                finally:
-                    signal.alarm(0)
-                for k in ("duplicates", "lost", "uncounted"):
-                    totals[k] += abs(figures.get(k, 0))
-                cases.append({"shape": name, "workers": workers, "world_size": world, "mode": mode, **figures,
-                              "seconds": round(time.perf_counter() - t0, 2)})
-    finally:
-        signal.signal(signal.SIGALRM, old)
+            except _Hang:
+                totals["hangs"] += 1
+                figures = {"hang": True}
+            except Exception as exc:  # noqa: BLE001
+                totals["crashes"] += 1
+                errors.append(f"{name} w{workers} r{world} {mode}: {type(exc).__name__}: {exc}"[:300])
+                figures = {"crash": True}
+            for k in ("duplicates", "lost", "uncounted"):
+                totals[k] += abs(figures.get(k, 0))
+            cases.append({"shape": name, "workers": workers, "world_size": world, "mode": mode, **figures,
+                          "seconds": round(time.perf_counter() - t0, 2)})
     result = {"scale": scale, **totals, "seconds": round(time.perf_counter() - start, 2), "results": cases, "errors": errors[:20]}
     (out_dir / "coverage.json").write_text(json.dumps(result, indent=2))
     return result

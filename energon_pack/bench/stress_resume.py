@@ -10,6 +10,7 @@ an ``alarm`` watchdog: a blocked call counts as a hang, an exception as a crash.
 from __future__ import annotations
 
 import io
+import contextlib
 import json
 import signal
 import time
@@ -38,6 +39,19 @@ class _Hang(Exception):
 
 def _alarm(_signum, _frame):
     raise _Hang()
+
+
+@contextlib.contextmanager
+def hang_alarm(seconds: int):
+    """Raise :class:`_Hang` in the block after ``seconds`` (SIGALRM); the previous handler is
+    restored and the alarm cleared on the way out."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def batch_difference(a: dict, b: dict) -> str | None:
@@ -190,23 +204,16 @@ def run_resume_sweep(out_dir, scale: str = "bounded") -> dict:
     totals = dict(cut_points=0, mismatches=0, duplicates=0, lost=0, crashes=0, hangs=0)
     cells, errors = [], []
     start = time.perf_counter()
-    old = signal.signal(signal.SIGALRM, _alarm)
-    try:
-        for cell in cells_for(scale):
-            for rank in range(cell["world_size"]):
-                t0 = time.perf_counter()
-                signal.alarm(HANG_SECONDS * 4)
-                try:
-                    figures = run_cell(data, cell, rank, train_packs, tail)
-                finally:
-                    signal.alarm(0)
-                errors += figures.pop("errors")
-                for k in totals:
-                    totals[k] += figures[k]
-                cells.append({**{k: v for k, v in cell.items() if k != "cuts"}, "rank": rank, **figures,
-                              "seconds": round(time.perf_counter() - t0, 2)})
-    finally:
-        signal.signal(signal.SIGALRM, old)
+    for cell in cells_for(scale):
+        for rank in range(cell["world_size"]):
+            t0 = time.perf_counter()
+            with hang_alarm(HANG_SECONDS * 4):
+                figures = run_cell(data, cell, rank, train_packs, tail)
+            errors += figures.pop("errors")
+            for k in totals:
+                totals[k] += figures[k]
+            cells.append({**{k: v for k, v in cell.items() if k != "cuts"}, "rank": rank, **figures,
+                          "seconds": round(time.perf_counter() - t0, 2)})
     result = {"scale": scale, **totals, "seconds": round(time.perf_counter() - start, 2), "cells": cells, "errors": errors[:20]}
     (out_dir / "resume_sweep.json").write_text(json.dumps(result, indent=2))
     return result
