@@ -15,23 +15,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from megatron.energon import Cooker, DefaultTaskEncoder, Sample, SkipSample, basic_sample_keys, edataclass, stateless
+from megatron.energon import Cooker, DefaultTaskEncoder, SkipSample, stateless
 
 from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
 from energon_pack.energon.task_encoder import CarryOverPackingMixin
+from energon_pack.energon.text import TextRecordSample, cook_text_record
 from energon_pack.errors import SampleSkipped
 from energon_pack.thd import ThdSegment
-
-
-@edataclass
-class RawRecord(Sample):
-    raw: Any
-
-
-@stateless
-def cook_raw(crude: dict) -> RawRecord:
-    return RawRecord(**basic_sample_keys(crude), raw=crude.get("json"))
 
 
 def token_ids(key: str, n: int) -> np.ndarray:
@@ -41,7 +32,7 @@ def token_ids(key: str, n: int) -> np.ndarray:
 class StressTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     """Records of ``n`` synthetic tokens -> THD packs (see the module docstring)."""
 
-    cookers = [Cooker(cook_raw)]
+    cookers = [Cooker(cook_text_record)]
     decoder = None
 
     def __init__(self, config: PackingConfig | None = None, **packing_kw: Any) -> None:
@@ -49,7 +40,7 @@ class StressTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         self.configure_packing(PackingConfig.build(config, **packing_kw), pad_token_id=0)
 
     @stateless
-    def preencode_sample(self, sample: RawRecord) -> PackCandidate | SkippedSample:
+    def preencode_sample(self, sample: TextRecordSample) -> PackCandidate | SkippedSample:
         record = json.loads(sample.raw)
         if record.get("bad"):
             return SkippedSample.derive_from(sample, reason=record["bad"])
