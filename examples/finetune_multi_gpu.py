@@ -203,11 +203,13 @@ def make_optimizer(model: Any, lr: float, device: torch.device) -> torch.optim.O
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=device.type == "cuda")
 
 
-def wrap_ddp(model: Any, device: torch.device) -> Any:
+def wrap_ddp(model: Any, device: torch.device, bucket_mb: float | None = None) -> Any:
     """DDP with gradients living in the all-reduce buckets (``gradient_as_bucket_view``: no copy in or
-    out of the buckets, one gradient-sized buffer less)."""
+    out of the buckets, one gradient-sized buffer less); ``bucket_mb`` sets the bucket size (torch's
+    default, 25 MB, when None)."""
+    extra = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
     return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True, **extra)
 
 
 def param_counts(model: Any) -> dict[str, int]:

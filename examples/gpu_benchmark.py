@@ -152,6 +152,13 @@ def attention_flops(lengths: list[int], cfg: Any) -> float:
     return 12.0 * t.num_hidden_layers * t.num_attention_heads * head_dim * sum(L * L for L in lengths) / 2
 
 
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process so far (0 without ``--compile``)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: Any, device: torch.device,
              world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
@@ -165,9 +172,14 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     budget = args.steps * args.width  # real tokens per rank in the timed phase (the same for every feed)
     cuda = device.type == "cuda"
     steps, real, slots, patches, attn, waits, step_ms = 0, 0, 0, 0, 0.0, 0.0, []
-    warm, t_start, warm_s = 0, None, []
+    warm, quiet, t_start, warm_s, graphs_at_start = 0, 0, None, [], None
     while True:
-        timed = warm >= args.warmup
+        # Warm-up lasts at least --warmup steps and until --settle steps in a row compiled no new
+        # graph on any rank (at most --max-warmup): a new shape met in the timed phase would put
+        # seconds of torch.compile into one step (seen on the H200: 1.7-4.2 s steps under DP).
+        timed = warm >= args.warmup and (not args.compile or quiet >= args.settle or warm >= args.max_warmup)
+        if timed and graphs_at_start is None:
+            graphs_at_start = compiled_graphs()
         if not timed:
             t_warm = time.perf_counter()
         if timed and t_start is None:
@@ -175,6 +187,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
                 torch.cuda.synchronize(device)
             t_start = time.perf_counter()
         t0 = time.perf_counter()
+        graphs_before = compiled_graphs()
         if sample_feed:
             samples = sample_feed.next()
             batch = padded_batch(samples, tok.pad_id) if feed == "padded" else concat_row(samples)
@@ -210,6 +223,10 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
                 torch.cuda.synchronize(device)
             warm_s.append(time.perf_counter() - t_warm)  # the first includes compilation under --compile
             warm += 1
+            new = torch.tensor([float(compiled_graphs() != graphs_before)])
+            if cpu_group is not None:
+                dist.all_reduce(new, op=dist.ReduceOp.MAX, group=cpu_group)
+            quiet = 0 if new.item() else quiet + 1
             continue
         if cuda:
             step_ms.append(ev0)  # resolved after the phase (no per-step sync)
@@ -239,6 +256,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     row = {"feed": feed, "gpus": world, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
            "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
            "tflops_per_gpu": flops / wall_max / world / 1e12, "warmup_s": warm_s,
+           "graphs_compiled_in_timed_steps": compiled_graphs() - graphs_at_start,
            "step_ms_all": [round(x, 1) for x in step_ms]}
     row["mfu_spec"] = row["tflops_per_gpu"] * 1e12 / PEAK_SPEC if cuda else None
     row["mfu_measured_peak"] = row["tflops_per_gpu"] * 1e12 / PEAK_MEASURED if cuda else None
@@ -300,7 +318,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--width", type=int, default=8192)
     p.add_argument("--steps", type=int, default=12, help="timed real tokens per rank = steps x width")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps at least")
+    p.add_argument("--settle", type=int, default=3,
+                   help="then warm up until this many steps in a row compiled no new graph (--compile)")
+    p.add_argument("--max-warmup", type=int, default=30, help="warm-up steps at most")
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket size (torch's default 25 MB)")
     p.add_argument("--mbs", type=int, default=4)
     p.add_argument("--buffer", type=int, default=64)
     p.add_argument("--workers", type=int, default=4)
@@ -335,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     ft.linear_patch_embed(model)  # every feed: the model's patch embedding as one GEMM
     compiled = ft.compile_elementwise(model) if args.compile else []
     opt = ft.make_optimizer(model, 1e-5, device)  # fused AdamW on CUDA
-    runner = ft.wrap_ddp(model, device) if world > 1 else model
+    runner = ft.wrap_ddp(model, device, args.bucket_mb) if world > 1 else model
     cpu_group = dist.new_group(backend="gloo") if world > 1 else None
     if rank == 0:
         print(f"{args.model} {args.size}: {counts['total'] / 1e9:.2f}B params (LLM {counts['llm'] / 1e9:.2f}B, "
@@ -349,14 +371,15 @@ def main(argv: list[str] | None = None) -> None:
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         rows.append(row)
         result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
-                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "device": str(device),
+                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "bucket_mb": args.bucket_mb, "device": str(device),
                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                   "torch": torch.__version__, "steps_arg": args.steps, "compiled": compiled,
                   "rows": rows, "targets": targets(rows)}
         if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
             print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
                   f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}  "
-                  f"warm-up {sum(row['warmup_s']):.1f} s", flush=True)
+                  f"warm-up {len(row['warmup_s'])} steps {sum(row['warmup_s']):.1f} s  "
+                  f"graphs compiled in timed steps {row['graphs_compiled_in_timed_steps']}", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
     if rank == 0:
