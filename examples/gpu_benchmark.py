@@ -388,14 +388,16 @@ def main(argv: list[str] | None = None) -> None:
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         rows.append(row)
         result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
-                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "bucket_mb": args.bucket_mb, "device": str(device),
+                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "bucket_mb": args.bucket_mb,
+                  "device": str(device),
                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                   "torch": torch.__version__, "steps_arg": args.steps, "compiled": compiled,
                   "rows": rows, "targets": targets(rows)}
         if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
             print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
                   f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}  "
-                  f"steady {row['steady_real_tokens_per_s'] or 0:,.0f} ({row['steady_steps']} steps)  warm-up {len(row['warmup_s'])} steps {sum(row['warmup_s']):.1f} s  "
+                  f"steady {row['steady_real_tokens_per_s'] or 0:,.0f} ({row['steady_steps']} steps)  "
+                  f"warm-up {len(row['warmup_s'])} steps {sum(row['warmup_s']):.1f} s  "
                   f"graphs compiled in timed steps (per rank) {row['graphs_compiled_in_timed_steps']}", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
