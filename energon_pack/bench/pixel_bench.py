@@ -7,7 +7,8 @@ For one set of generated photos and scans (JPEG and PNG, sides 102..1,411 px, Qw
 * ``floor + PIL bicubic resize``: decode + the uint8 resize both HF and we run (the floor of
   any path with HF-identical pixels);
 * ``ours/<dtype>``: :func:`energon_pack.qwen_vl.vision.patchify_image` with ``pixel_dtype``
-  float32, bfloat16, uint8 (and float32 with ``jpeg_draft``);
+  float32, bfloat16, uint8 (and float32 with ``jpeg_draft``, without the AVX-512 layout of
+  :mod:`energon_pack.qwen_vl.pixel_simd`, and without numba);
 * ``reference``: the pre-issue-13 float path (:func:`~energon_pack.qwen_vl.vision.reference_patchify_image`);
 * ``hf``: transformers' ``Qwen2VLImageProcessor`` (PIL backend), fed the decoded RGB image.
 
@@ -36,6 +37,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl import vision as V
+from energon_pack.qwen_vl.pixel_simd import PIXEL_SIMD_ENV
 
 MIN_PIXELS, MAX_PIXELS = 200_704, 1_003_520
 TARGETS = {"f32_vs_hf": 2.0, "f32_vs_floor": 0.5}
@@ -159,17 +161,21 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
 
         return run
 
-    def without_kernels():
-        saved = os.environ.get(V.PIXEL_KERNELS_ENV)
-        os.environ[V.PIXEL_KERNELS_ENV] = "off"
-        try:
-            for d in datas:
-                V.patchify_image(d, presets["float32"])
-        finally:
-            if saved is None:
-                del os.environ[V.PIXEL_KERNELS_ENV]
-            else:
-                os.environ[V.PIXEL_KERNELS_ENV] = saved
+    def switched_off(variable):
+        """The float32 path with one of the pixel path's switches set to "off" for the round."""
+        def run():
+            saved = os.environ.get(variable)
+            os.environ[variable] = "off"
+            try:
+                for d in datas:
+                    V.patchify_image(d, presets["float32"])
+            finally:
+                if saved is None:
+                    del os.environ[variable]
+                else:
+                    os.environ[variable] = saved
+
+        return run
 
     def hf_path():
         with warnings.catch_warnings():
@@ -181,7 +187,8 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
     paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "floor + our PIL-exact resize": floor_our_resize,
              "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
-             "ours/float32 without numba": without_kernels,
+             "ours/float32 without the SIMD layout": switched_off(PIXEL_SIMD_ENV),
+             "ours/float32 without numba": switched_off(V.PIXEL_KERNELS_ENV),
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:
         paths["hf Qwen2VLImageProcessor (PIL)"] = hf_path

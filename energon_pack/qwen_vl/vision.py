@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from ..errors import SampleSkipped
+from . import pixel_simd
 from .presets import VisionPreset
 
 MAX_ASPECT_RATIO = 200
@@ -474,7 +475,9 @@ def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset,
     if kernels is not None:
         table = _storage_table(preset)
         out = np.empty((grid[0] * grid[1] * grid[2], preset.patch_dim), dtype=table.dtype)
-        kernels.layout(frames, p, m, table, out)
+        if not (num_frames == 1 and pixel_simd.layout_image(frames[0], p, m, tp, preset.image_mean,
+                                                            preset.image_std, out)):
+            kernels.layout(frames, p, m, table, out)
         return out, grid
     if num_frames == 1:  # one temporal slot; _finish repeats it tp times while writing
         layout, _ = _patch_layout_u8(frames, p, m, 1)
