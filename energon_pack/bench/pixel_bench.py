@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from energon_pack.env import environ_set
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl import vision as V
 from energon_pack.qwen_vl.pixel_simd import PIXEL_SIMD_ENV
@@ -161,19 +161,12 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
 
         return run
 
-    def switched_off(variable):
+    def float32_switched_off(variable):
         """The float32 path with one of the pixel path's switches set to "off" for the round."""
         def run():
-            saved = os.environ.get(variable)
-            os.environ[variable] = "off"
-            try:
+            with environ_set(variable, "off"):
                 for d in datas:
                     V.patchify_image(d, presets["float32"])
-            finally:
-                if saved is None:
-                    del os.environ[variable]
-                else:
-                    os.environ[variable] = saved
 
         return run
 
@@ -187,8 +180,8 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
     paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "floor + our PIL-exact resize": floor_our_resize,
              "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
-             "ours/float32 without the SIMD layout": switched_off(PIXEL_SIMD_ENV),
-             "ours/float32 without numba": switched_off(V.PIXEL_KERNELS_ENV),
+             "ours/float32 without the SIMD layout": float32_switched_off(PIXEL_SIMD_ENV),
+             "ours/float32 without numba": float32_switched_off(V.PIXEL_KERNELS_ENV),
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:
         paths["hf Qwen2VLImageProcessor (PIL)"] = hf_path

@@ -20,6 +20,7 @@ import numpy as np
 
 from energon_pack.bench.mixes import lognormal_text
 from energon_pack.chat.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
+from energon_pack.env import environ_set
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import cache_path, load_line_index
 from energon_pack.sft.inspect import best_baseline
@@ -167,17 +168,12 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     n = min(sample_lines, lines)
     records = [decode_json_record(ds.index.line(i)) for i in range(n)]
     texts = [r["prompt"].strip() for r in records] + [r["completion"].strip() for r in records]
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    cpu = time.process_time()
     chunk = 2 * length_pass.LENGTH_CHUNK  # the pass's batch: two texts per line (one huge batch is slower)
-    for k in range(0, len(texts), chunk):
-        raw.encode_batch_fast(texts[k : k + chunk], add_special_tokens=False)
-    tok_cpu = (time.process_time() - cpu) * lines / n
-    if saved is None:
-        os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    else:
-        os.environ["TOKENIZERS_PARALLELISM"] = saved
+    with environ_set("TOKENIZERS_PARALLELISM", "false"):
+        cpu = time.process_time()
+        for k in range(0, len(texts), chunk):
+            raw.encode_batch_fast(texts[k : k + chunk], add_special_tokens=False)
+        tok_cpu = (time.process_time() - cpu) * lines / n
     for f in workdir.glob("lengths.jsonl*"):
         f.unlink()
     return {"bytes": size, "lines": lines, "cores": cores, "workers": workers or cores,

@@ -15,9 +15,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import os
 
 import numpy as np
+
+from ..env import switched_off
 
 #: environment variable: "off" keeps the numba layout even where this one is available
 PIXEL_SIMD_ENV = "ENERGON_PACK_PIXEL_SIMD"
@@ -43,7 +44,7 @@ def _library():
 
 def available() -> bool:
     """True when :func:`layout_image` runs the SIMD kernel here."""
-    if os.environ.get(PIXEL_SIMD_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+    if switched_off(PIXEL_SIMD_ENV):
         return False
     return _library() is not None
 

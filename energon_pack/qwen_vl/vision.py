@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import io
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
+from ..env import switched_off
 from ..errors import SampleSkipped
 from . import pixel_simd
 from .presets import VisionPreset
@@ -424,7 +424,7 @@ def _fast_kernels(preset: VisionPreset):
     None otherwise (the PIL + numpy path)."""
     from .pil_resample import fast_resize_available
 
-    if os.environ.get(PIXEL_KERNELS_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+    if switched_off(PIXEL_KERNELS_ENV):
         return None
     if not fast_resize_available(preset.resample):
         return None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..chat.tokenizer import _is_raw_tokenizers
+from ..env import environ_set
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
 from .formats import PromptCompletionFormat
@@ -545,15 +546,8 @@ def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
         # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
         # tokenizers' own parallelism off (one process per core), so the fork is safe for it
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # silences tokenizers' fork warning; restored below
-        try:
+        with environ_set("TOKENIZERS_PARALLELISM", "false"):  # silences tokenizers' fork warning
             pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
-        finally:
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
         with pool:
             results = list(pool.imap(_worker_range, tasks))
     lengths = np.empty(n, dtype=np.int32)

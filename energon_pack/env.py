@@ -1,0 +1,30 @@
+"""Environment variables the package reads or sets for a moment: one spelling of "off" for its
+switches, and a scoped setting that always restores the caller's value."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+#: values that turn a switch such as ``ENERGON_PACK_PIXEL_KERNELS`` off (case and spaces ignored)
+OFF_VALUES = ("off", "0", "false", "no")
+
+
+def switched_off(variable: str) -> bool:
+    """True when ``variable`` is set to one of :data:`OFF_VALUES`."""
+    return os.environ.get(variable, "").strip().lower() in OFF_VALUES
+
+
+@contextlib.contextmanager
+def environ_set(variable: str, value: str) -> Iterator[None]:
+    """``os.environ[variable] = value`` inside the block; the previous value (or its absence) after it."""
+    saved = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved
