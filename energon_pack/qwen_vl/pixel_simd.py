@@ -67,8 +67,8 @@ def layout_image(frame: np.ndarray, patch: int, merge: int, temporal: int, mean:
     kind = _KINDS.get(out.dtype)
     if kind is None or not out.flags.c_contiguous or not available():
         return False
-    rows = (frame.shape[0] // patch) * (frame.shape[1] // patch)
-    if frame.ndim != 3 or frame.shape[2] != 3 or out.shape != (rows, 3 * temporal * patch * patch):
+    rows = (frame.shape[0] // patch) * (frame.shape[1] // patch) if frame.ndim == 3 else -1
+    if rows < 0 or frame.shape[2] != 3 or out.shape != (rows, 3 * temporal * patch * patch):
         raise ValueError(f"layout_image: image {frame.shape} and output {out.shape} do not match "
                          f"(patch {patch}, temporal {temporal})")
     frame = np.ascontiguousarray(frame, dtype=np.uint8)
