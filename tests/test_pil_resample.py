@@ -11,6 +11,7 @@ from energon_pack.bench.pixel_bench import make_image_set
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl import pil_resample as R
 from energon_pack.qwen_vl import pixel_kernels as K
+from energon_pack.qwen_vl import pixel_simd
 from energon_pack.qwen_vl import vision as V
 
 
@@ -151,6 +152,7 @@ def test_a_kernel_that_cannot_run_here_falls_back_to_pil_with_one_warning(monkey
     preset = get_preset("qwen2.5-vl")
     data = make_image_set(2, seed=4)
     fast = [V.patchify_image(im["data"], preset) for im in data]
+    monkeypatch.setenv(pixel_simd.PIXEL_SIMD_ENV, "off")  # else the SIMD passes would stand in for numba's
     monkeypatch.setattr(K, "horizontal", broken)
     monkeypatch.setattr(K, "vertical", broken)
     R._verified_rule.cache_clear()
@@ -179,4 +181,6 @@ def test_warming_compiles_every_kernel_variant_real_images_need(dtype):
     Image.new("RGB", (300, 2000), (1, 2, 3)).save(tall, "PNG")  # height shrinks most: vertical pass first
     for data in [im["data"] for im in make_image_set(6, seed=1)] + [exact.getvalue(), tall.getvalue()]:
         V.patchify_image(data, preset)
+    wide = np.asarray(Image.new("RGB", (3000, 40), (4, 5, 6)))  # 10x narrower: past the SIMD pass's reach
+    R.resize_rgb(wide, 30, 300, preset.resample)  # numba's horizontal pass (read-only source), then vertical
     assert counts() == before

@@ -47,11 +47,15 @@ def test_simd_layout_equals_the_numba_kernel_bit_for_bit(name, dtype):
         if h == 3:
             img.flags.writeable = False  # decoded images arrive read-only
         ref = _numba_layout(img, preset)
-        out = np.full_like(ref, 0x7F)
-        assert pixel_simd.layout_image(img, p, m, tp, preset.image_mean, preset.image_std, out)
-        if dtype == "float32":  # compare bit patterns: -0.0 and 0.0 told apart
-            out, ref = out.view(np.uint32), ref.view(np.uint32)
-        np.testing.assert_array_equal(out, ref)
+        rgbx = np.concatenate([img, rng.integers(0, 256, img.shape[:2] + (1,), dtype=np.uint8)], axis=2)
+        for source in (img, rgbx[:, :, :3]):  # RGB, and PIL's own RGBX rows (4-byte pixels) in place
+            out = np.full_like(ref, 0x7F)
+            assert pixel_simd.layout_image(source, p, m, tp, preset.image_mean, preset.image_std, out)
+            if dtype == "float32":  # compare bit patterns: -0.0 and 0.0 told apart
+                out, ref_bits = out.view(np.uint32), ref.view(np.uint32)
+            else:
+                ref_bits = ref
+            np.testing.assert_array_equal(out, ref_bits)
 
 
 @needs_simd
@@ -90,3 +94,50 @@ def test_other_dtypes_and_the_off_switch_leave_the_numba_kernel_in_charge(monkey
     monkeypatch.setenv(pixel_simd.PIXEL_SIMD_ENV, "off")
     out = np.empty((4, preset.patch_dim), np.float32)
     assert not pixel_simd.layout_image(img, 14, 2, 2, preset.image_mean, preset.image_std, out)
+
+
+@needs_simd
+@pytest.mark.parametrize("resample", ["bicubic", "bilinear"])
+def test_simd_resize_passes_equal_the_numba_passes_byte_for_byte(resample):
+    """Both passes, RGB and RGBX sources, up- and downscaling; past the horizontal pass's reach
+    (over ~4x down) it declines and writes nothing, and numba's pass runs instead."""
+    from energon_pack.qwen_vl.pil_resample import coefficients
+
+    rng = np.random.default_rng(3 if resample == "bicubic" else 4)
+    sizes = [tuple(int(v) for v in rng.integers(1, 300, 4)) for _ in range(60)]
+    sizes += [(1, 1, 1, 5), (5, 1, 1, 1), (40, 17, 40, 16), (33, 600, 33, 100), (9, 700, 9, 100), (300, 9, 50, 9)]
+    declined = 0
+    for h, w, out_h, out_w in sizes:
+        rgbx = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+        if rng.random() < 0.5:  # hard edges: clipping at 0 and 255
+            rgbx = np.where(rgbx > 127, 255, 0).astype(np.uint8)
+        for src in (np.ascontiguousarray(rgbx[:, :, :3]), rgbx[:, :, :3]):
+            xmin, xlen, xcoef = coefficients(w, out_w, resample)
+            ref = np.empty((h - 1, out_w, 3), np.uint8)
+            K.horizontal(np.ascontiguousarray(src), 1, h, xmin, xlen, xcoef, ref)  # rows [1, h)
+            out = np.full_like(ref, 7)
+            if pixel_simd.resize_horizontal(src, 1, h, xmin, xlen, xcoef, out):
+                np.testing.assert_array_equal(out, ref, err_msg=f"horizontal {(h, w)} -> {out_w}")
+            else:
+                declined += 1
+                assert (out == 7).all()
+            ymin, ylen, ycoef = coefficients(h, out_h, resample)
+            ref = np.empty((out_h, w, 3), np.uint8)
+            K.vertical(np.ascontiguousarray(src), ymin, ylen, ycoef, ref)
+            out = np.empty_like(ref)
+            assert pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out)
+            np.testing.assert_array_equal(out, ref, err_msg=f"vertical {(h, w)} -> {out_h}")
+    assert declined >= 2  # (9, 700) -> 100 is 7x down: both its sources were declined
+
+
+@needs_simd
+def test_simd_resize_refuses_mismatched_shapes():
+    from energon_pack.qwen_vl.pil_resample import coefficients
+
+    src = np.zeros((10, 20, 3), np.uint8)
+    xmin, xlen, xcoef = coefficients(20, 8, "bicubic")
+    with pytest.raises(ValueError, match="do not fit"):
+        pixel_simd.resize_horizontal(src, 0, 10, xmin, xlen, xcoef, np.empty((9, 8, 3), np.uint8))
+    ymin, ylen, ycoef = coefficients(10, 4, "bicubic")
+    with pytest.raises(ValueError, match="does not fit"):
+        pixel_simd.resize_vertical(src, ymin, ylen, ycoef, np.empty((4, 21, 3), np.uint8))

@@ -180,7 +180,7 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
     paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "floor + our PIL-exact resize": floor_our_resize,
              "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
-             "ours/float32 without the SIMD layout": float32_switched_off(PIXEL_SIMD_ENV),
+             "ours/float32 without the SIMD kernels": float32_switched_off(PIXEL_SIMD_ENV),
              "ours/float32 without numba": float32_switched_off(V.PIXEL_KERNELS_ENV),
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:

@@ -21,6 +21,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from . import pixel_simd
+
 #: resample names with a compiled path (the others always use PIL)
 FILTERS = ("bicubic", "bilinear")
 #: pass-order rules PIL has had: "vertical_when_height_shrinks_more" (Pillow 13+), "horizontal_first"
@@ -47,37 +49,44 @@ def _horizontal_first(height: int, width: int, out_h: int, out_w: int, rule: str
     return not (shrink_h > 0 and shrink_h > shrink_w * 2)
 
 
-def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -> np.ndarray:
+def _horizontal(src: np.ndarray, y0: int, y1: int, out_w: int, resample: str) -> np.ndarray:
+    """PIL's horizontal pass over source rows [y0, y1): the SIMD kernel where it runs, else numba."""
     from . import pixel_kernels as K
 
+    xmin, xlen, xcoef = coefficients(src.shape[1], out_w, resample)
+    out = np.empty((y1 - y0, out_w, 3), dtype=np.uint8)
+    if not pixel_simd.resize_horizontal(src, y0, y1, xmin, xlen, xcoef, out):
+        K.horizontal(np.ascontiguousarray(src), y0, y1, xmin, xlen, xcoef, out)
+    return out
+
+
+def _vertical(src: np.ndarray, ymin: np.ndarray, ylen: np.ndarray, ycoef: np.ndarray) -> np.ndarray:
+    """PIL's vertical pass: the SIMD kernel where it runs, else numba."""
+    from . import pixel_kernels as K
+
+    out = np.empty((ymin.shape[0], src.shape[1], 3), dtype=np.uint8)
+    if not pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out):
+        K.vertical(np.ascontiguousarray(src), ymin, ylen, ycoef, out)
+    return out
+
+
+def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -> np.ndarray:
+    """Both passes in the installed Pillow's order; ``hwc`` may be a strided view (RGBX rows)."""
     height, width, _ = hwc.shape
     need_h, need_v = out_w != width, out_h != height
-    cur = np.ascontiguousarray(hwc, dtype=np.uint8)
+    if hwc.dtype != np.uint8:
+        hwc = hwc.astype(np.uint8)
     if not (need_h or need_v):
-        return cur.copy()
+        return np.array(hwc, order="C")
     ymin, ylen, ycoef = coefficients(height, out_h, resample)
     if _horizontal_first(height, width, out_h, out_w, rule):
+        cur = hwc
         if need_h:
-            xmin, xlen, xcoef = coefficients(width, out_w, resample)
             y0, y1 = (int(ymin[0]), int(ymin[-1] + ylen[-1])) if need_v else (0, height)
-            tmp = np.empty((y1 - y0, out_w, 3), dtype=np.uint8)
-            K.horizontal(cur, y0, y1, xmin, xlen, xcoef, tmp)
-            cur, ymin = tmp, ymin - y0
-        if need_v:
-            out = np.empty((out_h, out_w, 3), dtype=np.uint8)
-            K.vertical(cur, ymin, ylen, ycoef, out)
-            cur = out
-        return cur
-    if need_v:
-        tmp = np.empty((out_h, width, 3), dtype=np.uint8)
-        K.vertical(cur, ymin, ylen, ycoef, tmp)
-        cur = tmp
-    if need_h:
-        xmin, xlen, xcoef = coefficients(width, out_w, resample)
-        out = np.empty((out_h, out_w, 3), dtype=np.uint8)
-        K.horizontal(cur, 0, out_h, xmin, xlen, xcoef, out)
-        cur = out
-    return cur
+            cur, ymin = _horizontal(hwc, y0, y1, out_w, resample), ymin - y0
+        return _vertical(cur, ymin, ylen, ycoef) if need_v else cur
+    cur = _vertical(hwc, ymin, ylen, ycoef) if need_v else hwc
+    return _horizontal(cur, 0, out_h, out_w, resample) if need_h else cur
 
 
 #: (source h, w, target h, w): one-axis cases, both orders of Pillow 13, up- and downscaling

@@ -441,13 +441,21 @@ def warm_pixel_path(preset: VisionPreset) -> bool:
         return False
     from .pil_resample import resize_rgb
 
+    from .pil_resample import coefficients
+
     side = 2 * preset.factor
     # decoded images arrive read-only (np.asarray of a PIL image), resize outputs writable: numba
-    # compiles each kind once, so warm both, with both pass orders, here rather than in a worker
+    # compiles each kind once, so warm both, with both pass orders, here rather than in a worker;
+    # the numba passes directly too, for images the SIMD passes leave to them (over ~4x down)
     readonly = np.zeros((side + 7, side + 5, 3), dtype=np.uint8)
     readonly.flags.writeable = False
     for out_h, out_w in ((side, side), (side // 4, side + 9)):
         resize_rgb(readonly, out_h, out_w, preset.resample)
+    for src in (readonly, readonly.copy()):
+        height, width, _ = src.shape
+        kernels.horizontal(src, 0, height, *coefficients(width, side, preset.resample),
+                           np.empty((height, side, 3), np.uint8))
+        kernels.vertical(src, *coefficients(height, side, preset.resample), np.empty((side, width, 3), np.uint8))
     frames = np.zeros((1, side, side, 3), dtype=np.uint8)
     _patch_rows(frames, 1, preset, kernels)
     frames.flags.writeable = False
