@@ -181,6 +181,6 @@ def test_warming_compiles_every_kernel_variant_real_images_need(dtype):
     Image.new("RGB", (300, 2000), (1, 2, 3)).save(tall, "PNG")  # height shrinks most: vertical pass first
     for data in [im["data"] for im in make_image_set(6, seed=1)] + [exact.getvalue(), tall.getvalue()]:
         V.patchify_image(data, preset)
-    wide = np.asarray(Image.new("RGB", (3000, 40), (4, 5, 6)))  # 10x narrower: past the SIMD pass's reach
+    wide = np.asarray(Image.new("RGB", (3000, 40), (4, 5, 6)))  # 10x narrower: past the SIMD pass's reach (6x)
     R.resize_rgb(wide, 30, 300, preset.resample)  # numba's horizontal pass (read-only source), then vertical
     assert counts() == before

@@ -99,13 +99,13 @@ def test_other_dtypes_and_the_off_switch_leave_the_numba_kernel_in_charge(monkey
 @needs_simd
 @pytest.mark.parametrize("resample", ["bicubic", "bilinear"])
 def test_simd_resize_passes_equal_the_numba_passes_byte_for_byte(resample):
-    """Both passes, RGB and RGBX sources, up- and downscaling; past the horizontal pass's reach
-    (over ~4x down) it declines and writes nothing, and numba's pass runs instead."""
+    """Both passes, RGB and RGBX sources, up- and downscaling (600 -> 100 needs the 256-byte
+    window); past the horizontal pass's reach (over ~6x down) it declines and writes nothing."""
     from energon_pack.qwen_vl.pil_resample import coefficients
 
     rng = np.random.default_rng(3 if resample == "bicubic" else 4)
     sizes = [tuple(int(v) for v in rng.integers(1, 300, 4)) for _ in range(60)]
-    sizes += [(1, 1, 1, 5), (5, 1, 1, 1), (40, 17, 40, 16), (33, 600, 33, 100), (9, 700, 9, 100), (300, 9, 50, 9)]
+    sizes += [(1, 1, 1, 5), (5, 1, 1, 1), (40, 17, 40, 16), (33, 600, 33, 100), (9, 1200, 9, 100), (300, 9, 50, 9)]
     declined = 0
     for h, w, out_h, out_w in sizes:
         rgbx = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
@@ -127,7 +127,7 @@ def test_simd_resize_passes_equal_the_numba_passes_byte_for_byte(resample):
             out = np.empty_like(ref)
             assert pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out)
             np.testing.assert_array_equal(out, ref, err_msg=f"vertical {(h, w)} -> {out_h}")
-    assert declined >= 2  # (9, 700) -> 100 is 7x down: both its sources were declined
+    assert declined >= 2  # (9, 1200) -> 100 is 12x down: both its sources were declined
 
 
 @needs_simd
@@ -141,3 +141,18 @@ def test_simd_resize_refuses_mismatched_shapes():
     ymin, ylen, ycoef = coefficients(10, 4, "bicubic")
     with pytest.raises(ValueError, match="does not fit"):
         pixel_simd.resize_vertical(src, ymin, ylen, ycoef, np.empty((4, 21, 3), np.uint8))
+
+
+@needs_simd
+def test_simd_resize_declines_weights_it_cannot_split_exactly():
+    """Each weight is split into a high and a low 16-bit word; a weight whose high word would
+    not fit (never one of PIL's, whose weights are below 2^23) is declined, not miscomputed."""
+    src = np.full((4, 6, 3), 9, np.uint8)
+    first, count = np.zeros(2, np.int64), np.full(2, 2, np.int64)
+    huge = np.full((2, 2), 1 << 28, np.int32)
+    out = np.full((4, 2, 3), 7, np.uint8)
+    assert not pixel_simd.resize_horizontal(src, 0, 4, first, count, huge, out)
+    assert (out == 7).all()
+    out = np.full((2, 6, 3), 7, np.uint8)
+    assert not pixel_simd.resize_vertical(src, first, count, huge, out)
+    assert (out == 7).all()

@@ -2,9 +2,10 @@
 resampling passes and the patch layout of one image.
 
 The resampling passes give :func:`.pixel_kernels.horizontal` and :func:`.pixel_kernels.vertical`'s
-bytes (PIL's integers), about 1.7x faster: the horizontal pass picks each output byte's taps out
-of a 128-byte window of the source row with one byte permute per tap, so it needs no transpose.
-Both read RGB arrays or PIL's own RGBX rows in place (4-byte pixels, see :mod:`.pil_pixels`).
+bytes (PIL's integers), about 2x faster: each weight is split into two 16-bit words so two taps
+at a time go through VNNI's word dot product, and the horizontal pass picks each output byte's
+taps out of a 128- or 256-byte window of the source row with byte permutes, so it needs no
+transpose. Both read RGB arrays or PIL's own RGBX rows in place (4-byte pixels, see :mod:`.pil_pixels`).
 
 The layout gives :func:`.pixel_kernels.layout`'s values bit for bit with the preset's storage
 table (float32, bfloat16 bits or uint8), about 3x faster for float32: the channel bytes are spread
@@ -12,7 +13,7 @@ with one permute per patch row, normalised with the table's float32 operations (
 then rounded to nearest even), and each patch row is streamed out with non-temporal stores
 (the output is written once and never read back in the worker). Used for single images;
 videos keep the numba kernel. Every function here returns False (nothing written) whenever the
-extension is absent (not built: no compiler or not x86-64), the CPU lacks AVX-512 VBMI, or
+extension is absent (not built: no compiler or not x86-64), the CPU lacks AVX-512 VBMI and VNNI, or
 ``ENERGON_PACK_PIXEL_SIMD=off``; callers then use the numba kernels.
 """
 
@@ -109,7 +110,7 @@ def resize_horizontal(src: np.ndarray, y0: int, y1: int, first: np.ndarray, coun
                       weights: np.ndarray, out: np.ndarray) -> bool:
     """PIL's horizontal pass over source rows [y0, y1) into ``out`` [y1 - y0, len(first), 3]
     (arguments as :func:`.pixel_kernels.horizontal`); False (nothing written) where the SIMD
-    kernel is not available or the taps of 16 outputs span more than it reaches (over ~4x down)."""
+    kernel is not available or the taps of 16 outputs span more than it reaches (over ~6x down)."""
     args = _resize_args(src, out, first, count, weights)
     if args is None:
         return False
