@@ -172,3 +172,81 @@ def test_real_loader_bfloat16_batch(tmp_path):
         keys_seen += batch["num_segments"]
         del keys
     assert keys_seen == 12
+
+
+def _segment(n_tokens: int, visual: dict, key: str):
+    from energon_pack.thd import ThdSegment
+
+    ids = torch.arange(1, n_tokens + 1)
+    return ThdSegment(ids, ids.clone(), torch.ones(n_tokens), visual=visual, key=key)
+
+
+class _PackDataset(torch.utils.data.Dataset):
+    """Builds one THD batch from deferred pixel rows, in whichever process reads it."""
+
+    def __init__(self, images, preset):
+        self.images, self.preset = images, preset
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        from energon_pack.thd import ThdLayout, build_thd_batch
+
+        segments = []
+        for k, im in enumerate(self.images):
+            rows, grid = V.pending_image(im["data"], self.preset)
+            segments.append(_segment(5, {"pixel_values": rows, "image_grid_thw": torch.from_numpy(grid)}, f"s{k}"))
+        return build_thd_batch(segments, ThdLayout(width=64))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+def test_pending_rows_lay_out_exactly_what_patchify_gives(images, dtype):
+    """Images and a video, lazily and eagerly: the same values, dtype and grids; several images
+    of a sample are written one after another (no concatenation copy)."""
+    from energon_pack.qwen_vl import postencode_media
+
+    preset = get_preset("qwen2.5-vl", pixel_dtype=dtype, max_pixels=300_000)
+    datas = [im["data"] for im in images[:4]]
+    video = [encode(make_image(np.random.default_rng(i), 90, 70, "photo"), "PNG", np.random.default_rng(i))
+             for i in range(3)]
+    eager = postencode_media(datas, [video], preset=preset)
+    lazy = postencode_media(datas, [video], preset=preset, lazy_layout=True)
+    assert isinstance(lazy.pixel_values, V.PendingPatchRows) and isinstance(lazy.pixel_values_videos, V.PendingPatchRows)
+    expected = torch.cat([pixels_to_torch(V.patchify_image(d, preset)[0], preset) for d in datas])
+    for rows, tensor, want in ((lazy.pixel_values, eager.pixel_values, expected),
+                               (lazy.pixel_values_videos, eager.pixel_values_videos,
+                                pixels_to_torch(V.patchify_video(video, preset)[0], preset))):
+        assert rows.shape == tuple(tensor.shape) and rows.dtype == tensor.dtype == want.dtype
+        assert torch.equal(rows.to_tensor().view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(tensor.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(lazy.image_grid_thw, eager.image_grid_thw) and lazy.second_per_grid_ts == eager.second_per_grid_ts
+
+
+def test_the_thd_builder_writes_pending_rows_into_the_pack_in_a_worker_and_here(images):
+    preset = get_preset("qwen2.5-vl", max_pixels=300_000)
+    chosen = images[:3]
+    expected = torch.cat([torch.from_numpy(V.patchify_image(im["data"], preset)[0]) for im in chosen])
+    here = _PackDataset(chosen, preset)[0]
+    loader = torch.utils.data.DataLoader(_PackDataset(chosen, preset), batch_size=None, num_workers=1)
+    (from_worker,) = list(loader)
+    for batch in (here, from_worker):
+        assert torch.equal(batch["pixel_values"], expected)
+        assert torch.equal(batch["image_grid_thw"], torch.cat([torch.from_numpy(V.pending_image(im["data"], preset)[1])
+                                                                for im in chosen]))
+
+
+def test_pending_rows_refuse_a_buffer_of_another_shape_or_dtype(images):
+    from energon_pack.thd import ThdLayout, build_thd_batch
+
+    preset = get_preset("qwen2.5-vl", max_pixels=300_000)
+    rows, grid = V.pending_image(images[0]["data"], preset)
+    with pytest.raises(ValueError, match="contiguous CPU torch.float32 tensor of shape"):
+        rows.write_into(torch.empty(rows.shape[0] + 1, rows.shape[1]))
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        rows.write_into(torch.empty(rows.shape, dtype=torch.bfloat16))
+    other = torch.zeros(4, preset.patch_dim, dtype=torch.bfloat16)  # a bfloat16 segment next to float32 rows
+    segments = [_segment(5, {"pixel_values": rows, "image_grid_thw": torch.from_numpy(grid)}, "a"),
+                _segment(5, {"pixel_values": other, "image_grid_thw": torch.tensor([[1, 2, 2]])}, "b")]
+    with pytest.raises(ValueError, match="must share row shape, dtype"):
+        build_thd_batch(segments, ThdLayout(width=64))

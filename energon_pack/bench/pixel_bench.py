@@ -5,9 +5,9 @@ For one set of generated photos and scans (JPEG and PNG, sides 102..1,411 px, Qw
 
 * ``floor``: PIL decode + RGB convert only (what every path pays);
 * ``floor + PIL bicubic resize``: decode + the uint8 resize both HF and we run (the floor of
-  any path with HF-identical pixels);
+  any path with HF-identical pixels); ``floor + our PIL-exact resize``: the same bytes, our way;
 * ``ours/<dtype>``: :func:`energon_pack.qwen_vl.vision.patchify_image` with ``pixel_dtype``
-  float32, bfloat16, uint8 (and float32 with ``jpeg_draft``, without the AVX-512 layout of
+  float32, bfloat16, uint8 (and float32 with ``jpeg_draft``, without the AVX-512 kernels of
   :mod:`energon_pack.qwen_vl.pixel_simd`, and without numba);
 * ``reference``: the pre-issue-13 float path (:func:`~energon_pack.qwen_vl.vision.reference_patchify_image`);
 * ``hf``: transformers' ``Qwen2VLImageProcessor`` (PIL backend), fed the decoded RGB image.
@@ -145,14 +145,12 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
                 rgb = rgb.resize((rw, rh), resample=Image.Resampling.BICUBIC)
             np.asarray(rgb)
 
-    def floor_our_resize():
-        from energon_pack.qwen_vl.pil_resample import resize_rgb
-
+    def floor_our_resize():  # what a worker does before the layout: PIL's pixels read in place where SIMD runs
+        fast = V.warm_pixel_path(base)
         for d in datas:
             rgb = V.to_rgb_image(V.open_image(d))
             rh, rw = V.resized_image_size(rgb.height, rgb.width, base)
-            if (rgb.height, rgb.width) != (rh, rw):
-                resize_rgb(np.asarray(rgb), rh, rw, "bicubic")
+            V._resized_u8(rgb, rh, rw, base, fast)
 
     def ours(preset):
         def run():  # each result dropped before the next image, as the floor and HF rows do

@@ -169,9 +169,11 @@ def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, in
 
 @dataclass
 class VisualInputs:
-    pixel_values: torch.Tensor | None  # preset.pixel_dtype [sum patches, C*tp*p*p] or None without images
+    # preset.pixel_dtype [sum patches, C*tp*p*p] or None without images; a PendingPatchRows of
+    # that shape and dtype (laid out when written into a pack) from postencode_media(lazy_layout=True)
+    pixel_values: torch.Tensor | V.PendingPatchRows | None
     image_grid_thw: torch.Tensor  # int64 [num_images, 3]
-    pixel_values_videos: torch.Tensor | None  # preset.pixel_dtype [sum patches, C*tp*p*p]
+    pixel_values_videos: torch.Tensor | V.PendingPatchRows | None  # like pixel_values
     video_grid_thw: torch.Tensor  # int64 [num_videos, 3]
     second_per_grid_ts: list[float]
 
@@ -183,28 +185,37 @@ def image_metas_from_bytes(images: Sequence[bytes]) -> list[ImageMeta]:
 
 def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]] = (), *, preset: VisionPreset,
                      video_fps: Sequence[float | None] | None = None, config: ChatConfig | None = None,
-                     expected: EncodedChat | None = None) -> VisualInputs:
+                     expected: EncodedChat | None = None, lazy_layout: bool = False) -> VisualInputs:
     """Decode + patchify images (bytes or PIL) and videos (lists of frames); videos are truncated to
     ``config.max_num_frames``. Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
     uint8). With ``expected``, the grids must equal the preencoded ones
-    (SampleSkipped("image_size_mismatch") if a header lied about the size)."""
+    (SampleSkipped("image_size_mismatch") if a header lied about the size). With ``lazy_layout``
+    the pixels are :class:`~.vision.PendingPatchRows` (decoded and resized here, so bad media is a
+    skip here; laid out when the THD builder writes them into the pack)."""
     config = config or ChatConfig()
-    pv, grids = [], []
+    pending, grids = [], []
     for img in images:
-        p, g = V.patchify_image(img, preset)
-        pv.append(p)
+        rows, g = V.pending_image(img, preset)
+        pending.append(rows)
         grids.append(g)
-    vpv, vgrids, spg = [], [], []
+    vpending, vgrids, spg = [], [], []
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
     for frames, fps in zip(videos, fps_list):
-        p, g, s = V.patchify_video(list(frames)[: config.max_num_frames], preset, fps)
-        vpv.append(p)
+        rows, g, s = V.pending_video(list(frames)[: config.max_num_frames], preset, fps)
+        vpending.append(rows)
         vgrids.append(g)
         spg.append(s)
+
+    def pixels(parts: list[V.PendingPatchRows]) -> torch.Tensor | V.PendingPatchRows | None:
+        if not parts:
+            return None
+        joined = V.PendingPatchRows.join(parts)
+        return joined if lazy_layout else joined.to_tensor()
+
     out = VisualInputs(
-        pixel_values=V.pixels_to_torch(np.concatenate(pv) if len(pv) > 1 else pv[0], preset) if pv else None,
+        pixel_values=pixels(pending),
         image_grid_thw=torch.from_numpy(np.concatenate(grids)) if grids else torch.zeros(0, 3, dtype=torch.int64),
-        pixel_values_videos=V.pixels_to_torch(np.concatenate(vpv) if len(vpv) > 1 else vpv[0], preset) if vpv else None,
+        pixel_values_videos=pixels(vpending),
         video_grid_thw=torch.from_numpy(np.concatenate(vgrids)) if vgrids else torch.zeros(0, 3, dtype=torch.int64),
         second_per_grid_ts=spg,
     )

@@ -106,7 +106,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                              preset=self.preset, config=self.chat)
         if enc.length != p["length"]:
             raise SampleSkipped("length_mismatch", f"metadata length {p['length']} != encoded {enc.length}")
-        media = postencode_media(p["images"], p["videos"], preset=self.preset, config=self.chat, expected=enc)
+        # laid out when the pack is built: written once, into the pack's (shared-memory) buffer
+        media = postencode_media(p["images"], p["videos"], preset=self.preset, config=self.chat, expected=enc,
+                                 lazy_layout=True)
         special = self.tokenizer.special
         positions = mrope_position_ids(
             enc.input_ids, enc.image_grid_thw, enc.video_grid_thw, enc.second_per_grid_ts,

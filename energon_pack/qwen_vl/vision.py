@@ -481,27 +481,93 @@ def _resized_u8(rgb: Image.Image, height: int, width: int, preset: VisionPreset,
     return np.asarray(rgb.resize((width, height), resample=_RESAMPLE[preset.resample]), dtype=np.uint8)
 
 
-def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset,
-                kernels) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``preset.pixel_dtype``'s storage, grid).
-    Frames past T (up to a multiple of tp) repeat the last one; a single image fills every slot."""
+def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset, kernels,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``preset.pixel_dtype``'s storage, grid),
+    written into ``out`` when given (C-contiguous, that shape and storage dtype). Frames past T
+    (up to a multiple of tp) repeat the last one; a single image fills every slot."""
     p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
     grid = (-(-num_frames // tp), frames.shape[1] // p, frames.shape[2] // p)
+    shape = (grid[0] * grid[1] * grid[2], preset.patch_dim)
     if kernels is not None:
         table = _storage_table(preset)
-        out = np.empty((grid[0] * grid[1] * grid[2], preset.patch_dim), dtype=table.dtype)
+        if out is None:
+            out = np.empty(shape, dtype=table.dtype)
         if not (num_frames == 1 and pixel_simd.layout_image(frames[0], p, m, tp, preset.image_mean,
                                                             preset.image_std, out)):
             kernels.layout(frames, p, m, table, out)
         return out, grid
     if num_frames == 1:  # one temporal slot; _finish repeats it tp times while writing
         layout, _ = _patch_layout_u8(frames, p, m, 1)
-        return _finish(layout, preset, repeat_t=True), grid
-    total = grid[0] * tp
-    if total != num_frames:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], total - num_frames, axis=0)])
-    layout, _ = _patch_layout_u8(frames, p, m, tp)
-    return _finish(layout, preset), grid
+        values = _finish(layout, preset, repeat_t=True)
+    else:
+        total = grid[0] * tp
+        if total != num_frames:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], total - num_frames, axis=0)])
+        layout, _ = _patch_layout_u8(frames, p, m, tp)
+        values = _finish(layout, preset)
+    if out is None:
+        return values, grid
+    out[...] = values
+    return out, grid
+
+
+#: torch dtype of the pixel tensors of each ``pixel_dtype`` (bfloat16 is stored as its uint16 bits)
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
+
+
+class PendingPatchRows:
+    """Patch rows decoded and resized, not laid out yet: the uint8 frames of one or more images or
+    videos (a quarter of the float32 rows' bytes), and :meth:`write_into`, which runs the layout
+    into the caller's tensor. The THD builder writes them straight into the pack's buffer (shared
+    memory in a loader worker), so each value is written once, where before it went into a
+    per-sample array and was then copied into the pack. Decoding happened already, so a corrupt
+    image was a counted skip before any pack was built; the layout itself cannot fail.
+
+    ``shape`` and ``dtype`` are those of the tensor :meth:`to_tensor` returns: exactly what
+    :func:`patchify_image` / :func:`patchify_video` give, concatenated in order."""
+
+    def __init__(self, items: Sequence[tuple[np.ndarray, int]], preset: VisionPreset) -> None:
+        self._items = list(items)  # (uint8 frames [T, H, W, 3], real frame count)
+        self.preset = preset
+        p, tp = preset.patch_size, preset.temporal_patch_size
+        self._rows = [-(-n // tp) * (f.shape[1] // p) * (f.shape[2] // p) for f, n in self._items]
+        self.shape = (sum(self._rows), preset.patch_dim)
+        self.dtype = _TORCH_DTYPES[preset.pixel_dtype]
+
+    @classmethod
+    def join(cls, parts: Sequence[PendingPatchRows]) -> PendingPatchRows:
+        """The rows of ``parts`` one after another (e.g. a sample's images); one preset for all."""
+        if not parts or any(part.preset != parts[0].preset for part in parts):
+            raise ValueError("PendingPatchRows.join needs at least one part, all of one preset")
+        return cls([item for part in parts for item in part._items], parts[0].preset)
+
+    def write_into(self, out: torch.Tensor) -> None:
+        """Lay the rows out into ``out`` (a contiguous CPU tensor of ``shape`` and ``dtype``)."""
+        if (tuple(out.shape) != self.shape or out.dtype != self.dtype or out.device.type != "cpu"
+                or not out.is_contiguous()):
+            raise ValueError(f"PendingPatchRows.write_into: needs a contiguous CPU {self.dtype} tensor of shape "
+                             f"{self.shape}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        storage = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == torch.bfloat16 else out.numpy()
+        kernels = _fast_kernels(self.preset)
+        start = 0
+        for (frames, num_frames), rows in zip(self._items, self._rows):
+            _patch_rows(frames, num_frames, self.preset, kernels, out=storage[start:start + rows])
+            start += rows
+
+    def to_tensor(self) -> torch.Tensor:
+        """The rows as a new tensor of ``dtype``."""
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self.write_into(out)
+        return out
+
+
+def _image_frames(image: Image.Image | bytes, preset: VisionPreset, kernels) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 [1, H, W, 3] resized like HF (PIL's bytes), image_grid_thw int64 [1, 3])."""
+    rgb, rh, rw = decode_for_patchify(image, preset)
+    hwc = _resized_u8(rgb, rh, rw, preset, kernels is not None)
+    p = preset.patch_size
+    return hwc[None], np.asarray([[1, rh // p, rw // p]], dtype=np.int64)
 
 
 def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
@@ -514,12 +580,31 @@ def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np
     :func:`pixels_to_torch` views them as ``torch.bfloat16``), or uint8 (normalise later with
     :func:`normalize_pixels`). Without numba, PIL and numpy give the same values, slower.
     """
-    rgb, rh, rw = decode_for_patchify(image, preset)
     kernels = _fast_kernels(preset)
-    hwc = _resized_u8(rgb, rh, rw, preset, kernels is not None)
-    del rgb
-    pixel_values, (_t, gh, gw) = _patch_rows(hwc[None], 1, preset, kernels)
-    return pixel_values, np.asarray([[1, gh, gw]], dtype=np.int64)
+    frames, grid = _image_frames(image, preset, kernels)
+    pixel_values, _ = _patch_rows(frames, 1, preset, kernels)
+    return pixel_values, grid
+
+
+def pending_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[PendingPatchRows, np.ndarray]:
+    """:func:`patchify_image` with the layout left for later: (rows, image_grid_thw)."""
+    frames, grid = _image_frames(image, preset, _fast_kernels(preset))
+    return PendingPatchRows([(frames, 1)], preset), grid
+
+
+def _video_frames(frames: Sequence[Image.Image | bytes], preset: VisionPreset, kernels) -> np.ndarray:
+    """uint8 [T, H, W, 3]: every frame decoded and resized to the size the first frame's maps to."""
+    if len(frames) == 0:
+        raise SampleSkipped("empty_video", "video has no frames")
+    first = to_rgb_image(open_image(frames[0]))
+    rh, rw = resized_video_size(len(frames), first.height, first.width, preset)
+    # one frame decoded at a time, written into the final uint8 array (no per-frame lists, no stack copy)
+    out = np.empty((len(frames), rh, rw, 3), dtype=np.uint8)
+    for i, frame in enumerate(frames):
+        rgb = first if i == 0 else to_rgb_image(open_image(frame))
+        out[i] = _resized_u8(rgb, rh, rw, preset, kernels is not None)
+        first = None
+    return out
 
 
 def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
@@ -531,16 +616,17 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
     temporal_patch_size / fps (fps of the given frames; preset.video_fps when None). Frames are
     decoded one at a time into one uint8 array, then laid out and converted like images.
     """
-    if len(frames) == 0:
-        raise SampleSkipped("empty_video", "video has no frames")
-    first = to_rgb_image(open_image(frames[0]))
-    rh, rw = resized_video_size(len(frames), first.height, first.width, preset)
     kernels = _fast_kernels(preset)
-    # one frame decoded at a time, written into the final uint8 array (no per-frame lists, no stack copy)
-    out = np.empty((len(frames), rh, rw, 3), dtype=np.uint8)
-    for i, frame in enumerate(frames):
-        rgb = first if i == 0 else to_rgb_image(open_image(frame))
-        out[i] = _resized_u8(rgb, rh, rw, preset, kernels is not None)
-        first = None
-    pixel_values, grid = _patch_rows(out, len(frames), preset, kernels)
+    decoded = _video_frames(frames, preset, kernels)
+    pixel_values, grid = _patch_rows(decoded, len(decoded), preset, kernels)
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
+
+
+def pending_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
+                  fps: float | None = None) -> tuple[PendingPatchRows, np.ndarray, float]:
+    """:func:`patchify_video` with the layout left for later: (rows, video_grid_thw, second_per_grid_ts)."""
+    decoded = _video_frames(frames, preset, _fast_kernels(preset))
+    rows = PendingPatchRows([(decoded, len(decoded))], preset)
+    p, tp = preset.patch_size, preset.temporal_patch_size
+    grid = (-(-len(decoded) // tp), decoded.shape[1] // p, decoded.shape[2] // p)
+    return rows, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
