@@ -316,10 +316,10 @@ def main(out: str | Path = "bench_results/pixel.json", *, images: int = 46, roun
     result: dict[str, Any] = {"paths": paths}
     print(f"{paths['images']} images ({sum(i['format'] == 'JPEG' for i in imgs)} JPEG, {sum(i['format'] == 'PNG' for i in imgs)} PNG), "
           f"{paths['patch_rows']} patch rows, Qwen2.5-VL bounds {MIN_PIXELS:,}..{MAX_PIXELS:,} px; best of {rounds} interleaved rounds, one core")
-    print(f"{'path':<32}{'images/cpu-s':>13}{'vs HF':>8}{'vs floor':>10}")
+    print(f"{'path':<38}{'images/cpu-s':>13}{'vs HF':>8}{'vs floor':>10}")
     for name, r in paths["rows"].items():
         vs_hf = f"{r['vs_hf']:.2f}x" if r["vs_hf"] else "-"
-        print(f"{name:<32}{r['images_per_cpu_s']:>13.1f}{vs_hf:>8}{r['vs_floor']:>9.0%}")
+        print(f"{name:<38}{r['images_per_cpu_s']:>13.1f}{vs_hf:>8}{r['vs_floor']:>9.0%}")
     if draft:
         result["draft"] = d = bench_draft()
         print("jpeg_draft on large JPEG photos (grids equal to full decode in every case):")
