@@ -4,12 +4,13 @@
  * section below); about half the time of the numba passes on one core (0.9 against 1.7 ms per
  * image of the benchmark's set, decoded just before, as in a worker).
  *
- * Layout (ep_layout_image): same output, bit for bit, as pixel_kernels.layout with the preset's storage table: HF's patch
- * order (merge block rows, merge block columns, rows and columns inside the block); a float32
+ * Layout (ep_layout_image): same output, bit for bit, as pixel_kernels.layout with the preset's
+ * storage table: HF's patch order (merge block rows, merge block columns, rows and columns inside
+ * the block); a float32
  * value is (float(byte) * k - mean[c]) / std[c] in float32, the operations and order that build
  * the table (compiled with -ffp-contract=off: no fused multiply-add); bfloat16 rounds it to
  * nearest even; uint8 keeps the byte. Each patch row is built in L1 and streamed out with
- * non-temporal stores: the output (7 MB of float32 for a 1-megapixel image) is never read
+ * non-temporal stores: the output (8 MB of float32 for a 1-megapixel image) is never read
  * before it is written, which ordinary stores would do. Measured on one core (float32):
  * 0.46 ms per image against 1.4 ms for the numba kernel.
  *
