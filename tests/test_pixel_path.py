@@ -250,3 +250,14 @@ def test_pending_rows_refuse_a_buffer_of_another_shape_or_dtype(images):
                 _segment(5, {"pixel_values": other, "image_grid_thw": torch.tensor([[1, 2, 2]])}, "b")]
     with pytest.raises(ValueError, match="must share row shape, dtype"):
         build_thd_batch(segments, ThdLayout(width=64))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pending_rows_without_the_compiled_kernels_give_the_same_values(images, monkeypatch, dtype):
+    """With ENERGON_PACK_PIXEL_KERNELS=off (PIL + numpy) the deferred layout writes the same rows."""
+    preset = get_preset("qwen2.5-vl", pixel_dtype=dtype, max_pixels=300_000)
+    expected = [V.pending_image(im["data"], preset)[0].to_tensor() for im in images[:3]]
+    monkeypatch.setenv(V.PIXEL_KERNELS_ENV, "off")
+    for im, want in zip(images[:3], expected):
+        rows, _ = V.pending_image(im["data"], preset)
+        assert torch.equal(rows.to_tensor().view(torch.uint8), want.view(torch.uint8))
