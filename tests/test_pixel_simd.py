@@ -50,12 +50,33 @@ def test_simd_layout_equals_the_numba_kernel_bit_for_bit(name, dtype):
         rgbx = np.concatenate([img, rng.integers(0, 256, img.shape[:2] + (1,), dtype=np.uint8)], axis=2)
         for source in (img, rgbx[:, :, :3]):  # RGB, and PIL's own RGBX rows (4-byte pixels) in place
             out = np.full_like(ref, 0x7F)
-            assert pixel_simd.layout_image(source, p, m, tp, preset.image_mean, preset.image_std, out)
+            assert pixel_simd.layout_frames(source[None], p, m, tp, preset.image_mean, preset.image_std, out)
             if dtype == "float32":  # compare bit patterns: -0.0 and 0.0 told apart
                 out, ref_bits = out.view(np.uint32), ref.view(np.uint32)
             else:
                 ref_bits = ref
             np.testing.assert_array_equal(out, ref_bits)
+
+
+@needs_simd
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize("name", ["qwen2.5-vl", "qwen3-vl"])
+def test_simd_video_layout_equals_the_numba_kernel_bit_for_bit(name, dtype):
+    """Frames of a video: temporal slot t of group g is frame g*tp + t, the last frame repeats
+    past the end (odd counts), for 1..5 frames, contiguous and strided (every other frame)."""
+    preset = get_preset(name, pixel_dtype=dtype)
+    p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
+    f, table = p * m, V._storage_table(preset)
+    rng = np.random.default_rng(11)
+    for count in range(1, 6):
+        every = rng.integers(0, 256, (2 * count, 2 * f, 3 * f, 3), dtype=np.uint8)
+        for frames in (np.ascontiguousarray(every[:count]), every[::2]):
+            rows = -(-count // tp) * 2 * m * 3 * m
+            ref = np.empty((rows, preset.patch_dim), table.dtype)
+            K.layout(np.ascontiguousarray(frames), p, m, table, ref)
+            out = np.full_like(ref, 0x7F)
+            assert pixel_simd.layout_frames(frames, p, m, tp, preset.image_mean, preset.image_std, out)
+            np.testing.assert_array_equal(out.view(np.uint8), ref.view(np.uint8), err_msg=f"{count} frames")
 
 
 @needs_simd
@@ -83,17 +104,17 @@ def test_mismatched_output_is_refused_before_any_write():
     img = np.zeros((56, 56, 3), np.uint8)
     out = np.empty((15, preset.patch_dim), np.float32)  # 16 rows needed
     with pytest.raises(ValueError, match="do not match"):
-        pixel_simd.layout_image(img, 14, 2, 2, preset.image_mean, preset.image_std, out)
+        pixel_simd.layout_frames(img[None], 14, 2, 2, preset.image_mean, preset.image_std, out)
 
 
 def test_other_dtypes_and_the_off_switch_leave_the_numba_kernel_in_charge(monkeypatch):
     preset = get_preset("qwen2.5-vl")
     img = np.zeros((28, 28, 3), np.uint8)
     as_f64 = np.empty((4, preset.patch_dim), np.float64)  # not a storage dtype
-    assert not pixel_simd.layout_image(img, 14, 2, 2, preset.image_mean, preset.image_std, as_f64)
+    assert not pixel_simd.layout_frames(img[None], 14, 2, 2, preset.image_mean, preset.image_std, as_f64)
     monkeypatch.setenv(pixel_simd.PIXEL_SIMD_ENV, "off")
     out = np.empty((4, preset.patch_dim), np.float32)
-    assert not pixel_simd.layout_image(img, 14, 2, 2, preset.image_mean, preset.image_std, out)
+    assert not pixel_simd.layout_frames(img[None], 14, 2, 2, preset.image_mean, preset.image_std, out)
 
 
 @needs_simd

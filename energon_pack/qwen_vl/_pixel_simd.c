@@ -4,7 +4,7 @@
  * section below); about half the time of the numba passes on one core (0.9 against 1.7 ms per
  * image of the benchmark's set, decoded just before, as in a worker).
  *
- * Layout (ep_layout_image): same output, bit for bit, as pixel_kernels.layout with the preset's
+ * Layout (ep_layout_frames): same output, bit for bit, as pixel_kernels.layout with the preset's
  * storage table: HF's patch order (merge block rows, merge block columns, rows and columns inside
  * the block); a float32
  * value is (float(byte) * k - mean[c]) / std[c] in float32, the operations and order that build
@@ -49,17 +49,20 @@ EP_TARGET static void stream_bytes(uint8_t *dst, const uint8_t *src, long n) {
     if (i < n) _mm512_mask_storeu_epi8(dst + i, ep_bytes_mask(n - i), _mm512_maskz_loadu_epi8(ep_bytes_mask(n - i), src + i));
 }
 
-/* img: uint8 [height, width, 3], rows row_stride bytes apart, ps bytes per pixel (3: RGB, 4: RGBX
- * as PIL stores it, the fourth byte unread); out: [(height/p) * (width/p), 3 * tp * p * p] of
- * kind 0: float32, 1: bfloat16 bits (uint16, float32 rounded to nearest even, as torch does),
- * 2: uint8 (the bytes themselves). Returns 0, or -1 for sizes it does not handle (the caller
- * uses the numba kernel then). */
-EP_TARGET int ep_layout_image(const uint8_t *img, long row_stride, int ps, int height, int width, int p, int m,
-                              int tp, int kind, float k, const float *mean, const float *stdv, void *out) {
+/* frames: uint8 [num_frames, height, width, 3], frames frame_stride and rows row_stride bytes
+ * apart, ps bytes per pixel (3: RGB, 4: RGBX as PIL stores it, the fourth byte unread);
+ * out: [ceil(num_frames / tp) * (height/p) * (width/p), 3 * tp * p * p] of kind 0: float32,
+ * 1: bfloat16 bits (uint16, float32 rounded to nearest even, as torch does), 2: uint8 (the bytes
+ * themselves). Temporal slot t of group g holds frame g*tp + t, or the last frame past the end
+ * (a single image fills every slot); a slot that repeats the one before is copied, not
+ * recomputed. Returns 0, or -1 for sizes it does not handle (the caller uses numba then). */
+EP_TARGET int ep_layout_frames(const uint8_t *frames, long frame_stride, int num_frames, long row_stride, int ps,
+                               int height, int width, int p, int m, int tp, int kind, float k, const float *mean,
+                               const float *stdv, void *out) {
     if (p < 1 || p > EP_MAX_PATCH || tp < 1 || tp > EP_MAX_TP || m < 1 || kind < 0 || kind > 2 || ps < 3 ||
-        ps > 4)
+        ps > 4 || num_frames < 1)
         return -1;
-    const int gh = height / p, gw = width / p, pp = p * p, values = 3 * tp * pp;
+    const int gh = height / p, gw = width / p, pp = p * p, values = 3 * tp * pp, gt = (num_frames + tp - 1) / tp;
     const int size = kind == 0 ? 4 : (kind == 1 ? 2 : 1);
     const long rowbytes = (long)values * size;
     const __mmask64 load_mask = p * ps >= 64 ? ~0ULL : (1ULL << (p * ps)) - 1; /* never past the patch */
@@ -77,40 +80,48 @@ EP_TARGET int ep_layout_image(const uint8_t *img, long row_stride, int ps, int h
     const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
     uint8_t row[4 * 3 * EP_MAX_TP * EP_MAX_PATCH * EP_MAX_PATCH + 64];
     long n = 0;
-    for (int bh = 0; bh < gh / m; bh++)
-        for (int bw = 0; bw < gw / m; bw++)
-            for (int mh = 0; mh < m; mh++)
-                for (int mw = 0; mw < m; mw++, n++) {
-                    const int y0 = (bh * m + mh) * p, x0 = (bw * m + mw) * p;
-                    for (int iy = 0; iy < p; iy++) {
-                        const uint8_t *src = img + (long)(y0 + iy) * row_stride + (long)x0 * ps;
-                        const __m512i bytes = _mm512_maskz_loadu_epi8(load_mask, src);
-                        for (int c = 0; c < 3; c++) {
-                            const __m128i own = _mm512_castsi512_si128(_mm512_permutexvar_epi8(channel[c], bytes));
-                            uint8_t *dst = row + (long)(c * tp * pp + iy * p) * size;
-                            if (kind == 2) {
-                                _mm_mask_storeu_epi8(dst, store_mask, own);
+    for (int g = 0; g < gt; g++)
+        for (int bh = 0; bh < gh / m; bh++)
+            for (int bw = 0; bw < gw / m; bw++)
+                for (int mh = 0; mh < m; mh++)
+                    for (int mw = 0; mw < m; mw++, n++) {
+                        const int y0 = (bh * m + mh) * p, x0 = (bw * m + mw) * p;
+                        for (int t = 0; t < tp; t++) {
+                            const int f = g * tp + t < num_frames ? g * tp + t : num_frames - 1;
+                            if (t > 0 && f == (g * tp + t - 1 < num_frames ? g * tp + t - 1 : num_frames - 1)) {
+                                for (int c = 0; c < 3; c++) /* the same frame as the slot before */
+                                    memcpy(row + (long)((c * tp + t) * pp) * size,
+                                           row + (long)((c * tp + t - 1) * pp) * size, (size_t)pp * size);
                                 continue;
                             }
-                            __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(own));
-                            v = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(v, vk), vmean[c]), vstd[c]);
-                            if (kind == 0) {
-                                _mm512_mask_storeu_ps(dst, store_mask, v);
-                            } else {
-                                const __m512i bits = _mm512_castps_si512(v);
-                                const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-                                const __m512i rounded = _mm512_srli_epi32(
-                                    _mm512_add_epi32(bits, _mm512_add_epi32(lsb, bias)), 16);
-                                _mm256_mask_storeu_epi16(dst, store_mask, _mm512_cvtepi32_epi16(rounded));
+                            const uint8_t *img = frames + (long)f * frame_stride;
+                            for (int iy = 0; iy < p; iy++) {
+                                const uint8_t *src = img + (long)(y0 + iy) * row_stride + (long)x0 * ps;
+                                const __m512i bytes = _mm512_maskz_loadu_epi8(load_mask, src);
+                                for (int c = 0; c < 3; c++) {
+                                    const __m128i own =
+                                        _mm512_castsi512_si128(_mm512_permutexvar_epi8(channel[c], bytes));
+                                    uint8_t *dst = row + (long)((c * tp + t) * pp + iy * p) * size;
+                                    if (kind == 2) {
+                                        _mm_mask_storeu_epi8(dst, store_mask, own);
+                                        continue;
+                                    }
+                                    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(own));
+                                    v = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(v, vk), vmean[c]), vstd[c]);
+                                    if (kind == 0) {
+                                        _mm512_mask_storeu_ps(dst, store_mask, v);
+                                    } else {
+                                        const __m512i bits = _mm512_castps_si512(v);
+                                        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+                                        const __m512i rounded = _mm512_srli_epi32(
+                                            _mm512_add_epi32(bits, _mm512_add_epi32(lsb, bias)), 16);
+                                        _mm256_mask_storeu_epi16(dst, store_mask, _mm512_cvtepi32_epi16(rounded));
+                                    }
+                                }
                             }
                         }
+                        stream_bytes((uint8_t *)out + n * rowbytes, row, rowbytes);
                     }
-                    for (int c = 0; c < 3; c++)  /* one image fills every temporal slot */
-                        for (int t = 1; t < tp; t++)
-                            memcpy(row + (long)(c * tp + t) * pp * size, row + (long)c * tp * pp * size,
-                                   (size_t)pp * size);
-                    stream_bytes((uint8_t *)out + n * rowbytes, row, rowbytes);
-                }
     _mm_sfence();
     return 0;
 }

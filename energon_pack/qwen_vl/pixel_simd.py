@@ -11,9 +11,9 @@ The layout gives :func:`.pixel_kernels.layout`'s values bit for bit with the pre
 table (float32, bfloat16 bits or uint8), about 3x faster for float32: the channel bytes are spread
 with one permute per patch row, normalised with the table's float32 operations (bfloat16:
 then rounded to nearest even), and each patch row is streamed out with non-temporal stores
-(the output is written once and never read back in the worker). Used for single images;
-videos keep the numba kernel. Every function here returns False (nothing written) whenever the
-extension is absent (not built: no compiler or not x86-64), the CPU lacks AVX-512 VBMI and VNNI, or
+(the output is written once and never read back in the worker), for images and videos alike.
+Every function here returns False (nothing written) whenever the extension is absent (not
+built: no compiler or not x86-64), the CPU lacks AVX-512 VBMI and VNNI, or
 ``ENERGON_PACK_PIXEL_SIMD=off``; callers then use the numba kernels.
 """
 
@@ -44,16 +44,17 @@ def _library():
     if not lib.ep_simd_supported():
         return None
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.ep_layout_image.argtypes = [ptr, i64, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr, ptr, ptr]
+    lib.ep_layout_frames.argtypes = [ptr, i64, i32, i64, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr,
+                                     ptr, ptr]
     lib.ep_resize_horizontal.argtypes = [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, i32, ptr]
     lib.ep_resize_vertical.argtypes = [ptr, i64, i32, i32, i32, ptr, ptr, ptr, i32, ptr]
-    for fn in (lib.ep_layout_image, lib.ep_resize_horizontal, lib.ep_resize_vertical):
+    for fn in (lib.ep_layout_frames, lib.ep_resize_horizontal, lib.ep_resize_vertical):
         fn.restype = ctypes.c_int
     return lib
 
 
 def available() -> bool:
-    """True when :func:`layout_image` runs the SIMD kernel here."""
+    """True when the SIMD kernels run here."""
     if switched_off(PIXEL_SIMD_ENV):
         return False
     return _library() is not None
@@ -68,42 +69,49 @@ def _constants(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndar
 _KINDS = {np.dtype(np.float32): 0, np.dtype(np.uint16): 1, np.dtype(np.uint8): 2}
 
 
-def layout_image(frame: np.ndarray, patch: int, merge: int, temporal: int, mean: tuple[float, ...],
-                 std: tuple[float, ...], out: np.ndarray) -> bool:
-    """Write one uint8 image [H, W, 3] into ``out`` ([(H/p)*(W/p), 3*tp*p*p], C-contiguous; float32
-    values, uint16 bfloat16 bits or uint8 bytes, as :func:`.vision._storage_table` stores them)
-    in HF's patch order, every temporal slot a copy of the image. False (nothing written) where
-    the SIMD kernel is not available or the sizes are outside what it handles."""
+def layout_frames(frames: np.ndarray, patch: int, merge: int, temporal: int, mean: tuple[float, ...],
+                  std: tuple[float, ...], out: np.ndarray) -> bool:
+    """Write uint8 frames [T, H, W, 3] (an image: T = 1) into ``out`` ([ceil(T/tp)*(H/p)*(W/p),
+    3*tp*p*p], C-contiguous; float32 values, uint16 bfloat16 bits or uint8 bytes, as
+    :func:`.vision._storage_table` stores them) in HF's patch order: temporal slot t of group g
+    holds frame g*tp + t, or the last frame past the end (an image fills every slot). False
+    (nothing written) where the SIMD kernel is not available or the sizes are outside what it
+    handles."""
     kind = _KINDS.get(out.dtype)
     if kind is None or not out.flags.c_contiguous or not available():
         return False
-    rows = (frame.shape[0] // patch) * (frame.shape[1] // patch) if frame.ndim == 3 else -1
-    if rows < 0 or frame.shape[2] != 3 or out.shape != (rows, 3 * temporal * patch * patch):
-        raise ValueError(f"layout_image: image {frame.shape} and output {out.shape} do not match "
+    if frames.ndim == 4 and frames.shape[0] > 0 and frames.shape[3] == 3:
+        rows = -(-frames.shape[0] // temporal) * (frames.shape[1] // patch) * (frames.shape[2] // patch)
+    else:
+        rows = -1
+    if rows < 0 or out.shape != (rows, 3 * temporal * patch * patch):
+        raise ValueError(f"layout_frames: frames {frames.shape} and output {out.shape} do not match "
                          f"(patch {patch}, temporal {temporal})")
-    frame, row_stride, pixel_stride = _readable(frame)
+    frames, frame_stride, row_stride, pixel_stride = _readable(frames)
     mean_f32, std_f32 = _constants(tuple(mean), tuple(std))
-    done = _library().ep_layout_image(
-        frame.ctypes.data, row_stride, pixel_stride, frame.shape[0], frame.shape[1], patch, merge, temporal, kind,
-        np.float32(1 / 255), mean_f32.ctypes.data, std_f32.ctypes.data, out.ctypes.data)
+    done = _library().ep_layout_frames(
+        frames.ctypes.data, frame_stride, frames.shape[0], row_stride, pixel_stride, frames.shape[1], frames.shape[2],
+        patch, merge, temporal, kind, np.float32(1 / 255), mean_f32.ctypes.data, std_f32.ctypes.data, out.ctypes.data)
     return done == 0
 
 
-def _readable(frame: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """(array, row stride, pixel stride) the kernels read: an RGB [H, W, 3] uint8 image as it is
-    when its pixels are 3 or 4 bytes apart (RGB, or the RGBX view of :mod:`.pil_pixels`) in rows
-    of equal stride, else a contiguous copy."""
-    if not (frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.strides[2] == 1
-            and frame.strides[1] in (3, 4) and frame.strides[0] >= frame.strides[1] * frame.shape[1]):
-        frame = np.ascontiguousarray(frame, dtype=np.uint8)
-    return frame, frame.strides[0], frame.strides[1]
+def _readable(frames: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+    """(array, frame stride, row stride, pixel stride) the kernels read: uint8 RGB frames
+    [T, H, W, 3] as they are when their pixels are 3 or 4 bytes apart (RGB, or the RGBX view of
+    :mod:`.pil_pixels`) in rows and frames of equal stride, else a contiguous copy."""
+    t, h, w, _ = frames.shape
+    if not (frames.dtype == np.uint8 and frames.strides[3] == 1 and frames.strides[2] in (3, 4)
+            and frames.strides[1] >= frames.strides[2] * w and (t == 1 or frames.strides[0] >= frames.strides[1] * h)):
+        frames = np.ascontiguousarray(frames, dtype=np.uint8)
+    return frames, frames.strides[0], frames.strides[1], frames.strides[2]
 
 
 def _resize_args(src: np.ndarray, out: np.ndarray, first: np.ndarray, count: np.ndarray, weights: np.ndarray):
     if not (available() and out.dtype == np.uint8 and out.flags.c_contiguous and weights.dtype == np.int32
             and weights.flags.c_contiguous and first.dtype == np.int64 and count.dtype == np.int64):
         return None
-    return _readable(src)
+    frames, _, row_stride, pixel_stride = _readable(src[None])
+    return frames[0], row_stride, pixel_stride
 
 
 def resize_horizontal(src: np.ndarray, y0: int, y1: int, first: np.ndarray, count: np.ndarray,

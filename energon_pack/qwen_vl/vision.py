@@ -493,8 +493,8 @@ def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset, kerne
         table = _storage_table(preset)
         if out is None:
             out = np.empty(shape, dtype=table.dtype)
-        if not (num_frames == 1 and pixel_simd.layout_image(frames[0], p, m, tp, preset.image_mean,
-                                                            preset.image_std, out)):
+        if not (frames.shape[0] == num_frames and pixel_simd.layout_frames(frames, p, m, tp, preset.image_mean,
+                                                                           preset.image_std, out)):
             kernels.layout(frames, p, m, table, out)
         return out, grid
     if num_frames == 1:  # one temporal slot; _finish repeats it tp times while writing
