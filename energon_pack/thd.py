@@ -146,7 +146,7 @@ _MADV_POPULATE_WRITE = 23
 def _madvise():
     try:
         fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):  # no C library madvise here: no prefaulting
+    except (OSError, AttributeError, TypeError):  # no C library madvise here: no prefaulting
         return None
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     return fn
