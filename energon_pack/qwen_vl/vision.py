@@ -440,9 +440,7 @@ def warm_pixel_path(preset: VisionPreset) -> bool:
     kernels = _fast_kernels(preset)
     if kernels is None:
         return False
-    from .pil_resample import resize_rgb
-
-    from .pil_resample import coefficients
+    from .pil_resample import coefficients, resize_rgb
 
     side = 2 * preset.factor
     # decoded images arrive read-only (np.asarray of a PIL image), resize outputs writable: numba
@@ -458,9 +456,9 @@ def warm_pixel_path(preset: VisionPreset) -> bool:
                            np.empty((height, side, 3), np.uint8))
         kernels.vertical(src, *coefficients(height, side, preset.resample), np.empty((side, width, 3), np.uint8))
     frames = np.zeros((1, side, side, 3), dtype=np.uint8)
-    _patch_rows(frames, 1, preset, kernels)
+    _patch_rows(frames, preset, kernels)
     frames.flags.writeable = False
-    _patch_rows(frames, 1, preset, kernels)
+    _patch_rows(frames, preset, kernels)
     return True
 
 
@@ -481,20 +479,25 @@ def _resized_u8(rgb: Image.Image, height: int, width: int, preset: VisionPreset,
     return np.asarray(rgb.resize((width, height), resample=_RESAMPLE[preset.resample]), dtype=np.uint8)
 
 
-def _patch_rows(frames: np.ndarray, num_frames: int, preset: VisionPreset, kernels,
+def _frames_grid(frames: np.ndarray, preset: VisionPreset) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of uint8 frames [T, H, W, 3]: T padded up to a multiple of tp."""
+    p = preset.patch_size
+    return -(-frames.shape[0] // preset.temporal_patch_size), frames.shape[1] // p, frames.shape[2] // p
+
+
+def _patch_rows(frames: np.ndarray, preset: VisionPreset, kernels,
                 out: np.ndarray | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
     """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``preset.pixel_dtype``'s storage, grid),
     written into ``out`` when given (C-contiguous, that shape and storage dtype). Frames past T
     (up to a multiple of tp) repeat the last one; a single image fills every slot."""
     p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
-    grid = (-(-num_frames // tp), frames.shape[1] // p, frames.shape[2] // p)
-    shape = (grid[0] * grid[1] * grid[2], preset.patch_dim)
+    num_frames = frames.shape[0]
+    grid = _frames_grid(frames, preset)
     if kernels is not None:
         table = _storage_table(preset)
         if out is None:
-            out = np.empty(shape, dtype=table.dtype)
-        if not (frames.shape[0] == num_frames and pixel_simd.layout_frames(frames, p, m, tp, preset.image_mean,
-                                                                           preset.image_std, out)):
+            out = np.empty((math.prod(grid), preset.patch_dim), dtype=table.dtype)
+        if not pixel_simd.layout_frames(frames, p, m, tp, preset.image_mean, preset.image_std, out):
             kernels.layout(frames, p, m, table, out)
         return out, grid
     if num_frames == 1:  # one temporal slot; _finish repeats it tp times while writing
@@ -527,11 +530,10 @@ class PendingPatchRows:
     ``shape`` and ``dtype`` are those of the tensor :meth:`to_tensor` returns: exactly what
     :func:`patchify_image` / :func:`patchify_video` give, concatenated in order."""
 
-    def __init__(self, items: Sequence[tuple[np.ndarray, int]], preset: VisionPreset) -> None:
-        self._items = list(items)  # (uint8 frames [T, H, W, 3], real frame count)
+    def __init__(self, items: Sequence[np.ndarray], preset: VisionPreset) -> None:
+        self._items = list(items)  # uint8 frames [T, H, W, 3] (an image: T = 1)
         self.preset = preset
-        p, tp = preset.patch_size, preset.temporal_patch_size
-        self._rows = [-(-n // tp) * (f.shape[1] // p) * (f.shape[2] // p) for f, n in self._items]
+        self._rows = [math.prod(_frames_grid(frames, preset)) for frames in self._items]
         self.shape = (sum(self._rows), preset.patch_dim)
         self.dtype = _TORCH_DTYPES[preset.pixel_dtype]
 
@@ -551,8 +553,8 @@ class PendingPatchRows:
         storage = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == torch.bfloat16 else out.numpy()
         kernels = _fast_kernels(self.preset)
         start = 0
-        for (frames, num_frames), rows in zip(self._items, self._rows):
-            _patch_rows(frames, num_frames, self.preset, kernels, out=storage[start:start + rows])
+        for frames, rows in zip(self._items, self._rows):
+            _patch_rows(frames, self.preset, kernels, out=storage[start:start + rows])
             start += rows
 
     def to_tensor(self) -> torch.Tensor:
@@ -565,9 +567,8 @@ class PendingPatchRows:
 def _image_frames(image: Image.Image | bytes, preset: VisionPreset, kernels) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 [1, H, W, 3] resized like HF (PIL's bytes), image_grid_thw int64 [1, 3])."""
     rgb, rh, rw = decode_for_patchify(image, preset)
-    hwc = _resized_u8(rgb, rh, rw, preset, kernels is not None)
-    p = preset.patch_size
-    return hwc[None], np.asarray([[1, rh // p, rw // p]], dtype=np.int64)
+    frames = _resized_u8(rgb, rh, rw, preset, kernels is not None)[None]
+    return frames, np.asarray([_frames_grid(frames, preset)], dtype=np.int64)
 
 
 def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np.ndarray, np.ndarray]:
@@ -582,14 +583,14 @@ def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np
     """
     kernels = _fast_kernels(preset)
     frames, grid = _image_frames(image, preset, kernels)
-    pixel_values, _ = _patch_rows(frames, 1, preset, kernels)
+    pixel_values, _ = _patch_rows(frames, preset, kernels)
     return pixel_values, grid
 
 
 def pending_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[PendingPatchRows, np.ndarray]:
     """:func:`patchify_image` with the layout left for later: (rows, image_grid_thw)."""
     frames, grid = _image_frames(image, preset, _fast_kernels(preset))
-    return PendingPatchRows([(frames, 1)], preset), grid
+    return PendingPatchRows([frames], preset), grid
 
 
 def _video_frames(frames: Sequence[Image.Image | bytes], preset: VisionPreset, kernels) -> np.ndarray:
@@ -618,7 +619,7 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
     """
     kernels = _fast_kernels(preset)
     decoded = _video_frames(frames, preset, kernels)
-    pixel_values, grid = _patch_rows(decoded, len(decoded), preset, kernels)
+    pixel_values, grid = _patch_rows(decoded, preset, kernels)
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
 
 
@@ -626,7 +627,5 @@ def pending_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
                   fps: float | None = None) -> tuple[PendingPatchRows, np.ndarray, float]:
     """:func:`patchify_video` with the layout left for later: (rows, video_grid_thw, second_per_grid_ts)."""
     decoded = _video_frames(frames, preset, _fast_kernels(preset))
-    rows = PendingPatchRows([(decoded, len(decoded))], preset)
-    p, tp = preset.patch_size, preset.temporal_patch_size
-    grid = (-(-len(decoded) // tp), decoded.shape[1] // p, decoded.shape[2] // p)
-    return rows, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
+    grid = np.asarray([_frames_grid(decoded, preset)], dtype=np.int64)
+    return PendingPatchRows([decoded], preset), grid, second_per_grid_t(preset, fps)
