@@ -1,5 +1,5 @@
 """The optional AVX-512 pixel kernels (``_pixel_simd.c``), loaded with ctypes: PIL's two
-resampling passes and the patch layout of one image.
+resampling passes and the patch layout of images and videos.
 
 The resampling passes give :func:`.pixel_kernels.horizontal` and :func:`.pixel_kernels.vertical`'s
 bytes (PIL's integers), about 2x faster: each weight is split into two 16-bit words so two taps
