@@ -34,6 +34,7 @@ from .chat import (
 from .mrope import mrope_position_ids
 from .presets import PIXEL_DTYPES, PRESETS, VisionPreset, get_preset
 from .vision import (
+    PendingPatchRows,
     image_grid_thw,
     image_size_from_bytes,
     normalization_lut,
@@ -51,7 +52,8 @@ from .vision import (
 
 __all__ = [
     "LOSS_POLICIES", "PIXEL_DTYPES", "PRESETS", "QWEN_SPECIAL_TOKENS", "TEMPLATE_DEFAULT", "ChatConfig", "EncodedChat", "ImageMeta", "Message",
-    "QwenTokenizer", "SpecialIds", "TokenizerLike", "VideoMeta", "VisionPreset", "VisualInputs", "as_qwen_tokenizer",
+    "PendingPatchRows", "QwenTokenizer", "SpecialIds", "TokenizerLike", "VideoMeta", "VisionPreset", "VisualInputs",
+    "as_qwen_tokenizer",
     "encode_chat", "encoded_length", "get_preset", "image_grid_thw", "image_metas_from_bytes", "image_size_from_bytes",
     "load_demo_tokenizer", "load_demo_tokenizer_raw", "mrope_position_ids", "normalization_lut", "normalize_conversation", "normalize_pixels",
     "patchify_image", "patchify_video", "pixels_to_torch", "place_media", "postencode_media", "preencode_chat", "second_per_grid_t", "smart_resize",
