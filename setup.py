@@ -1,8 +1,9 @@
 """Build hook for the one optional C extension (everything else is in pyproject.toml).
 
-``energon_pack.qwen_vl._pixel_simd`` is the float32 patch layout with AVX-512 and non-temporal
-stores (about 3x the numba kernel). It is optional: where it does not compile (no C compiler,
-not x86-64) the install goes on and the numba kernel gives the same values.
+``energon_pack.qwen_vl._pixel_simd`` holds the worker's pixel loops with AVX-512: PIL's two
+resampling passes and the patch layout (see ``energon_pack/qwen_vl/pixel_simd.py``). It is
+optional: where it does not compile (no C compiler, not x86-64) the install goes on and the
+numba kernels give the same values.
 """
 
 import platform
