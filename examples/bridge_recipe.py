@@ -10,8 +10,15 @@ with ``check_bridge_config`` and runs ``finetune(cfg, forward_step_func=vlm_step
 ``--check`` builds the same settings on a plain config object with Bridge's attribute paths, runs
 ``check_bridge_config``, streams a few packs from demo shards (written with
 ``make_demo_shards`` when ``--data`` does not exist yet) and pushes each through Bridge's
-``vlm_step.get_batch`` when Bridge's source is importable (on a CPU machine through the light
-import route of ``tests/_bridge_light.py``).
+``vlm_step.get_batch`` when Bridge's source is importable: normally, or on a CPU machine through
+the light import route of ``tests/_bridge_light.py``. Without CUDA, ``Tensor.cuda`` is made the
+identity for the check on either route (Bridge's step moves every tensor with ``.cuda()``).
+
+``--tokenizer``: a name (``qwen2.5-vl``, the default, for the preset; see
+``energon_pack.chat.tokenizer.load_tokenizer``), a ``tokenizer.json`` or a local Hugging Face
+folder. ``--tokenizer demo`` (the offline demo tokenizer) is accepted only for ``--check`` on
+demo data (``make_demo_shards`` shards): anything else would train, or judge packs, on ids and
+token counts that are not the model's.
 """
 
 from __future__ import annotations
@@ -21,11 +28,16 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer, load_tokenizer
+from energon_pack.errors import ConfigError
 from energon_pack.integrations.bridge import BridgeQwenVLPackingTaskEncoder, check_bridge_config, make_bridge_dataset_provider
+
+PRESET = "qwen2.5-vl"  # the recipe below is Bridge's Qwen2.5-VL 7B SFT
 
 # What packed THD rows need from a Bridge config (attribute path -> value).
 SETTINGS = {
     "train.micro_batch_size": 1,                 # one THD row per micro-batch; global batch counts packs
+    "validation.eval_micro_batch_size": 1,       # validation packs too
     "model.calculate_per_token_loss": True,      # loss summed over tokens, divided by the global token count
     "ddp.average_in_collective": False,
     "model.pipeline_model_parallel_size": 1,
@@ -40,6 +52,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="demo_data_bridge", help="Energon dataset (ours or Bridge-prepared ChatML)")
     p.add_argument("--check", action="store_true", help="CPU check: config checks + a few packs through Bridge's get_batch")
+    p.add_argument("--tokenizer", default=PRESET,
+                   help=f"tokenizer name ({PRESET!r}: the real Qwen tokenizer), tokenizer.json or local HF folder; "
+                        "'demo' only with --check on demo data")
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--tp", type=int, default=1)
@@ -59,9 +74,33 @@ def apply(cfg, settings):
         setattr(obj, attr, value)
 
 
+def is_demo_data(path: Path) -> bool:
+    """Demo shards: not prepared yet (``--check`` writes demo shards there) or all named as ``make_demo_shards`` names them."""
+    if not (path / ".nv-meta").is_dir():
+        return True
+    shards = list(path.glob("*.tar"))
+    return bool(shards) and all(p.name.startswith("demo-") for p in shards)
+
+
+def load_encoder_tokenizer(args):
+    """``--tokenizer`` loaded; the demo tokenizer only for ``--check`` on demo data (ConfigError otherwise)."""
+    try:
+        tokenizer = load_tokenizer(args.tokenizer, where="--tokenizer")
+    except ConfigError as exc:
+        fix = exc.fix if args.tokenizer == PRESET else f"{exc.fix}; or --tokenizer {PRESET} (the default: the real tokenizer)"
+        raise ConfigError("--tokenizer", exc.problem, fix) from None
+    if is_demo_tokenizer(tokenizer) and not (args.check and is_demo_data(Path(args.data))):
+        what = f"--check on {args.data}, which is not demo data" if args.check else "a real run (finetune)"
+        raise ConfigError("--tokenizer", f"{describe_tokenizer(tokenizer)} cannot drive {what}: its ids mean nothing to the "
+                          "model and its token counts are not the model's",
+                          f"pass --tokenizer {PRESET} (the default), a tokenizer.json or a local Hugging Face tokenizer folder; "
+                          "'demo' is only for --check on demo data")
+    return tokenizer
+
+
 def make_encoder(args):
-    return BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=args.seq_length, cp=args.cp, tp=args.tp,
-                                          sp=args.sp, pad_to_max_length=True)
+    return BridgeQwenVLPackingTaskEncoder(tokenizer=load_encoder_tokenizer(args), preset=PRESET, seq_length=args.seq_length,
+                                          cp=args.cp, tp=args.tp, sp=args.sp, pad_to_max_length=True)
 
 
 def parallel_settings(args):
@@ -77,11 +116,11 @@ def print_settings(settings):
 
 
 def full(args):
+    te = make_encoder(args)  # first: a wrong --tokenizer is refused before Bridge is imported
     from megatron.bridge.recipes.qwen_vl.qwen25_vl import qwen25_vl_7b_sft_config
     from megatron.bridge.training.finetune import finetune
     from megatron.bridge.training.vlm_step import forward_step
 
-    te = make_encoder(args)
     cfg = qwen25_vl_7b_sft_config()
     cfg.dataset = make_bridge_dataset_provider(args.data, te, packing_buffer_size=args.packing_buffer_size, num_workers=4)
     settings = {**SETTINGS, **parallel_settings(args)}
@@ -92,24 +131,34 @@ def full(args):
     finetune(cfg, forward_step_func=forward_step)
 
 
-def bridge_get_batch():
-    """Bridge's ``vlm_step.get_batch_from_iterator``: normal import, else the CPU light route."""
-    try:
-        from megatron.bridge.training.vlm_step import get_batch_from_iterator
-        return get_batch_from_iterator
-    except Exception:
-        pass
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    try:
-        from _bridge_light import bridge_module, bridge_version
-    except ImportError:
-        return None
-    if bridge_version() is None:
-        return None
+def cpu_cuda_identity():
+    """Without CUDA, ``Tensor.cuda`` returns the tensor itself: Bridge's step moves every tensor with
+    ``.cuda()``, which a CPU-only torch refuses. For this check only; with CUDA nothing changes."""
     import torch
 
-    torch.Tensor.cuda = lambda self, *a, **k: self  # CPU check only: Bridge moves every tensor with .cuda()
-    return bridge_module("training.vlm_step").get_batch_from_iterator
+    if not torch.cuda.is_available():
+        torch.Tensor.cuda = lambda self, *a, **k: self
+
+
+def bridge_get_batch():
+    """Bridge's ``vlm_step.get_batch_from_iterator`` and how it was imported: normally, else the
+    CPU light route of ``tests/_bridge_light.py``; ``(None, reason)`` when neither works."""
+    try:
+        from megatron.bridge.training.vlm_step import get_batch_from_iterator
+        route = "imported normally"
+    except Exception as exc:  # Bridge absent, or its package __init__ needs Megatron-Core / TE
+        normal_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        try:
+            from _bridge_light import bridge_module, bridge_version
+        except ImportError:
+            return None, f"not importable ({normal_error})"
+        if bridge_version() is None:
+            return None, f"not installed ({normal_error})"
+        get_batch_from_iterator = bridge_module("training.vlm_step").get_batch_from_iterator
+        route = "light CPU import (tests/_bridge_light.py)"
+    cpu_cuda_identity()
+    return get_batch_from_iterator, route
 
 
 def check(args):
@@ -118,14 +167,16 @@ def check(args):
     from energon_pack.energon import make_demo_shards
     from energon_pack.integrations.bridge import BRIDGE_BATCH_KEYS, bridge_dataset_kwargs
 
-    get_batch = bridge_get_batch()  # before the encoder: visual_inputs is then Bridge's own class
     te = make_encoder(args)
+    get_batch, route = bridge_get_batch()
+    print(f"Bridge: {route}")
     ns = SimpleNamespace
-    cfg = ns(train=ns(), model=ns(), ddp=ns(), dist=ns(eval_context_parallel_size=None), comm_overlap=None)
+    cfg = ns(train=ns(), validation=ns(), model=ns(), ddp=ns(), dist=ns(eval_context_parallel_size=None), comm_overlap=None)
     settings = {**SETTINGS, **parallel_settings(args)}
     apply(cfg, settings)
     print_settings(settings)
-    check_bridge_config(cfg, te)
+    print(f"tokenizer: {describe_tokenizer(te.tokenizer)}")
+    check_bridge_config(cfg, te, allow_demo_tokenizer=True)  # a dry run; make_encoder allowed demo only on demo data
     print("check_bridge_config: ok")
 
     data = Path(args.data)
@@ -152,7 +203,10 @@ def check(args):
 
 def main():
     args = parse_args()
-    check(args) if args.check else full(args)
+    try:
+        check(args) if args.check else full(args)
+    except ConfigError as exc:
+        sys.exit(f"bridge_recipe.py: {exc}")
 
 
 if __name__ == "__main__":

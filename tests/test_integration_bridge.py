@@ -27,7 +27,7 @@ from energon_pack.integrations import bridge as B
 from energon_pack.qwen_vl import get_preset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bridge_light import PackedSeqParams, bridge_module, bridge_version, load_bridge  # noqa: E402
+from _bridge_light import PackedSeqParams, bridge_module, bridge_version, load_bridge, tiny_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_bridge = pytest.mark.skipif(bridge_version() is None, reason="megatron-bridge wheel not installed (setup.sh installs it)")
@@ -326,6 +326,7 @@ def test_dataset_kwargs_for_crude_and_foreign_yaml(tmp_path):
 def good_cfg():
     return SimpleNamespace(
         train=SimpleNamespace(micro_batch_size=1),
+        validation=SimpleNamespace(eval_micro_batch_size=None),  # Megatron-LM's ValidationConfig default: train's MBS
         model=SimpleNamespace(calculate_per_token_loss=True, pipeline_model_parallel_size=1, mtp_num_layers=None,
                               cuda_graph_impl="none", vision_cuda_graph_impl="none", overlap_moe_expert_parallel_comm=False,
                               delay_wgrad_compute=False, context_parallel_size=2, tensor_model_parallel_size=4,
@@ -338,7 +339,8 @@ def good_cfg():
 
 @pytest.fixture(scope="module")
 def te_cp2():
-    return B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
+    """A real (non-demo) tokenizer: the demo one is refused outside dry runs (tested below)."""
+    return B.BridgeQwenVLPackingTaskEncoder(tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
 
 
 def test_check_bridge_config_accepts_correct_config(te_cp2):
@@ -347,6 +349,7 @@ def test_check_bridge_config_accepts_correct_config(te_cp2):
 
 @pytest.mark.parametrize("path, value, knob", [
     ("train.micro_batch_size", 2, "train.micro_batch_size"),
+    ("validation.eval_micro_batch_size", 2, "validation.eval_micro_batch_size"),
     ("model.calculate_per_token_loss", False, "model.calculate_per_token_loss"),
     ("ddp.average_in_collective", True, "ddp.average_in_collective"),
     ("model.pipeline_model_parallel_size", 2, "model.pipeline_model_parallel_size"),
@@ -386,6 +389,68 @@ def test_check_bridge_config_parallel_sizes_and_many_errors(te_cp2):
     B.check_bridge_config(good_cfg())  # without an encoder only the training knobs are checked
 
 
+def test_eval_micro_batch_size_none_or_one_and_aggregated_with_train():
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
+    for value in (None, 1):
+        cfg = good_cfg()
+        cfg.validation.eval_micro_batch_size = value
+        B.check_bridge_config(cfg, te)
+    del cfg.validation  # a config without Bridge's validation section: nothing to check there
+    B.check_bridge_config(cfg, te)
+    cfg = good_cfg()
+    cfg.train.micro_batch_size, cfg.validation.eval_micro_batch_size = 4, 4
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, te)
+    assert [e.knob for e in err.value.errors] == ["train.micro_batch_size", "validation.eval_micro_batch_size"]
+    assert err.value.knob == "train.micro_batch_size, validation.eval_micro_batch_size"
+    assert "validation.eval_micro_batch_size: is 4; validation packs are one THD row per micro-batch too. " \
+           "Fix: set validation.eval_micro_batch_size=1 (or None: Bridge then uses train.micro_batch_size)" in str(err.value)
+
+
+def test_demo_tokenizer_refused_unless_dry_run():
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(good_cfg(), te)
+    assert err.value.knob == "task_encoder tokenizer" and not hasattr(err.value, "errors")
+    assert "offline demo tokenizer" in err.value.problem and 'load_tokenizer("qwen2.5-vl")' in err.value.fix
+    assert "allow_demo_tokenizer=True only for a dry run" in err.value.fix
+    B.check_bridge_config(good_cfg(), te, allow_demo_tokenizer=True)
+    cfg = good_cfg()
+    cfg.model.image_token_id = 151655  # a dry run on demo ids is not held to the model's token ids
+    B.check_bridge_config(cfg, te, allow_demo_tokenizer=True)
+    cfg.ddp.average_in_collective = True  # in the one aggregated error with every other wrong knob
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, te)
+    assert [e.knob for e in err.value.errors] == ["ddp.average_in_collective", "task_encoder tokenizer"]
+
+
+def test_model_token_ids_must_be_the_tokenizers(te_cp2):
+    cfg = good_cfg()
+    cfg.model.image_token_id, cfg.model.video_token_id, cfg.model.vision_start_token_id = 151655, 151656, 151652
+    B.check_bridge_config(cfg, te_cp2)
+    cfg.model.image_token_id = 151654
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, te_cp2)
+    assert err.value.knob == "model.image_token_id" and "is 151654 but the encoder's tokenizer" in str(err.value)
+
+
+def test_provider_encoder_is_the_default_and_must_be_the_one_checked(te_cp2):
+    cfg = good_cfg()
+    cfg.dataset = SimpleNamespace(task_encoder=te_cp2)
+    B.check_bridge_config(cfg)  # the provider's encoder is checked
+    cfg.model.seq_length = 1024
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg)
+    assert err.value.knob == "model.seq_length"
+    cfg.model.seq_length = 4096
+    other = B.BridgeQwenVLPackingTaskEncoder(tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4, sp=True)
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, other)
+    assert err.value.knob == "dataset.task_encoder"
+    cfg.dataset = SimpleNamespace(task_encoder=SimpleNamespace(kind="bridge's declarative encoder config"))
+    B.check_bridge_config(cfg, te_cp2)  # Bridge's own dataset configs are not ours: nothing to compare
+
+
 @needs_bridge
 def test_check_bridge_config_forward_step(te_cp2):
     vlm_step = bridge_module("training.vlm_step")
@@ -414,10 +479,14 @@ def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset
 
 # ------------------------------------------------------------------------------ the example
 def test_example_check_mode_runs(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "bridge_recipe.py"), "--check", "--data", str(tmp_path / "demo"),
-                          "--samples", "60", "--packs", "3"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    """Bridge's package __init__ needs Megatron-Core, so here the script takes the light route."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "bridge_recipe.py"), "--check", "--tokenizer", "demo",
+                          "--data", str(tmp_path / "demo"), "--samples", "60", "--packs", "3"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "check_bridge_config: ok" in out.stdout
+    if bridge_version() is not None:
+        assert "Bridge: light CPU import (tests/_bridge_light.py)" in out.stdout
     assert out.stdout.count("pack ") == 3
     assert ("through Bridge's get_batch: ok" in out.stdout) == (bridge_version() is not None)
 

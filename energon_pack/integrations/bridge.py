@@ -39,6 +39,7 @@ import yaml
 
 from megatron.energon import Cooker, basic_sample_keys, stateless
 
+from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
 from energon_pack.energon import ChatMLSample, SkippedSample, cook_chatml
 from energon_pack.energon.chatml import IMAGE_EXTENSIONS
 from energon_pack.errors import ConfigError
@@ -404,19 +405,35 @@ def _is_vlm_forward_step(func: Any) -> bool:
         "megatron.bridge.training.vlm_step", "forward_step")
 
 
-def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None) -> None:
+def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
+    preset = getattr(getattr(task_encoder, "preset", None), "name", None) or "qwen2.5-vl"
+    return ConfigError(
+        "task_encoder tokenizer",
+        f"is {describe_tokenizer(task_encoder.tokenizer)}: its ids mean nothing to the model's embedding, and its "
+        "token counts (so packs, skips and fill) are not the model's",
+        f'build the encoder with tokenizer=load_tokenizer("{preset}") (energon_pack.chat.tokenizer; the real Qwen '
+        "tokenizer) or your model's Hugging Face tokenizer; pass allow_demo_tokenizer=True only for a dry run that never trains")
+
+
+def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None,
+                        allow_demo_tokenizer: bool = False) -> None:
     """Check a Bridge ``ConfigContainer`` (or any object with the same attribute paths) for packed
-    THD training with our encoder; raises :class:`ConfigError` naming every wrong setting.
+    THD training with our encoder; raises one :class:`ConfigError` naming every wrong setting
+    (``.errors`` lists them one by one when there are several).
 
     Bridge enforces these itself only for its own native Energon packing
     (``ConfigContainer.validate``); with a dataset provider nothing does. Checked: MBS 1
-    (``train.micro_batch_size``), per-token loss (``model.calculate_per_token_loss=True``:
-    otherwise each pack's loss is divided by its own token count and packs are reweighted),
-    ``ddp.average_in_collective=False``, no pipeline parallelism, no MTP, no CUDA graphs, MoE
-    EP overlap and ``delay_wgrad_compute`` off (model and ``comm_overlap``), no Qwen3-VL
-    DistTrain, and, with ``task_encoder``, CP/TP/SP/eval-CP equal to the encoder's
-    (same alignment multiple), ``model.seq_length`` >= the pack width, and a fixed width when
-    EP > 1 (Bridge forces one). ``forward_step_func`` must be ``vlm_step.forward_step``.
+    (``train.micro_batch_size``) and eval MBS 1 (``validation.eval_micro_batch_size``; None is
+    fine, Bridge then uses ``train.micro_batch_size``), per-token loss
+    (``model.calculate_per_token_loss=True``: otherwise each pack's loss is divided by its own
+    token count and packs are reweighted), ``ddp.average_in_collective=False``, no pipeline
+    parallelism, no MTP, no CUDA graphs, MoE EP overlap and ``delay_wgrad_compute`` off (model and
+    ``comm_overlap``), no Qwen3-VL DistTrain, and, with a task encoder, CP/TP/SP/eval-CP equal to
+    the encoder's (same alignment multiple), ``model.seq_length`` >= the pack width, a fixed width
+    when EP > 1 (Bridge forces one), and a real tokenizer: the demo tokenizer is refused unless
+    ``allow_demo_tokenizer=True`` (a dry run that never trains). ``task_encoder`` defaults to the
+    encoder of ``cfg.dataset`` when that is :func:`make_bridge_dataset_provider`'s provider; a
+    different encoder there is an error. ``forward_step_func`` must be ``vlm_step.forward_step``.
     """
     errors: list[ConfigError] = []
 
@@ -426,6 +443,10 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
     mbs = _get(cfg, "train.micro_batch_size")
     if mbs != 1:
         bad("train.micro_batch_size", f"is {mbs!r}; one packed THD row is one micro-batch", "set train.micro_batch_size=1 (and scale global_batch_size in packs)")
+    eval_mbs = _get(cfg, "validation.eval_micro_batch_size", None)
+    if eval_mbs is not None and eval_mbs != 1:
+        bad("validation.eval_micro_batch_size", f"is {eval_mbs!r}; validation packs are one THD row per micro-batch too",
+            "set validation.eval_micro_batch_size=1 (or None: Bridge then uses train.micro_batch_size)")
     if _get(cfg, "model.calculate_per_token_loss") is not True:
         bad("model.calculate_per_token_loss", f"is {_get(cfg, 'model.calculate_per_token_loss', None)!r}; packs hold different numbers of "
             "supervised tokens, so a per-pack mean silently reweights the loss pack by pack", "set model.calculate_per_token_loss=True")
@@ -455,10 +476,31 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
         bad("forward_step_func", f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
             "(qwen3_vl_step rejects pre-packed batches)", "pass megatron.bridge.training.vlm_step.forward_step to finetune()")
 
+    provider_encoder = _get(cfg, "dataset.task_encoder", None)
+    if getattr(provider_encoder, "packing", None) is None:
+        provider_encoder = None  # not our provider: Bridge's own dataset configs have no such encoder
+    if task_encoder is None:
+        task_encoder = provider_encoder
+    elif provider_encoder is not None and provider_encoder is not task_encoder:
+        bad("dataset.task_encoder", "is not the task encoder being checked, so the checks below say nothing about what trains",
+            "pass the encoder given to make_bridge_dataset_provider (or call check_bridge_config(cfg) to check that one)")
     packing = getattr(task_encoder, "packing", None) if task_encoder is not None else None
     if task_encoder is not None and packing is None:
         raise TypeError(f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)")
     if packing is not None:
+        tokenizer = getattr(task_encoder, "tokenizer", None)
+        demo = is_demo_tokenizer(tokenizer)
+        if demo and not allow_demo_tokenizer:
+            errors.append(_demo_tokenizer_error(task_encoder))
+        special = getattr(tokenizer, "special", None)
+        if special is not None and not demo:  # a dry run on the demo tokenizer knows its ids are not the model's
+            for knob, ours in (("model.image_token_id", special.image_pad), ("model.video_token_id", special.video_pad),
+                               ("model.vision_start_token_id", special.vision_start),
+                               ("model.vision_end_token_id", special.vision_end)):
+                theirs = _get(cfg, knob, None)
+                if theirs is not None and theirs != ours:
+                    bad(knob, f"is {theirs} but the encoder's tokenizer ({describe_tokenizer(tokenizer)}) gives {ours}: "
+                        "the model would not find the vision tokens", "build the encoder with the tokenizer of the model being trained")
         cp = _get(cfg, "model.context_parallel_size", 1) or 1
         tp = _get(cfg, "model.tensor_model_parallel_size", 1) or 1
         sp = bool(_get(cfg, "model.sequence_parallel", False))
