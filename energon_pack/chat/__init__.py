@@ -11,8 +11,17 @@ from .templates import (
     template_supports_tools,
     template_system_prompt,
 )
+from .qwen_vocab import (
+    QWEN_VL_LARGE_VOCAB_ROWS,
+    QWEN_VL_VOCAB_ROWS,
+    QwenTokenizerCacheWarning,
+    load_qwen_hf_tokenizer,
+    load_qwen_tokenizer,
+    load_qwen_tokenizer_raw,
+)
 from .tokenizer import (
     DEMO_TOKENIZER_NAME,
+    QWEN_VL_TOKENIZER_NAMES,
     ENDOFTEXT,
     DemoTokenizerWarning,
     QWEN_SPECIAL_TOKENS,
@@ -23,6 +32,7 @@ from .tokenizer import (
     load_demo_tokenizer,
     load_demo_tokenizer_raw,
     describe_tokenizer,
+    load_tokenizer,
     resolve_tokenizer,
 )
 
@@ -31,4 +41,6 @@ __all__ = [
     "TEMPLATE_TOOL_SUPPORT", "ChatConfig", "ChatMLBuilder", "Conversation", "Message", "QwenTokenizer", "SpecialIds", "TokenizerLike", "as_qwen_tokenizer",
     "encode_text_chat", "load_demo_tokenizer", "load_demo_tokenizer_raw", "normalize_conversation", "place_media",
     "render_chat", "require_assistant_turn", "template_supports_tools", "template_system_prompt",
+    "QWEN_VL_TOKENIZER_NAMES", "QWEN_VL_VOCAB_ROWS", "QWEN_VL_LARGE_VOCAB_ROWS", "QwenTokenizerCacheWarning",
+    "load_qwen_tokenizer", "load_qwen_tokenizer_raw", "load_qwen_hf_tokenizer", "load_tokenizer",
 ]

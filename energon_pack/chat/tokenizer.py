@@ -1,4 +1,5 @@
-"""Tokenization through a small protocol that Hugging Face tokenizers satisfy; offline demo tokenizer."""
+"""Tokenization through a small protocol that Hugging Face tokenizers satisfy; offline demo tokenizer;
+the real Qwen-VL tokenizers by name (built offline in :mod:`energon_pack.chat.qwen_vocab`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ QWEN_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, VI
 DEMO_TOKENIZER_ASSET = "qwen_demo_tokenizer.json"
 #: ``tokenizer="demo"``: the shipped offline demo tokenizer, asked for by name.
 DEMO_TOKENIZER_NAME = "demo"
+#: ``tokenizer="qwen2.5-vl"`` etc.: the real tokenizer of that model, built offline
+#: (:mod:`energon_pack.chat.qwen_vocab`); the same names as the vision presets.
+QWEN_VL_TOKENIZER_NAMES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
 
 class DemoTokenizerWarning(UserWarning):
@@ -37,13 +41,18 @@ def demo_tokenizer_message(where: str) -> str:
 
 
 def resolve_tokenizer(tokenizer: Any, *, where: str, stacklevel: int = 3) -> Any:
-    """``"demo"`` -> the demo tokenizer (silently); ``None`` -> the demo tokenizer with a loud
+    """``"demo"`` -> the demo tokenizer (silently); ``"qwen2-vl" | "qwen2.5-vl" | "qwen3-vl"`` -> that
+    model's real tokenizer (offline); ``None`` -> the demo tokenizer with a loud
     :class:`DemoTokenizerWarning` naming it and the fix; anything else is returned as given."""
     if tokenizer is None:
         warnings.warn(demo_tokenizer_message(where), DemoTokenizerWarning, stacklevel=stacklevel)
         return load_demo_tokenizer()
     if isinstance(tokenizer, str) and tokenizer == DEMO_TOKENIZER_NAME:
         return load_demo_tokenizer()
+    if isinstance(tokenizer, str) and tokenizer in QWEN_VL_TOKENIZER_NAMES:
+        from .qwen_vocab import load_qwen_tokenizer
+
+        return load_qwen_tokenizer(tokenizer)
     return tokenizer
 
 
@@ -57,9 +66,15 @@ def is_demo_tokenizer(tokenizer: Any) -> bool:
 
 
 def describe_tokenizer(tokenizer: Any) -> str:
-    """A short human name: ``demo (...)``, the HF ``name_or_path``, or the class name."""
+    """A short human name: ``demo (...)``, ``qwen2.5-vl (Qwen's ... BPE ..., offline)``, the HF
+    ``name_or_path``, or the class name."""
     if is_demo_tokenizer(tokenizer):
         return "demo (the 773-token offline demo tokenizer, not a real vocabulary)"
+    version = getattr(tokenizer, "_energon_pack_qwen_vocab", None)
+    if version is not None:
+        from .qwen_vocab import describe_qwen_version
+
+        return describe_qwen_version(version)
     inner = getattr(tokenizer, "inner", tokenizer)
     name = getattr(inner, "name_or_path", None)
     if isinstance(name, str) and name:
@@ -136,6 +151,12 @@ class QwenTokenizer:
     @property
     def pad_id(self) -> int:
         return self.special.pad
+
+    def get_vocab_size(self) -> int:
+        """Ids the tokenizer can produce, added tokens included."""
+        if self._is_raw:
+            return self.inner.get_vocab_size(with_added_tokens=True)
+        return len(self.inner)
 
     def token_to_id(self, token: str) -> int | None:
         if self._is_raw:
@@ -246,7 +267,8 @@ def load_demo_tokenizer() -> QwenTokenizer:
 
 def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: int = 3) -> Any:
     """A tokenizer from what a user names: ``"demo"`` (the shipped demo tokenizer), ``None`` (the
-    same, with a :class:`DemoTokenizerWarning`), a ``tokenizer.json`` file, a local Hugging Face
+    same, with a :class:`DemoTokenizerWarning`), ``"qwen2-vl" | "qwen2.5-vl" | "qwen3-vl"`` (that
+    model's real tokenizer, built offline), a ``tokenizer.json`` file, a local Hugging Face
     tokenizer folder (never downloads), or a tokenizer object (returned as is).
 
     A path that holds no loadable tokenizer raises :class:`ConfigError` naming the fix.
@@ -254,7 +276,7 @@ def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: in
     import os
     from pathlib import Path
 
-    if spec is None or spec == DEMO_TOKENIZER_NAME:
+    if spec is None or spec == DEMO_TOKENIZER_NAME or spec in QWEN_VL_TOKENIZER_NAMES:
         return resolve_tokenizer(spec, where=where, stacklevel=stacklevel + 1)
     if not isinstance(spec, (str, os.PathLike)):
         return spec
@@ -280,4 +302,5 @@ def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: in
                               "pass a folder with tokenizer files or a tokenizer.json") from None
     raise ConfigError("tokenizer", f"{spec}: no such file or folder",
                       "pass a tokenizer.json or a local Hugging Face tokenizer folder (nothing is downloaded), "
+                      f"one of {', '.join(QWEN_VL_TOKENIZER_NAMES)} for a real Qwen-VL tokenizer, "
                       "or \"demo\" for the demo tokenizer")
