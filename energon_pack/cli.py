@@ -97,14 +97,18 @@ def ensure_demo_data(path: str | Path, samples: int) -> Path:  # kept for caller
 
 
 # ------------------------------------------------------------------------------------ tokenizers
-def load_tokenizer(spec: str | None) -> tuple[Any, str]:
-    """(tokenizer, description) for ``--tokenizer``: None or ``demo`` -> the shipped demo tokenizer;
-    a ``tokenizer.json`` file or a local Hugging Face folder otherwise. Never downloads."""
+def load_tokenizer(spec: str | None, default: str = "qwen2.5-vl") -> tuple[Any, str]:
+    """(tokenizer, description) for ``--tokenizer``: None -> the real tokenizer named ``default`` (a
+    Qwen-VL name, built offline); ``demo`` -> the shipped demo tokenizer; a Qwen-VL name, a
+    ``tokenizer.json`` file or a local Hugging Face folder otherwise. Never downloads."""
+    from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
     from energon_pack.chat.tokenizer import load_tokenizer as load
 
-    tok = load(spec or "demo", where="--tokenizer")
-    if spec is None or spec == "demo":
+    tok = load(spec or default, where="--tokenizer")
+    if is_demo_tokenizer(tok):
         return tok, f"demo tokenizer ({tok.inner.get_vocab_size()} tokens; lengths are not your model's)"
+    if getattr(tok, "_energon_pack_qwen_vocab", None) is not None:
+        return tok, describe_tokenizer(tok)
     size = tok.get_vocab_size() if hasattr(tok, "get_vocab_size") else len(tok)
     return tok, f"{spec} ({size} tokens)"
 
@@ -243,8 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--width", type=_positive_int, default=8192, help="pack width in tokens (seq_length)")
     bench.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
     bench.add_argument("--tokenizer", default=None,
-                       help="a tokenizer.json or a local Hugging Face tokenizer folder, never downloaded "
-                            "(default: the 773-token demo tokenizer: lengths are not your model's)")
+                       help="qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
+                            "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
+                            "default: the --preset's real tokenizer")
     bench.add_argument("--out-dir", default="bench_results", help="folder for buffer_sizes.json/.md and buffer_*.png")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--check", action="store_true",
@@ -263,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("path", help="a prompt/completion or chat JSONL file")
     ins.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
     ins.add_argument("--tokenizer", default=None,
-                     help="a tokenizer.json or a local Hugging Face tokenizer folder, never downloaded "
-                          "(default: the 773-token demo tokenizer: lengths are not your model's)")
+                     help="qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
+                          "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
+                          "default: qwen2.5-vl")
     ins.add_argument("--width", type=_positive_int, default=4096, help="pack width in tokens")
     ins.add_argument("--pad-multiple", type=_positive_int, default=1, help="align every sample to this multiple")
     ins.add_argument("--max-length", type=_positive_int, default=None, help="skip samples longer than this (default: no limit)")
@@ -298,7 +304,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from energon_pack.bench.loader_bench import cells_to_json, format_cells, run_cell
 
     data = demo_dataset(args.data, args.samples)
-    tokenizer, described = load_tokenizer(None)
+    tokenizer, described = load_tokenizer(None, default="qwen2.5-vl")
     print(f"tokenizer: {described}; preset qwen2.5-vl", flush=True)
     cells = [
         run_cell(data, mode=mode, buffer=args.buffer, workers=args.workers, packs=args.packs,
@@ -377,7 +383,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from energon_pack.bench import buffer_sweep
     from energon_pack.bench.targets import format_target
 
-    tokenizer, described = load_tokenizer(args.tokenizer)  # a bad knob is named before the data is looked at
+    tokenizer, described = load_tokenizer(args.tokenizer, default=args.preset)  # a bad knob is named before the data is looked at
     data = require_prepared(args.data)
     print(f"data: {data}; preset: {args.preset}; tokenizer: {described}", flush=True)
     result = buffer_sweep.main(
@@ -430,7 +436,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     tokenizer, described = load_tokenizer(args.tokenizer)
     print(f"tokenizer: {described}", flush=True)
     fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
-    return inspect_main(path, format=args.format, tokenizer="demo" if args.tokenizer is None else tokenizer,
+    return inspect_main(path, format=args.format, tokenizer=tokenizer,
                         width=args.width, pad_multiple=args.pad_multiple, max_length=args.max_length,
                         json_out=args.json_out, **{k: v for k, v in fields.items() if v})
 

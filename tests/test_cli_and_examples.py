@@ -50,7 +50,8 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
                                                          "carry fill >= rounds fill at K=16"}
     assert result["recommended_k"] in (4, 16)
     assert result["context"] == {"dataset": str(data), "seq_length": 4096, "workers": 1, "packs": 3,
-                                 "preset": "qwen2.5-vl", "tokenizer": "demo tokenizer (773 tokens; lengths are not your model's)"}
+                                 "preset": "qwen2.5-vl",
+                                 "tokenizer": "qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)"}
     assert (out / "buffer_sizes.md").read_text().count("\n") == 2 + 4
     for name in ("fill", "rss", "latency", "throughput"):
         assert (out / f"buffer_{name}.png").stat().st_size > 1000

@@ -258,7 +258,9 @@ def test_convert_is_a_cli_command(capsys, tmp_path):
 def test_inspect_says_which_tokenizer(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"q{i}", "completion": "an answer"}) + "\n" for i in range(5)))
-    assert main(["inspect", str(data)]) == 0
+    assert main(["inspect", str(data)]) == 0  # default: the real Qwen2.5-VL tokenizer, built offline
+    assert "tokenizer: qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)" in capsys.readouterr().out
+    assert main(["inspect", str(data), "--tokenizer", "demo"]) == 0
     assert "tokenizer: demo tokenizer (773 tokens; lengths are not your model's)" in capsys.readouterr().out
     assert main(["inspect", str(data), "--tokenizer", str(DEMO_TOKENIZER_JSON)]) == 0
     assert f"tokenizer: {DEMO_TOKENIZER_JSON} (773 tokens)" in capsys.readouterr().out
@@ -290,7 +292,11 @@ def test_bench_reports_a_missed_target_and_exits_0_unless_check(tmp_path, capsys
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "[MISSED] carry fill >= rounds fill at K=16" in out and "for information" in out
-    assert "preset: qwen2.5-vl" in out and "demo tokenizer (773 tokens; lengths are not your model's)" in out
+    assert "preset: qwen2.5-vl; tokenizer: qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)" in out
+    assert seen["tokenizer"].get_vocab_size() == 151665  # the preset's real tokenizer by default
+    assert main(args + ["--preset", "qwen3-vl"]) == 0
+    assert "tokenizer: qwen3-vl (Qwen's 151,643-token BPE + 26 added tokens, offline)" in capsys.readouterr().out
+    assert seen["tokenizer"].get_vocab_size() == 151669
     assert main(args + ["--check"]) == 1
     assert main(args + ["--preset", "qwen3-vl", "--tokenizer", str(DEMO_TOKENIZER_JSON)]) == 0
     out = capsys.readouterr().out
@@ -307,7 +313,7 @@ def test_bench_sft_exits_0_on_a_missed_target_unless_check(tmp_path, capsys, mon
     out = tmp_path / "sft.json"
     assert main(["bench-sft", "--size-mb", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "tokenizer: demo tokenizer (773 tokens; lengths are not your model's)" in printed
+    assert "tokenizer: qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)" in printed
     assert "missed" in printed and "for information" in printed
     assert main(["bench-sft", "--size-mb", "1", "--out", str(out), "--check"]) == 1
 

@@ -1,6 +1,8 @@
 """Configuration mistakes raise ConfigError naming the knob and the fix; no silent default changes
-results (the demo tokenizer only by name, else a loud warning); mostly-skipped streams warn."""
+results (a Qwen-VL encoder's default is its preset's real tokenizer; the demo tokenizer only by name,
+else a loud warning); mostly-skipped streams warn."""
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -8,9 +10,10 @@ import warnings
 import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-from energon_pack.chat import DemoTokenizerWarning, load_demo_tokenizer
+from energon_pack.chat import DemoTokenizerWarning, describe_tokenizer, load_demo_tokenizer, load_tokenizer
 from energon_pack.energon import AllSkippedError, PackingConfig, TextPackingTaskEncoder, prepare_jsonl
 from energon_pack.errors import ConfigError
+from energon_pack.qwen_vl.presets import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.sft import JsonlSFTDataset
 from energon_pack.sft.formats import PromptCompletionFormat
@@ -36,18 +39,30 @@ GOOD = {"prompt": "what is the answer", "completion": "it is yes"}
 
 # ------------------------------------------------------------------ problem 5: the demo tokenizer
 @pytest.mark.parametrize("make", [
-    lambda p: QwenVLPackingTaskEncoder(seq_length=1024),
+    lambda p: QwenVLPackingTaskEncoder(seq_length=1024, preset=dataclasses.replace(get_preset("qwen2.5-vl"), name="my-vl")),
     lambda p: TextPackingTaskEncoder(format="chat"),
     lambda p: JsonlSFTDataset(p, None),
-], ids=["QwenVLPackingTaskEncoder", "TextPackingTaskEncoder", "JsonlSFTDataset"])
+], ids=["QwenVLPackingTaskEncoder-custom-preset", "TextPackingTaskEncoder", "JsonlSFTDataset"])
 def test_leaving_out_the_tokenizer_warns_naming_the_demo_tokenizer_and_the_fix(tmp_path, make):
+    """Where no model is known (text paths, a preset of another name), None still warns and names the fixes."""
     path = _jsonl(tmp_path, [GOOD])
     with pytest.warns(DemoTokenizerWarning) as rec:
         make(path)
     message = str(rec[0].message)
     assert "no tokenizer given, so the offline DEMO tokenizer is used (773 tokens" in message
-    assert "pass tokenizer=<your Hugging Face tokenizer>" in message and 'tokenizer="demo"' in message
+    assert 'tokenizer="qwen2.5-vl"' in message and "a Hugging Face tokenizer" in message
+    assert 'tokenizer="demo"' in message
     assert rec[0].filename == __file__  # points at the caller's line
+
+
+@pytest.mark.parametrize("preset", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+def test_a_qwen_vl_encoder_without_tokenizer_uses_its_presets_real_tokenizer_silently(preset):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        te = QwenVLPackingTaskEncoder(seq_length=1024, preset=preset)
+    assert describe_tokenizer(te.tokenizer) == describe_tokenizer(load_tokenizer(preset))
+    assert te.tokenizer.special.image_pad == 151655 and te.tokenizer.pad_id == 151643
+    assert te.tokenizer.encode("Hello world") == [9707, 1879]  # Qwen's ids, not the demo's
 
 
 def test_demo_tokenizer_by_name_is_silent(tmp_path):

@@ -94,11 +94,10 @@ def run_cell(
 ) -> CellResult:
     """Measure one (mode, K) cell: a full epoch when ``packs`` is None, else ``packs`` packs.
 
-    ``tokenizer``: a Hugging Face / ``tokenizers`` tokenizer; None uses the demo tokenizer, asked
-    for by name (its lengths are not a real model's: pass yours to measure your data)."""
+    ``tokenizer``: a Hugging Face / ``tokenizers`` tokenizer or a name (``"demo"``, ``"qwen2.5-vl"``, ...);
+    None uses the preset's real Qwen-VL tokenizer (built offline)."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-    from energon_pack.chat.tokenizer import load_demo_tokenizer
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
     if packs is not None and packs < 1:
@@ -106,8 +105,6 @@ def run_cell(
 
         raise ConfigError("packs", f"must be at least 1, got {packs}", "pass a positive pack count, or None for one full epoch")
     _wait_for_workers_to_exit()
-    if tokenizer is None:
-        tokenizer = load_demo_tokenizer()
     encoder = QwenVLPackingTaskEncoder(tokenizer=tokenizer, preset=preset, seq_length=seq_length, packing_mode=mode, seed=seed)
     dataset = get_train_dataset(
         str(path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from energon_pack.bench.mixes import lognormal_text
-from energon_pack.chat.tokenizer import QwenTokenizer, load_demo_tokenizer_raw
+from energon_pack.chat.qwen_vocab import describe_qwen_version, load_qwen_tokenizer_raw
+from energon_pack.chat.tokenizer import QwenTokenizer
 from energon_pack.env import environ_set
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import cache_path, load_line_index
@@ -28,6 +29,8 @@ from energon_pack.sft.sampler import TokenBudgetBatchSampler
 
 WORDS = ("the of and to in is that for it with as was on be by this are from at or an have not but what all were "
          "when we there can model data train token pack batch width loss answer question user").split()
+#: the tokenizer every row runs: the real Qwen2.5-VL vocabulary (built offline), as a user's run has it
+TOKENIZER = "qwen2.5-vl"
 TARGETS = {"index_vs_wc": 3.0, "getitem_per_s": 20000.0, "fill": 0.98, "length_pass_speedup": 3.0}
 
 
@@ -83,7 +86,7 @@ def bench_index(workdir: Path, size_mb: int, repeats: int = 3) -> dict[str, Any]
 def bench_getitem(workdir: Path, samples: int = 5000) -> dict[str, Any]:
     """One pass in random order over unique ~500-token prompt/completion lines, text memo off
     (so every access really tokenises, as on a large file)."""
-    tok = QwenTokenizer(load_demo_tokenizer_raw(), cache_size=0)
+    tok = QwenTokenizer(load_qwen_tokenizer_raw(TOKENIZER), cache_size=0)
     rng = random.Random(1)
     path = workdir / "getitem.jsonl"
     with open(path, "w") as f:
@@ -126,7 +129,7 @@ def write_unique_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
 
 
 def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, sample_lines: int = 20000) -> dict[str, Any]:
-    """Index + length pass over a ``size_mb`` MiB JSONL (demo tokenizer, prompt/completion): today's
+    """Index + length pass over a ``size_mb`` MiB JSONL (the real Qwen2.5-VL tokenizer, prompt/completion): today's
     serial per-line pass vs the batched pass over ``workers`` processes (None: one per core), same
     run; results must be identical. Also the tokenizer-only CPU time (one thread,
     ``encode_batch_fast`` of the same texts in the pass's chunks, from ``sample_lines`` lines
@@ -143,7 +146,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
 
     path = workdir / "lengths.jsonl"
     size = write_unique_jsonl(path, size_mb << 20)
-    raw = load_demo_tokenizer_raw()
+    raw = load_qwen_tokenizer_raw(TOKENIZER)
 
     def run(**kw):
         npy = cache_path(path, ".idx.npy")
@@ -196,8 +199,7 @@ def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed
 def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, getitem_samples: int = 5000,
          fill_samples: int = 20000, workdir: str | Path | None = None,
          length_pass_mb: int | None = None) -> dict[str, Any]:
-    vocab = load_demo_tokenizer_raw().get_vocab_size()
-    print(f"tokenizer: demo tokenizer ({vocab} tokens; lengths are not your model's); synthetic prompt/completion "
+    print(f"tokenizer: {describe_qwen_version(TOKENIZER)}; synthetic prompt/completion "
           f"JSONL, {size_mb} MiB for the index benchmark", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="sft_bench_", dir=workdir))
     length_pass = None

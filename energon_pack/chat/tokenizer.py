@@ -36,14 +36,19 @@ class DemoTokenizerWarning(UserWarning):
 def demo_tokenizer_message(where: str) -> str:
     return (f"{where}: no tokenizer given, so the offline DEMO tokenizer is used (773 tokens, not a real "
             "vocabulary: token counts come out about 3.5x those of a real Qwen tokenizer, so lengths, skips, "
-            "packs and fill are not your model's). Fix: pass tokenizer=<your Hugging Face tokenizer> (e.g. "
-            "AutoTokenizer.from_pretrained(<your Qwen model>)), or tokenizer=\"demo\" to use the demo tokenizer on purpose")
+            "packs and fill are not your model's). Fix: pass your model's tokenizer: tokenizer=\"qwen2.5-vl\" "
+            "(or \"qwen2-vl\" / \"qwen3-vl\": the real Qwen-VL tokenizers, built offline), a Hugging Face tokenizer "
+            "(e.g. AutoTokenizer.from_pretrained(<your local model folder>)), or tokenizer=\"demo\" to use the demo "
+            "tokenizer on purpose")
 
 
-def resolve_tokenizer(tokenizer: Any, *, where: str, stacklevel: int = 3) -> Any:
+def resolve_tokenizer(tokenizer: Any, *, where: str, stacklevel: int = 3, default: str | None = None) -> Any:
     """``"demo"`` -> the demo tokenizer (silently); ``"qwen2-vl" | "qwen2.5-vl" | "qwen3-vl"`` -> that
-    model's real tokenizer (offline); ``None`` -> the demo tokenizer with a loud
-    :class:`DemoTokenizerWarning` naming it and the fix; anything else is returned as given."""
+    model's real tokenizer (offline); ``None`` -> the real tokenizer named by ``default`` when the
+    caller knows the model (a Qwen-VL encoder passes its preset's name), else the demo tokenizer with
+    a loud :class:`DemoTokenizerWarning` naming it and the fix; anything else is returned as given."""
+    if tokenizer is None and default in QWEN_VL_TOKENIZER_NAMES:
+        tokenizer = default
     if tokenizer is None:
         warnings.warn(demo_tokenizer_message(where), DemoTokenizerWarning, stacklevel=stacklevel)
         return load_demo_tokenizer()

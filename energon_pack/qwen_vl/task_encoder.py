@@ -45,7 +45,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def __init__(
         self,
         *,
-        tokenizer: Any = None,  # a HF tokenizer with the Qwen special tokens, or "demo"; None warns
+        tokenizer: Any = None,  # a HF tokenizer with the Qwen special tokens, a Qwen-VL name, or "demo"
         preset: str | VisionPreset = "qwen2.5-vl",
         chat: ChatConfig | None = None,
         config: PackingConfig | None = None,
@@ -55,10 +55,12 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         config = PackingConfig.build(config, **config_overrides)
         if config.overlength == "truncate":
             raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
-        # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
-        self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__))
-        self.configure_packing(config, self.tokenizer.pad_id)
         self.preset = get_preset(preset)
+        # None: the preset's own model tokenizer (the real Qwen-VL vocabulary, built offline); a preset of
+        # another name has no known tokenizer, so None then warns and uses the demo one (DemoTokenizerWarning)
+        self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__,
+                                                             default=self.preset.name))
+        self.configure_packing(config, self.tokenizer.pad_id)
         self.chat = chat or ChatConfig()
         shortest = encoded_length([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
                                   tokenizer=self.tokenizer, preset=self.preset, config=self.chat)
