@@ -3,8 +3,11 @@
 The model is a transformers ``Qwen2_5_VLForConditionalGeneration`` (default; ``--model qwen2-vl |
 qwen2.5-vl | qwen3-vl``) built from a config and randomly initialised, never downloaded:
 ``--size tiny`` (CPU tests) or ``--size 3b`` (Qwen2.5-VL-3B shape: vision 32 x 1280, LLM 36 x 2048,
-16 heads / 2 KV heads, MLP 11008; Qwen3-VL uses the 4B shape; vocabulary = the demo tokenizer's
-size rounded up to 64, special ids from our tokenizer). bf16 weights on CUDA, fp32 on CPU; AdamW.
+16 heads / 2 KV heads, MLP 11008; Qwen3-VL uses the 4B shape). The tokenizer is the model's real one
+(``--tokenizer``, default the ``--model``'s: Qwen's 151,643-token BPE, built offline) and the
+embedding/LM head has the real models' 151,936 rows; ``--tokenizer demo`` (tests only) gives a
+vocabulary of the demo tokenizer's size rounded up to 64. Special ids come from the tokenizer.
+bf16 weights on CUDA, fp32 on CPU; AdamW.
 
 One process per GPU (NCCL) or per CPU process (gloo):
 
@@ -61,8 +64,15 @@ SIZES = ("tiny", "3b")
 
 # --------------------------------------------------------------------------------- model
 def vocab_size(tokenizer: Any, multiple: int = 64) -> int:
+    """Embedding rows: the real Qwen-VL models' 151,936 for their tokenizer (Qwen2-VL-2B, Qwen2.5-VL-3B,
+    Qwen3-VL-4B); for any other tokenizer its size rounded up to ``multiple``."""
+    from energon_pack.chat import QWEN_VL_VOCAB_ROWS
+
     inner = tokenizer.inner
     n = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner)
+    if getattr(tokenizer, "_energon_pack_qwen_vocab", None) is not None:
+        assert n <= QWEN_VL_VOCAB_ROWS, n
+        return QWEN_VL_VOCAB_ROWS
     return int(math.ceil(n / multiple) * multiple)
 
 
@@ -251,13 +261,17 @@ def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = N
 
 # --------------------------------------------------------------------------------- data
 def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int, packing_mode: str = "carry",
-                seed: int = 0) -> tuple[Any, Any]:
-    """One Energon savable loader for this rank (rank and world size from torch.distributed)."""
+                seed: int = 0, tokenizer: Any = None) -> tuple[Any, Any]:
+    """One Energon savable loader for this rank (rank and world size from torch.distributed).
+
+    ``tokenizer``: a name (``"qwen2.5-vl"``, ``"demo"``, ...), a path or an object; None: the preset's
+    real tokenizer."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
+    from energon_pack.chat import load_tokenizer
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-    encoder = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=width, pad_to_max_length=True,
+    encoder = QwenVLPackingTaskEncoder(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width, pad_to_max_length=True,
                                        packing_mode=packing_mode, seed=seed)
     dataset = get_train_dataset(
         data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
@@ -327,6 +341,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default="demo_data")
     p.add_argument("--model", default="qwen2.5-vl", choices=sorted(MODELS))
     p.add_argument("--size", default="3b", choices=SIZES)
+    p.add_argument("--tokenizer", default=None,
+                   help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local HF folder (default: the --model's "
+                        "real tokenizer, built offline); demo: the 773-token test tokenizer")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--width", type=int, default=8192)
@@ -358,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         ensure_demo_data(args.data, 1200)
     barrier()
     loader, encoder = make_loader(args.data, width=args.width, preset=vision_preset(args.model, args.size, args.max_pixels),
-                                  buffer=args.buffer, workers=args.workers, seed=args.seed)
+                                  buffer=args.buffer, workers=args.workers, seed=args.seed, tokenizer=args.tokenizer)
     model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
     opt = make_optimizer(model, args.lr, device)
     start_step = 0

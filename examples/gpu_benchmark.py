@@ -163,7 +163,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
              world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
     loader, encoder = ft.make_loader(args.data, width=args.width, preset=ft.vision_preset(args.model, args.size),
-                                     buffer=buffer, workers=args.workers, packing_mode=mode)
+                                     buffer=buffer, workers=args.workers, packing_mode=mode, tokenizer=args.tokenizer)
     tok = encoder.tokenizer
     sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
     packs = None if sample_feed else iter(loader)
@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=2400, help="demo samples written when --data does not exist")
     p.add_argument("--model", default="qwen2.5-vl", choices=sorted(ft.MODELS))
     p.add_argument("--size", default="3b", choices=ft.SIZES)
+    p.add_argument("--tokenizer", default=None,
+                   help="default: the --model's real tokenizer (built offline; LM head 151,936 rows as the real "
+                        "models); demo: the 773-token test tokenizer")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--width", type=int, default=8192)
     p.add_argument("--steps", type=int, default=12, help="timed real tokens per rank = steps x width")
@@ -363,13 +366,15 @@ def main(argv: list[str] | None = None) -> None:
 
     device, rank, world = ft.setup_distributed(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from energon_pack.chat import load_tokenizer
+    from energon_pack.chat.tokenizer import as_qwen_tokenizer
     from energon_pack.cli import ensure_demo_data
-    from energon_pack.qwen_vl import load_demo_tokenizer
 
     if rank == 0:
         ensure_demo_data(args.data, args.samples)
     ft.barrier()
-    model = ft.build_model(args.model, args.size, load_demo_tokenizer(), device=device, dtype=dtype)
+    tokenizer = as_qwen_tokenizer(load_tokenizer(args.tokenizer or args.model))  # the model's real one by default
+    model = ft.build_model(args.model, args.size, tokenizer, device=device, dtype=dtype)
     counts = ft.param_counts(model)
     ft.linear_patch_embed(model)  # every feed: the model's patch embedding as one GEMM
     compiled = ft.compile_elementwise(model) if args.compile else []

@@ -14,15 +14,15 @@ from torch.utils.data import DataLoader
 
 from energon_pack import alignment_multiple
 from energon_pack.energon import make_demo_shards
-from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.chat import load_tokenizer
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.sft import InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
 
 # ---------------------------------------------------------------- 1. Qwen-VL on Energon (MBS 1)
-# Pass your own tokenizer (e.g. transformers.AutoTokenizer.from_pretrained(local_qwen_dir)); the
-# demo tokenizer ships with the package so this file runs offline.
+# The model's real tokenizer, built offline from Qwen's published BPE ranks (or your own, e.g.
+# transformers.AutoTokenizer.from_pretrained(local_qwen_dir) when you added tokens).
 task_encoder = QwenVLPackingTaskEncoder(
-    tokenizer=load_demo_tokenizer(),
+    tokenizer=load_tokenizer("qwen2.5-vl"),
     preset="qwen2.5-vl",        # or "qwen2-vl", "qwen3-vl"; override e.g. get_preset("qwen2.5-vl", max_pixels=...)
     seq_length=8192,            # pack width (tokens)
     cp=2, tp=4, sp=True,        # each segment is aligned to lcm(2*CP, CP*TP) = 8 tokens
@@ -45,7 +45,7 @@ def qwen_vl_loader(path: str, rank: int = 0, world_size: int = 1):
 
 # ---------------------------------------------------------------- 2. GPT-SFT JSONL, in-batch packing (MBS > 1)
 def jsonl_loader(path: str, rank: int = 0, world_size: int = 1, width: int = 4096):
-    dataset = JsonlSFTDataset(path, load_demo_tokenizer(), format="prompt_completion",
+    dataset = JsonlSFTDataset(path, load_tokenizer("qwen2.5-vl"), format="prompt_completion",
                               prompt_field="input", completion_field="output", max_length=width)
     sampler = TokenBudgetBatchSampler(dataset, width, pad_multiple=alignment_multiple(cp=1, tp=1),
                                       seed=1234, num_replicas=world_size, rank=rank)

@@ -68,3 +68,14 @@ def test_cli_help(command):
 
 # The data-parallel example (a real HF Qwen-VL, 2 gloo processes via torchrun, save/resume, two-node
 # rendezvous) is tested in tests/test_finetune_example.py.
+
+
+def test_task_encoder_config_example_runs_with_the_real_tokenizer():
+    """examples/task_encoder_config.py as a user runs it: both paths yield a full pack, with Qwen's real ids."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "task_encoder_config.py")],
+                          check=True, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if "pack:" in line]
+    assert lines[0].startswith("Qwen-VL pack: torch.Size([1, 8192]) segments ")
+    assert lines[1].startswith("JSONL pack: torch.Size([1, 4096]) segments ")
+    source = (ROOT / "examples" / "task_encoder_config.py").read_text()
+    assert 'load_tokenizer("qwen2.5-vl")' in source and "load_demo_tokenizer" not in source

@@ -26,7 +26,9 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "finetune_multi_gpu.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-COMMON = ["--device", "cpu", "--size", "tiny", "--width", "1024", "--workers", "1", "--buffer", "16", "--log-every", "1"]
+# tiny CPU runs use the demo tokenizer (a 151,936-row LM head would dominate a tiny model's CPU time)
+COMMON = ["--device", "cpu", "--size", "tiny", "--width", "1024", "--workers", "1", "--buffer", "16", "--log-every", "1",
+          "--tokenizer", "demo"]
 
 
 def _load(path, name):
@@ -82,7 +84,8 @@ def test_two_process_save_and_resume_gives_the_uninterrupted_losses(data, tmp_pa
 
 @pytest.mark.parametrize("name", ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
 def test_training_loss_equals_members_run_alone_through_hf(data, name):
-    loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset(name, "tiny"), buffer=8, workers=0)
+    loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset(name, "tiny"), buffer=8, workers=0,
+                                     tokenizer="demo")
     tok = encoder.tokenizer
     batch = None
     for i, b in enumerate(loader):
@@ -109,7 +112,7 @@ def test_training_loss_equals_members_run_alone_through_hf(data, name):
 
 def test_image_free_pack_gives_the_vision_tower_exact_zero_grads(data):
     loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset("qwen2.5-vl", "tiny"), buffer=8,
-                                     workers=0)
+                                     workers=0, tokenizer="demo")
     b = next(iter(loader))
     length = int(b["cu_seqlens_q"][1])  # the first member alone, as a text-only row
     ids = b["input_ids"][:, :length]
@@ -159,7 +162,7 @@ def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
     gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
     out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
     gb.main(["--device", "cpu", "--size", "tiny", "--steps", "1", "--width", "512", "--warmup", "0", "--workers", "0",
-             "--buffer", "8", "--data", str(data), "--out", str(out), "--md", str(md)])
+             "--buffer", "8", "--data", str(data), "--out", str(out), "--md", str(md), "--tokenizer", "demo"])
     result = json.loads(out.read_text())
     rows = {r["feed"]: r for r in result["rows"]}
     assert list(rows) == list(gb.FEEDS)
@@ -177,7 +180,8 @@ def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
 
 def test_padded_and_unpadded_batches_hold_the_same_samples(data):
     gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
-    loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset("qwen2.5-vl", "tiny"), buffer=8, workers=0)
+    loader, encoder = ft.make_loader(str(data), width=512, preset=ft.vision_preset("qwen2.5-vl", "tiny"), buffer=8, workers=0,
+                                     tokenizer="demo")
     batch = next(iter(loader))
     tok = encoder.tokenizer
     samples = gb.members(batch, tok.special.image_pad, tok.special.video_pad)
@@ -193,3 +197,23 @@ def test_padded_and_unpadded_batches_hold_the_same_samples(data):
         _, pack_sum, _ = ft.forward_loss(model, batch)
         _, row_sum, _ = ft.forward_loss(model, row)
     assert torch.allclose(pack_sum, row_sum, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(ft.MODELS))
+def test_examples_default_to_the_real_tokenizer_and_the_real_vocabulary_rows(data, name):
+    """Without --tokenizer the examples' loader and model use the model's real tokenizer (built offline)
+    and the real models' 151,936 embedding rows; the demo tokenizer only when asked for."""
+    from energon_pack.chat import QWEN_VL_VOCAB_ROWS, load_tokenizer
+
+    loader, encoder = ft.make_loader(str(data), width=2048, preset=ft.vision_preset(name, "tiny"), buffer=4, workers=0)
+    assert encoder.tokenizer._energon_pack_qwen_vocab == name
+    cfg = ft.model_config(name, "tiny", encoder.tokenizer)
+    text = getattr(cfg, "text_config", cfg)
+    assert QWEN_VL_VOCAB_ROWS == 151936 and text.vocab_size == 151936
+    assert cfg.image_token_id == 151655 and cfg.video_token_id == 151656 and text.eos_token_id == 151645
+    batch = next(iter(loader))
+    real = load_tokenizer(name)
+    ids = batch["input_ids"][0, : int(batch["cu_seqlens_q"][1])].tolist()
+    header = "system" if name != "qwen3-vl" else "user"  # Qwen3-VL's template has no default system prompt
+    assert ids[:3] == real.encode(f"<|im_start|>{header}\n") and max(ids) < 151936
+    assert ft.vocab_size(load_tokenizer("demo")) == 832
