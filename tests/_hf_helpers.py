@@ -3,6 +3,8 @@
 Kept apart so a GPU check can reuse them on a machine without megatron-energon.
 """
 
+import inspect
+
 import torch
 
 from energon_pack.integrations import hf as H
@@ -15,9 +17,23 @@ PRESETS = {"qwen2-vl": "qwen2_vl", "qwen2.5-vl": "qwen2_5_vl", "qwen3-vl": "qwen
 
 
 def small_preset(name):
-    """The model version's preset (patch, merge, temporal patch, rope style) with small pixel budgets."""
+    """The model version's preset (patch, merge, temporal patch, rope style) with small pixel budgets.
+
+    Videos at 0.8 fps: 2.5 s per temporal grid step, so a Qwen2.5-VL video's temporal M-RoPE index
+    (floor(t * 2.5 * tokens_per_second)) differs from the truncating releases' (t * int(2.5) * tps) and
+    outruns its spatial extent (where the text after it resumes differs between releases)."""
     f2 = get_preset(name).factor ** 2
-    return get_preset(name, min_pixels=4 * f2, max_pixels=12 * f2, video_min_pixels=4 * f2, video_max_pixels=6 * f2)
+    return get_preset(name, min_pixels=4 * f2, max_pixels=12 * f2, video_min_pixels=4 * f2, video_max_pixels=6 * f2,
+                      video_fps=0.8)
+
+
+def rope_config(text_config_cls, mrope_section=(2, 3, 3), theta=10000.0):
+    """The text config's M-RoPE settings in the form the installed transformers takes: ``rope_parameters``
+    (5.x) or ``rope_theta`` + ``rope_scaling`` (4.x), read off the config class's signature."""
+    rope = {"rope_type": "default", "mrope_section": list(mrope_section)}
+    if "rope_parameters" in inspect.signature(text_config_cls.__init__).parameters:
+        return {"rope_parameters": {**rope, "rope_theta": theta}}
+    return {"rope_theta": theta, "rope_scaling": rope}
 
 
 def tiny_model(name, tok):
@@ -28,10 +44,10 @@ def tiny_model(name, tok):
     sp = tok.special
     ids = dict(image_token_id=sp.image_pad, video_token_id=sp.video_pad, vision_start_token_id=sp.vision_start,
                vision_end_token_id=sp.vision_end)
+    text_cls = {"qwen2-vl": tf.Qwen2VLTextConfig, "qwen2.5-vl": tf.Qwen2_5_VLTextConfig, "qwen3-vl": tf.Qwen3VLTextConfig}[name]
     text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1,
-                bos_token_id=None, eos_token_id=sp.im_end, pad_token_id=sp.pad,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+                bos_token_id=None, eos_token_id=sp.im_end, pad_token_id=sp.pad, **rope_config(text_cls))
     vision = dict(depth=2, num_heads=2, patch_size=preset.patch_size, temporal_patch_size=preset.temporal_patch_size,
                   spatial_merge_size=preset.merge_size, initializer_range=0.1)
     torch.manual_seed(0)
@@ -51,6 +67,16 @@ def tiny_model(name, tok):
         model = tf.Qwen3VLForConditionalGeneration(cfg)
     assert model.config.model_type == PRESETS[name]
     return model.float().eval()
+
+
+def vision_varlen_in_one_call(model_type):
+    """Whether the installed release's ``model_type`` vision attention hands its cu_seqlens to any "flash"
+    attention function (5.x: ``is_flash_attention_requested``), so our varlen attention covers all images
+    of a block in one call; 4.57 does so for ``"flash_attention_2"`` only and loops over images otherwise."""
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return hasattr(modeling, "is_flash_attention_requested")
 
 
 def split_pack(batch, image_pad, video_pad):
@@ -93,12 +119,18 @@ def split_pack(batch, image_pad, video_pad):
 
 
 def alone_forward(model, seg):
-    """HF's own unpacked path: plain input_ids, no positions (HF computes M-RoPE), attention_mask None."""
+    """HF's own unpacked path: plain input_ids, no positions (HF computes M-RoPE), an all-ones attention mask.
+
+    The mask is what a processor returns; without it 4.57's Qwen3-VL reads its temporal M-RoPE row as
+    text positions and "detects" packed sequences inside every image. ``mm_token_type_ids`` only where
+    ``forward`` takes it (5.x computes M-RoPE from it; 4.x reads the token ids)."""
     kw = {k: seg[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw") if k in seg}
     if "second_per_grid_ts" in seg and model.config.model_type == "qwen2_5_vl":
         kw["second_per_grid_ts"] = seg["second_per_grid_ts"]
-    return model(input_ids=seg["input_ids"], attention_mask=None, use_cache=False,
-                 mm_token_type_ids=H.mm_token_type_ids(seg["input_ids"], model.config), **kw).logits
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        kw["mm_token_type_ids"] = H.mm_token_type_ids(seg["input_ids"], model.config)
+    return model(input_ids=seg["input_ids"], attention_mask=torch.ones_like(seg["input_ids"]), use_cache=False,
+                 **kw).logits
 
 
 def max_seg_diff(packed_logits, alone_logits, segments):

@@ -74,6 +74,10 @@ def _template(preset_name: str) -> str:
 
 
 def render_official(preset_name: str, messages: list[dict], **kwargs) -> str:
+    """The official template rendered by transformers. Keys whose value is None are dropped first, as
+    transformers >= 5.2x does itself (OpenAI-style ``content: None`` beside ``tool_calls``): the
+    templates test ``message.content is string`` and would iterate None on older releases."""
+    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
     return HF_TOK.apply_chat_template(messages, chat_template=_template(preset_name), tokenize=False,
                                       add_generation_prompt=kwargs.pop("add_generation_prompt", False), **kwargs)
 
@@ -223,7 +227,10 @@ def test_template_files_are_the_pinned_official_ones(preset_name):
 
 def test_image_token_counts_match_transformers_smart_resize():
     """The expansion uses energon_pack's image_grid_thw; cross-check it against transformers'."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision needed
+    try:  # 5.x: the PIL image processor's module (no torchvision needed)
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    except ImportError:  # 4.x: the slow image processor's module (PIL + numpy as well)
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
     sizes = {wh for _, imgs, _ in CASES.values() for wh in imgs}
     for preset_name in PRESET_NAMES:

@@ -25,7 +25,15 @@ from energon_pack.integrations import hf as H
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-from _hf_helpers import PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
+from _hf_helpers import (
+    PRESETS,
+    alone_forward,
+    max_seg_diff,
+    small_preset,
+    split_pack,
+    tiny_model,
+    vision_varlen_in_one_call,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -221,11 +229,16 @@ def test_vision_towers_take_the_varlen_path(setup):
     text = [c for c in calls if "Vision" not in c[0]]
     T = batch["input_ids"].shape[1]
     assert len(text) == 2 and all(c[1] is True and c[2] == T and c[3] for c in text)
-    assert len(vision) == 2 * 2  # 2 blocks, images and videos each
-    assert all(c[1] is False and c[3] for c in vision)
-    # one call covers all images of the pack (not one call per image)
     n_img_patches = int(batch["image_grid_thw"].prod(1).sum())
-    assert n_img_patches in [c[2] for c in vision]
+    n_vid_patches = int(batch["video_grid_thw"].prod(1).sum())
+    if vision_varlen_in_one_call(packed.config.model_type):
+        assert len(vision) == 2 * 2  # 2 blocks, images and videos each
+        assert all(c[1] is False and c[3] for c in vision)
+        # one call covers all images of the pack (not one call per image)
+        assert n_img_patches in [c[2] for c in vision]
+    else:  # the tower hands cu_seqlens to flash_attention_2 only: one call per image / frame group / window
+        assert len(vision) > 2 * 2 and all(c[1] is False and not c[3] for c in vision)
+        assert sum(c[2] for c in vision) == 2 * (n_img_patches + n_vid_patches)  # 2 blocks, every patch once
 
 
 def test_varlen_attention_block_mask_matches_per_segment_sdpa():
@@ -322,29 +335,41 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
     batch = max(packs, key=lambda b: b["num_segments"])
     kw = H.hf_forward_kwargs(batch, model=packed, device="cpu")
     assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
-    for prefix in ("image", "video"):
-        assert isinstance(kw[f"{prefix}_max_seqlen"], int)
-        assert kw[f"{prefix}_cu_seqlens"].dtype == torch.int32 and int(kw[f"{prefix}_cu_seqlens"][0]) == 0
-        assert (f"{prefix}_window_index" in kw) == (name == "qwen2.5-vl")
-    modeling = importlib.import_module(f"transformers.models.{packed.config.model_type}.modeling_{packed.config.model_type}")
-    seen = []
-    real = modeling.get_vision_attention_seqlens
+    model_type = packed.config.model_type
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    keys = H.vision_precompute_keys(model_type)
+    precomputed = {k for k in kw if k.startswith(("image_", "video_")) and not k.endswith("_grid_thw")}
+    assert precomputed == {f"{p}_{k}" for p in ("image", "video") for k in keys}
+    # the function through which the installed release's tower takes its cu_seqlens (and max_seqlen)
+    reader = next((f for f in ("get_vision_attention_seqlens", "get_vision_cu_seqlens") if hasattr(modeling, f)), None)
+    if reader is None or not hasattr(modeling, "accepts_precomputed_kwargs"):
+        assert keys == frozenset(), f"{name}: this release's towers take no precomputed tensors"
+    else:
+        assert {"position_ids", "cu_seqlens"} <= keys
+        assert ("max_seqlen" in keys) == (reader == "get_vision_attention_seqlens")
+        assert ("window_index" in keys) == (name == "qwen2.5-vl")
+        for prefix in ("image", "video"):
+            assert kw[f"{prefix}_cu_seqlens"].dtype == torch.int32 and int(kw[f"{prefix}_cu_seqlens"][0]) == 0
+            if "max_seqlen" in keys:
+                assert isinstance(kw[f"{prefix}_max_seqlen"], int)
+        seen = []
+        real = getattr(modeling, reader)
 
-    def spy(grid_thw, config, *a, kwargs=None, **k):
-        seen.append(sorted(kwargs or {}))
-        return real(grid_thw, config, *a, kwargs=kwargs, **k)
+        def spy(*a, kwargs=None, **k):
+            seen.append(sorted(kwargs or {}))
+            return real(*a, kwargs=kwargs, **k)
 
-    monkeypatch.setattr(modeling, "get_vision_attention_seqlens", spy)
-    with torch.no_grad():
-        fast = packed(**kw).logits
-        assert seen and all("cu_seqlens" in s and "max_seqlen" in s for s in seen), seen
-        seen.clear()
-        monkeypatch.setattr(H, "_PRECOMPUTE_OK", False)
-        kw_plain = H.hf_forward_kwargs(batch, model=packed)
-        assert not any(k.startswith(("image_cu", "video_cu")) for k in kw_plain)
-        plain = packed(**kw_plain).logits
-        assert seen and not any("cu_seqlens" in s for s in seen)
-    assert torch.equal(fast, plain), name
+        monkeypatch.setattr(modeling, reader, spy)
+        with torch.no_grad():
+            fast = packed(**kw).logits
+            assert seen and all("cu_seqlens" in s and ("max_seqlen" in s) == ("max_seqlen" in keys) for s in seen), seen
+            seen.clear()
+            monkeypatch.setattr(H, "vision_precompute_keys", lambda model_type: frozenset())
+            kw_plain = H.hf_forward_kwargs(batch, model=packed)
+            assert not any(k.startswith(("image_cu", "video_cu")) for k in kw_plain)
+            plain = packed(**kw_plain).logits
+            assert seen and not any("cu_seqlens" in s for s in seen)
+        assert torch.equal(fast, plain), name
     # the check of the row's segments runs once per batch, on the CPU
     bad = dict(batch, cu_seqlens_kv_padded=batch["cu_seqlens_kv_padded"].clone())
     bad["cu_seqlens_kv_padded"][-1] -= 1
@@ -369,3 +394,69 @@ def test_uint8_pixels_are_normalised_with_the_preset_or_refused(setup, shards):
             got = H.packed_forward(packed, b8, preset=u8_te.preset).logits
             want = H.packed_forward(packed, b32).logits
         assert torch.equal(got, want), name
+
+
+def test_releases_outside_the_supported_range_get_a_config_error_from_every_entry_point(setup, monkeypatch):
+    """Below 4.57 our entry points refuse with a ConfigError naming the version and the range, before
+    transformers could fail inside with a TypeError; a release newer than the newest tested one warns."""
+    import importlib.metadata
+
+    name, tok, packs, te, ref, packed = setup
+    batch = packs[0]
+    real_version = importlib.metadata.version
+
+    def installed(release):
+        monkeypatch.setattr(importlib.metadata, "version", lambda d: release if d == "transformers" else real_version(d))
+        monkeypatch.setattr(H, "_VERSION_CHECKED", None)
+
+    for release in ("4.56.2", "4.46.0"):
+        installed(release)
+        for call in (lambda: H.hf_forward_kwargs(batch, model=packed), lambda: H.packed_forward(packed, batch),
+                     lambda: H.use_varlen_attention(copy.deepcopy(ref)), H.register_varlen_attention):
+            with pytest.raises(ConfigError) as err:
+                call()
+            assert err.value.knob == "transformers"
+            assert release in str(err.value) and H.SUPPORTED_TRANSFORMERS in str(err.value)
+    for release in ("4.57.1", "5.0.0rc1", "5.24.3"):
+        installed(release)
+        assert H.check_transformers_version() == release
+    installed("5.99.0")
+    with pytest.warns(UserWarning, match="newer than the newest release"):
+        assert H.check_transformers_version() == "5.99.0"
+
+
+def test_the_declared_transformers_range_is_the_checked_one():
+    """pyproject's hf and test extras declare SUPPORTED_TRANSFORMERS, and the installed release is inside it."""
+    import re
+    from pathlib import Path
+
+    from packaging.specifiers import SpecifierSet
+
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    declared = re.findall(r'"transformers([^"]*)"', text)
+    assert declared and set(declared) == {H.SUPPORTED_TRANSFORMERS}, declared
+    assert transformers.__version__ in SpecifierSet(H.SUPPORTED_TRANSFORMERS)
+
+
+def test_guard_drops_the_text_varlen_kwargs_before_a_vision_tower():
+    """Releases whose VL forward hands its **kwargs to the vision towers would pass cu_seq_lens_q twice to the
+    vision attention; the guard's pre-hook removes the four text varlen kwargs and nothing else."""
+    seen = {}
+
+    class Tower(torch.nn.Module):
+        def forward(self, x, grid_thw=None, **kwargs):
+            seen.update(kwargs)
+            return x
+
+    class VL(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = Tower()
+
+    model = VL()
+    H.guard_vision_towers(model)
+    H.guard_vision_towers(model)  # idempotent: one hook
+    assert len(model.visual._forward_pre_hooks) == 1
+    model.visual(torch.zeros(1), grid_thw=1, cu_seq_lens_q=1, cu_seq_lens_k=1, max_length_q=1, max_length_k=1,
+                 cu_seqlens=2, max_seqlen=3)
+    assert seen == {"cu_seqlens": 2, "max_seqlen": 3}

@@ -1,6 +1,7 @@
 """Hugging Face transformers: run our packed THD rows through Qwen2-VL / Qwen2.5-VL / Qwen3-VL.
 
-Three pieces, checked against transformers 5.x (``models/qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``):
+Three pieces, for transformers :data:`SUPPORTED_TRANSFORMERS` (``models/qwen2_vl``, ``qwen2_5_vl``,
+``qwen3_vl``; CI runs the packed-vs-per-sample parity tests on 4.57.6, 5.12.1, 5.17.0 and 5.24.0):
 
 * :func:`hf_forward_kwargs`: one packed batch (micro-batch size 1) -> the keyword arguments of
   the models' ``forward``. Positions are ``(4, 1, T)``: row 0 holds the text positions that
@@ -16,12 +17,35 @@ Three pieces, checked against transformers 5.x (``models/qwen2_vl``, ``qwen2_5_v
 * :func:`packed_loss` / :func:`normalize_by_global_tokens`: the summed cross entropy on our
   pre-shifted labels, and its normalisation by the supervised tokens of all data-parallel ranks.
 
-transformers is imported inside functions only, so importing this module costs nothing.
+Where transformers releases differ, the route is chosen by what the installed release has, never
+by its version string:
+
+* Vision towers and the text model's varlen kwargs: the VL models hand their ``**kwargs`` to the
+  vision towers on some releases (5.9-5.2x: ``get_image_features(..., **kwargs)`` without 5.2x's
+  filter), whose attention then gets ``cu_seq_lens_q`` twice (a TypeError). Every tower of a
+  model we are given gets a forward pre-hook that drops the four text varlen kwargs
+  (:func:`guard_vision_towers`; a no-op where the release drops or never forwards them).
+* Vision attention: where the towers call ``is_flash_attention_requested`` (5.x) any "flash" name
+  gets their cu_seqlens in one call; where they test ``== "flash_attention_2"`` (4.57) they call
+  the attention function once per image (or window) without cu_seqlens, which our function takes
+  as one segment: the same numbers, more calls.
+* Precomputed vision tensors (:func:`vision_precomputed_kwargs`): only the keys the installed
+  tower reads (``accepts_precomputed_kwargs`` and the ``transformers.vision_utils`` helpers its
+  modeling module imports); none on releases without them.
+* Video M-RoPE (:func:`mrope_conventions`): the model's own ``get_rope_index`` is run once on a
+  synthetic video; where it places positions differently from the task encoder (4.57: the text
+  after a video resumes at the block's largest position + 1; up to 5.2x Qwen2.5-VL truncates
+  ``second_per_grid_t`` to an integer), the segments with videos get the release's positions.
+
+Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`ConfigError` from our entry
+points; transformers is imported inside functions only, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,32 +56,106 @@ from energon_pack.errors import ConfigError
 from energon_pack.thd import IGNORE_INDEX
 
 __all__ = [
+    "SUPPORTED_TRANSFORMERS",
     "VARLEN_ATTENTION",
+    "check_transformers_version",
     "global_token_count",
+    "guard_vision_towers",
     "hf_forward_kwargs",
     "mm_token_type_ids",
+    "mrope_conventions",
     "normalize_by_global_tokens",
     "packed_forward",
     "packed_loss",
     "register_varlen_attention",
     "use_varlen_attention",
     "varlen_attention_forward",
+    "vision_precompute_keys",
     "vision_precomputed_kwargs",
 ]
 
 #: Name under which :func:`varlen_attention_forward` is registered. It must contain "flash":
-#: HF's Qwen-VL vision attention checks ``"flash" in config._attn_implementation``
+#: HF's Qwen-VL vision attention (transformers 5.x) checks ``"flash" in config._attn_implementation``
 #: (``is_flash_attention_requested``) and only then passes ``cu_seq_lens_q/_k`` and
-#: ``is_causal=False`` to the attention function (otherwise it loops over images).
+#: ``is_causal=False`` to the attention function (otherwise it loops over images). 4.57's checks
+#: ``== "flash_attention_2"``, so there the towers loop over images (windows) for this name too.
 VARLEN_ATTENTION = "energon_pack_flash_varlen"
 
+#: The transformers releases this module supports: 4.57 (the first with Qwen3-VL) through the newest
+#: one tested. pyproject's ``hf`` and ``test`` extras declare the same range.
+SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
+_OLDEST_TRANSFORMERS = "4.57"
+_NEWEST_TESTED_TRANSFORMERS = "5.24"
+
 _VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: What the text model's flash attention reads; never meant for a vision tower.
+_TEXT_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 _VISUAL_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 _CACHE_WHY = (
     "with a cache HF's mask builder skips packed-sequence detection (it reads the restarting text "
     "positions only when attention_mask and cache are both None), so under sdpa/eager every token "
     "attends across segment boundaries; a training forward never needs a cache"
 )
+
+
+# --------------------------------------------------------------------------------- release checks
+_VERSION_CHECKED: str | None = None
+
+
+def check_transformers_version() -> str | None:
+    """The installed transformers version, refused with a :class:`ConfigError` when older than
+    :data:`SUPPORTED_TRANSFORMERS` (their Qwen-VL code lacks what the packed forward needs; Qwen3-VL
+    does not exist before 4.57). A release newer than the newest tested one gets a warning, once.
+    ``None`` where transformers is not installed. Read from the package metadata: no import."""
+    global _VERSION_CHECKED
+    if _VERSION_CHECKED is not None:
+        return _VERSION_CHECKED
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("transformers")
+    except PackageNotFoundError:
+        return None
+    from packaging.version import Version
+
+    parsed = Version(installed)
+    if parsed.release[:2] < Version(_OLDEST_TRANSFORMERS).release[:2]:
+        raise ConfigError("transformers", f"version {installed} is installed; energon_pack.integrations.hf supports "
+                          f"transformers{SUPPORTED_TRANSFORMERS}",
+                          f"pip install 'transformers{SUPPORTED_TRANSFORMERS}' (e.g. energon-pack[hf])")
+    if parsed.release[:2] > Version(_NEWEST_TESTED_TRANSFORMERS).release[:2]:
+        warnings.warn(f"transformers {installed} is newer than the newest release energon_pack.integrations.hf is "
+                      f"tested with (transformers{SUPPORTED_TRANSFORMERS}); the packed-vs-per-sample parity tests "
+                      "(tests/test_integration_hf.py) tell whether it works", stacklevel=3)
+    _VERSION_CHECKED = installed
+    return installed
+
+
+def _drop_text_varlen_kwargs(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    if not any(key in kwargs for key in _TEXT_VARLEN_KWARGS):
+        return None
+    return args, {k: v for k, v in kwargs.items() if k not in _TEXT_VARLEN_KWARGS}
+
+
+def guard_vision_towers(model: Any) -> None:
+    """Make every vision tower (a ``visual`` submodule) of ``model`` drop the text model's varlen
+    kwargs (``cu_seq_lens_q/_k``, ``max_length_q/_k``) from its inputs. Idempotent and cheap.
+
+    Some transformers releases hand the VL forward's ``**kwargs`` on to the towers, whose vision
+    attention passes its own ``cu_seq_lens_q`` plus those kwargs to the attention function: a
+    TypeError under any flash implementation. Where the release drops them itself or never forwards
+    them, the hook finds nothing to drop. :func:`packed_forward`, :func:`use_varlen_attention` and
+    :func:`hf_forward_kwargs` (given ``model``) call it.
+    """
+    model = getattr(model, "module", model)  # DDP / FSDP wrappers
+    if not isinstance(model, torch.nn.Module) or getattr(model, "_energon_pack_towers_guarded", False):
+        return
+    for module in model.modules():
+        tower = getattr(module, "visual", None)
+        if isinstance(tower, torch.nn.Module) and not getattr(tower, "_energon_pack_guarded", False):
+            tower.register_forward_pre_hook(_drop_text_varlen_kwargs, with_kwargs=True)
+            tower._energon_pack_guarded = True
+    model._energon_pack_towers_guarded = True
 
 
 # --------------------------------------------------------------------------------- forward kwargs
@@ -89,6 +187,125 @@ def mm_token_type_ids(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
     return types
 
 
+# --------------------------------------------------------------------------------- M-RoPE conventions
+#: Our task encoder computes M-RoPE like transformers 5.2x (energon_pack.qwen_vl.mrope): the text
+#: after a vision block resumes at the block's start + max(h, w) / merge ("spatial"), and a
+#: Qwen2.5-VL video's temporal index is floor(t * second_per_grid_t * tokens_per_second). Older
+#: releases differ for videos only: 4.57 resumes at the block's largest position + 1 ("max", the
+#: original Qwen code), and up to 5.2x Qwen2.5-VL truncates second_per_grid_t to an integer first.
+_BATCH_MROPE = ("spatial", False)
+_PRESET_OF_MODEL_TYPE = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}
+_MROPE_CONVENTIONS: dict[str, tuple[str, bool]] = {}
+
+
+def _preset_of_config(config: Any) -> Any:
+    from energon_pack.qwen_vl.presets import get_preset
+
+    vision = config.vision_config
+    overrides: dict[str, Any] = {"merge_size": int(vision.spatial_merge_size)}
+    if getattr(vision, "tokens_per_second", None) is not None:
+        overrides["tokens_per_second"] = float(vision.tokens_per_second)
+    return get_preset(_PRESET_OF_MODEL_TYPE[config.model_type], **overrides)
+
+
+def _rope_index_owner(model: Any) -> Any:
+    for candidate in (getattr(model, "model", None), model):
+        if candidate is not None and callable(getattr(candidate, "get_rope_index", None)):
+            return candidate
+    return None
+
+
+def mrope_conventions(model: Any) -> tuple[str, bool]:
+    """How the installed transformers' ``get_rope_index`` of ``model`` places video M-RoPE positions:
+    ``(resume, truncates_second_per_grid_t)``, resume ``"spatial"`` or ``"max"`` (see
+    :func:`energon_pack.qwen_vl.mrope.mrope_position_ids`). Probed once per model type by running the
+    model's own ``get_rope_index`` on one synthetic video (4 temporal steps, 1.5 s per step) and matching
+    the result against the candidate conventions; the batch's own ``("spatial", False)`` for Qwen3-VL
+    (its video blocks are single frames, where the conventions agree) and where nothing can be probed.
+    """
+    config = _config_of(model)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ("qwen2_vl", "qwen2_5_vl"):
+        return _BATCH_MROPE
+    if model_type in _MROPE_CONVENTIONS:
+        return _MROPE_CONVENTIONS[model_type]
+    owner = _rope_index_owner(model)
+    if owner is None:
+        return _BATCH_MROPE
+    from energon_pack.qwen_vl.mrope import mrope_position_ids
+
+    merge = int(config.vision_config.spatial_merge_size)
+    steps, spg = 4, 1.5
+    input_ids = torch.tensor([[config.vision_start_token_id] + [config.video_token_id] * steps
+                              + [config.vision_end_token_id] * 2])
+    grid = torch.tensor([[steps, merge, merge]])
+    params = inspect.signature(owner.get_rope_index).parameters
+    probe: dict[str, Any] = {"input_ids": input_ids, "image_grid_thw": None, "video_grid_thw": grid,
+                             "second_per_grid_ts": torch.tensor([spg]), "attention_mask": None,
+                             "mm_token_type_ids": mm_token_type_ids(input_ids, config)}
+    with torch.no_grad():
+        got = owner.get_rope_index(**{k: v for k, v in probe.items() if k in params})[0][:, 0].cpu()
+    preset = _preset_of_config(config)
+    found = None
+    for resume in ("spatial", "max"):
+        for truncate in (False, True):
+            want = mrope_position_ids(input_ids[0], None, grid, [float(int(spg)) if truncate else spg], preset=preset,
+                                      image_pad_id=config.image_token_id, video_pad_id=config.video_token_id,
+                                      resume=resume)
+            if found is None and torch.equal(got.to(want.dtype), want):
+                found = (resume, truncate)
+    if found is None:
+        warnings.warn(f"the installed transformers places {model_type} video M-RoPE positions in a way energon_pack "
+                      f"does not know (probe {got.tolist()}); packed rows keep the task encoder's positions, which "
+                      "may differ from this release's per-sample forward for videos", stacklevel=3)
+        found = _BATCH_MROPE
+    _MROPE_CONVENTIONS[model_type] = found
+    return found
+
+
+def _mrope_for_release(batch: Mapping[str, Any], mrope: torch.Tensor, config: Any,
+                       conventions: tuple[str, bool]) -> torch.Tensor:
+    """The batch's (3, 1, T) M-RoPE with every segment that holds a video recomputed in ``conventions``."""
+    from energon_pack.qwen_vl.mrope import mrope_position_ids
+
+    resume, truncate = conventions
+    preset = _preset_of_config(config)
+    merge2 = preset.merge_size ** 2
+    ids = batch["input_ids"][0].detach().cpu()
+    starts = batch["cu_seqlens_q_padded"].detach().cpu().tolist()
+    real = batch["cu_seqlens_q"].detach().cpu()
+    lengths = (real[1:] - real[:-1]).tolist()
+    grids = {kind: (batch.get(f"{kind}_grid_thw").detach().cpu().tolist() if batch.get(f"{kind}_grid_thw") is not None
+                    else []) for kind in ("image", "video")}
+    spg_all = batch.get("second_per_grid_ts")
+    spg_all = spg_all.detach().cpu().tolist() if spg_all is not None else [1.0] * len(grids["video"])
+    cursor = {"image": 0, "video": 0}
+    out = mrope.detach().cpu().clone()
+
+    def take(kind: str, tokens: int) -> list[list[int]]:
+        taken = []
+        while tokens > 0:
+            grid = grids[kind][cursor[kind]]
+            cursor[kind] += 1
+            tokens -= grid[0] * grid[1] * grid[2] // merge2
+            taken.append(grid)
+        return taken
+
+    for start, length in zip(starts, lengths):
+        seg = ids[start: start + length]
+        first_video = cursor["video"]
+        images = take("image", int((seg == config.image_token_id).sum()))
+        videos = take("video", int((seg == config.video_token_id).sum()))
+        if not videos:
+            continue
+        spg = spg_all[first_video: cursor["video"]]
+        spg = [float(int(x)) for x in spg] if truncate else spg
+        out[:, 0, start: start + length] = mrope_position_ids(
+            seg, images or None, videos, spg, preset=preset, image_pad_id=config.image_token_id,
+            video_pad_id=config.video_token_id, resume=resume)
+    return out.to(mrope.device)
+
+
 def hf_forward_kwargs(
     batch: Mapping[str, Any],
     *,
@@ -110,6 +327,7 @@ def hf_forward_kwargs(
     """
     if use_cache:
         raise ConfigError("use_cache", f"must be False for packed rows: {_CACHE_WHY}", "leave use_cache=False")
+    check_transformers_version()
     input_ids = batch["input_ids"]
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
@@ -142,6 +360,10 @@ def hf_forward_kwargs(
         if tuple(mrope.shape) != (3, 1, total):
             raise ConfigError("mrope_position_ids", f"expected shape (3, 1, {total}), got {tuple(mrope.shape)}",
                               "use micro-batch size 1 and the batch as built by the task encoder")
+        if model is not None and batch.get("video_grid_thw") is not None:
+            conventions = mrope_conventions(model)
+            if conventions != _BATCH_MROPE:  # an older release: its own per-sample positions for videos
+                mrope = _mrope_for_release(batch, mrope, config, conventions)
         positions = torch.cat([position_ids.unsqueeze(0), mrope], dim=0)  # (4, 1, T): text row first
     else:
         if has_visual:
@@ -179,6 +401,7 @@ def hf_forward_kwargs(
             kwargs["second_per_grid_ts"] = batch["second_per_grid_ts"]
     if config is not None and vision_language and has_visual:
         kwargs.update(vision_precomputed_kwargs(batch, config))
+        guard_vision_towers(model)
     if device is not None:
         moved: dict[int, Any] = {}  # a tensor passed under two names stays one object on the device
 
@@ -202,25 +425,39 @@ def hf_forward_kwargs(
     return kwargs
 
 
-def _vision_precompute_supported() -> bool:
-    """transformers with ``accepts_precomputed_kwargs`` (5.x, 2026): ``image_cu_seqlens`` etc. reach the tower."""
-    global _PRECOMPUTE_OK
-    if _PRECOMPUTE_OK is None:
+_PRECOMPUTE_KEYS: dict[str, frozenset[str]] = {}
+
+
+def vision_precompute_keys(model_type: str) -> frozenset[str]:
+    """The precomputed vision tensors (names without the ``image_``/``video_`` prefix) that the installed
+    transformers' ``model_type`` tower reads from its kwargs; empty where it reads none.
+
+    Read off the modeling module: ``accepts_precomputed_kwargs`` (``image_cu_seqlens`` -> the tower's
+    ``cu_seqlens``) and the ``transformers.vision_utils`` helpers it imports, which take each value
+    from the kwargs when given: ``get_vision_position_ids`` (``position_ids``),
+    ``get_vision_attention_seqlens`` (``cu_seqlens`` + ``max_seqlen``, and with the window index
+    ``max_window_seqlen``) or only ``get_vision_cu_seqlens`` (``cu_seqlens``; ``max_seqlen`` is
+    recomputed), ``get_vision_window_index`` (``window_index`` + ``cu_window_seqlens``, Qwen2.5-VL).
+    """
+    if model_type not in _PRECOMPUTE_KEYS:
         try:
-            from transformers.utils.generic import accepts_precomputed_kwargs  # noqa: F401
-            from transformers.vision_utils import (  # noqa: F401
-                get_vision_cu_seqlens,
-                get_vision_position_ids,
-                get_vision_window_index,
-            )
+            modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
         except ImportError:
-            _PRECOMPUTE_OK = False
-        else:
-            _PRECOMPUTE_OK = True
-    return _PRECOMPUTE_OK
-
-
-_PRECOMPUTE_OK: bool | None = None
+            modeling = None
+        keys: set[str] = set()
+        if modeling is not None and hasattr(modeling, "accepts_precomputed_kwargs"):
+            if hasattr(modeling, "get_vision_position_ids"):
+                keys.add("position_ids")
+            if hasattr(modeling, "get_vision_attention_seqlens"):
+                keys |= {"cu_seqlens", "max_seqlen"}
+            elif hasattr(modeling, "get_vision_cu_seqlens"):
+                keys.add("cu_seqlens")
+            if hasattr(modeling, "get_vision_window_index"):
+                keys |= {"window_index", "cu_window_seqlens"}
+                if "max_seqlen" in keys:
+                    keys.add("max_window_seqlen")
+        _PRECOMPUTE_KEYS[model_type] = frozenset(keys)
+    return _PRECOMPUTE_KEYS[model_type]
 
 
 def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str, Any]:
@@ -228,18 +465,21 @@ def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str
 
     HF's Qwen-VL vision towers compute their rotary positions, cu_seqlens, max_seqlen and (Qwen2.5-VL)
     window index from ``grid_thw`` with ``.tolist()`` / ``.item()``: device-to-host syncs and many
-    small launches per image in every forward. transformers 5.x lets the caller pass them precomputed
-    (``image_cu_seqlens``, ``video_position_ids``, ...; ``accepts_precomputed_kwargs``): we compute
-    them here with transformers' own functions on the loader's CPU tensors, so the values are
-    exactly HF's. Only under a "flash" attention implementation (HF computes max_seqlen only then)
-    and for the Qwen-VL versions whose towers read exactly these keys; ``{}`` otherwise.
+    small launches per image in every forward. transformers 5.x (from 5.12) lets the caller pass them
+    precomputed (``image_cu_seqlens``, ``video_position_ids``, ...; ``accepts_precomputed_kwargs``): we
+    compute them here with transformers' own functions on the loader's CPU tensors, so the values are
+    exactly HF's. Only under a "flash" attention implementation (HF computes max_seqlen only then),
+    and only the keys the installed release's tower reads (:func:`vision_precompute_keys`); ``{}``
+    otherwise.
     """
     vision = getattr(config, "vision_config", None)
     impl = getattr(vision, "_attn_implementation", None) or getattr(config, "_attn_implementation", None) or ""
-    if (vision is None or config.model_type not in _VL_MODEL_TYPES or "flash" not in impl
-            or not _vision_precompute_supported()):
+    if vision is None or config.model_type not in _VL_MODEL_TYPES or "flash" not in impl:
         return {}
-    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+    keys = vision_precompute_keys(config.model_type)
+    if not keys:
+        return {}
+    from transformers import vision_utils as vu
 
     merge = vision.spatial_merge_size
     out: dict[str, Any] = {}
@@ -248,16 +488,19 @@ def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str
         if grid is None:
             continue
         grid = grid.detach().cpu()
-        out[f"{prefix}_position_ids"] = get_vision_position_ids(grid, merge)
-        cu = get_vision_cu_seqlens(grid)
-        out[f"{prefix}_cu_seqlens"] = cu
-        out[f"{prefix}_max_seqlen"] = int((cu[1:] - cu[:-1]).max())
-        if config.model_type == "qwen2_5_vl":
-            window_index, cu_window = get_vision_window_index(
+        values: dict[str, Any] = {}
+        if "position_ids" in keys:
+            values["position_ids"] = vu.get_vision_position_ids(grid, merge)
+        if "cu_seqlens" in keys:
+            cu = vu.get_vision_cu_seqlens(grid)
+            values["cu_seqlens"] = cu
+            values["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
+        if "window_index" in keys:
+            window_index, cu_window = vu.get_vision_window_index(
                 grid, spatial_merge_size=merge, window_size=vision.window_size, patch_size=vision.patch_size)
-            out[f"{prefix}_window_index"] = window_index
-            out[f"{prefix}_cu_window_seqlens"] = cu_window
-            out[f"{prefix}_max_window_seqlen"] = int((cu_window[1:] - cu_window[:-1]).max())
+            values.update(window_index=window_index, cu_window_seqlens=cu_window,
+                          max_window_seqlen=int((cu_window[1:] - cu_window[:-1]).max()))
+        out.update({f"{prefix}_{name}": v for name, v in values.items() if name in keys})
     return out
 
 
@@ -279,6 +522,7 @@ def packed_forward(model: Any, batch: Mapping[str, Any], *, preset: Any = None, 
             raise ConfigError(bad, f"must not be passed for a packed row: {why}", f"drop {bad}=")
     extra.pop("use_cache", None)
     inner = getattr(model, "module", model)  # DDP / FSDP wrappers: the config lives on the wrapped model
+    guard_vision_towers(inner)
     device = next(model.parameters()).device
     return model(**hf_forward_kwargs(batch, model=inner, device=device, preset=preset), **extra)
 
@@ -429,6 +673,7 @@ def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
     """
     if "flash" not in name:
         raise ConfigError("name", f"{name!r} lacks 'flash'", "HF's vision towers pass cu_seqlens only to 'flash' names")
+    check_transformers_version()
     from transformers import AttentionInterface
 
     AttentionInterface.register(name, varlen_attention_forward)
@@ -439,11 +684,13 @@ def use_varlen_attention(model: Any, name: str = VARLEN_ATTENTION) -> str:
     """Register the varlen attention and make ``model`` (and every sub-model: vision tower, LLM) use it.
 
     Sets ``config._attn_implementation`` directly: ``model.set_attn_implementation(name)`` would
-    treat any "flash" name that is not ``flash_attention_N`` as a hub kernel to download.
+    treat any "flash" name that is not ``flash_attention_N`` as a hub kernel to download. Also
+    :func:`guard_vision_towers`, so ``model(**hf_forward_kwargs(batch))`` works on every release.
     """
     from transformers import PreTrainedModel
 
     register_varlen_attention(name)
+    guard_vision_towers(model)
     configs = [model.config] + [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
     seen: set[int] = set()
     while configs:
