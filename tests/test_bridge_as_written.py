@@ -11,9 +11,8 @@ recipe's micro-batch 2, seq_length 4096, TP 2, ``average_in_collective=True`` ar
 has to change). ``finetune`` is a recorder. Everything else is real: Bridge's ``vlm_step``
 (``forward_step``, ``get_batch``), ``DatasetProvider`` and ``EnergonMultiModalDataModule``
 through the CPU light import, our encoder, provider and checks. The block's
-``load_tokenizer("qwen2.5-vl")`` is the real Qwen tokenizer in one test (skipped, saying so,
-while ``energon_pack`` does not know the name yet) and a small non-demo tokenizer with Qwen's
-special-token ids in the others.
+``load_tokenizer("qwen2.5-vl")`` is the real Qwen tokenizer (built offline) in one test and a
+small non-demo tokenizer with Qwen's special-token ids in the others.
 """
 
 from __future__ import annotations
@@ -137,14 +136,8 @@ def test_block_is_extracted_from_the_readme():
 
 def test_readme_block_runs_as_written_with_the_real_tokenizer(bridge, monkeypatch):
     """The one test on the real Qwen tokenizer by name: nothing in the block is replaced but the recipe and finetune."""
-    try:
-        tokenizer_module.load_tokenizer(REAL_TOKENIZER)
-    except ConfigError as exc:
-        if "no such file or folder" in exc.problem or "unknown" in exc.problem.lower():
-            pytest.skip(f'load_tokenizer("{REAL_TOKENIZER}") does not know the name yet ({exc.problem}); the real Qwen '
-                        "tokenizers by name are being added to energon_pack/chat/tokenizer.py: unskip when they land")
-        raise
     ns = run(BLOCK)
+    assert ns["te"].tokenizer.special.image_pad == 151655 and ns["te"].tokenizer.get_vocab_size() == 151665
     assert_finetune_got_a_trainable_config(bridge, ns, monkeypatch)
 
 

@@ -478,9 +478,11 @@ def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset
 
 
 # ------------------------------------------------------------------------------ the example
-def test_example_check_mode_runs(tmp_path):
-    """Bridge's package __init__ needs Megatron-Core, so here the script takes the light route."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "bridge_recipe.py"), "--check", "--tokenizer", "demo",
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "demo"]], ids=["as-written", "demo"])
+def test_example_check_mode_runs(tmp_path, tokenizer):
+    """Bridge's package __init__ needs Megatron-Core, so here the script takes the light route. As the
+    README writes it (no --tokenizer: the real Qwen2.5-VL tokenizer) and on the demo tokenizer."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "bridge_recipe.py"), "--check", *tokenizer,
                           "--data", str(tmp_path / "demo"), "--samples", "60", "--packs", "3"],
                          capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
