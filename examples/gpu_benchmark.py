@@ -366,7 +366,9 @@ def main(argv: list[str] | None = None) -> None:
 
     device, rank, world = ft.setup_distributed(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    from energon_pack.chat import load_tokenizer
+    import transformers
+
+    from energon_pack.chat import describe_tokenizer, load_tokenizer
     from energon_pack.chat.tokenizer import as_qwen_tokenizer
     from energon_pack.cli import ensure_demo_data
 
@@ -396,7 +398,9 @@ def main(argv: list[str] | None = None) -> None:
                   "buffer": args.buffer, "workers": args.workers, "world_size": world, "bucket_mb": args.bucket_mb,
                   "device": str(device),
                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                  "torch": torch.__version__, "steps_arg": args.steps, "compiled": compiled,
+                  "torch": torch.__version__, "transformers": transformers.__version__,
+                  "python": sys.version.split()[0], "tokenizer": describe_tokenizer(tokenizer),
+                  "vocab_rows": model.get_input_embeddings().num_embeddings, "steps_arg": args.steps, "compiled": compiled,
                   "rows": rows, "targets": targets(rows)}
         if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
             print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "

@@ -164,6 +164,7 @@ def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
     gb.main(["--device", "cpu", "--size", "tiny", "--steps", "1", "--width", "512", "--warmup", "0", "--workers", "0",
              "--buffer", "8", "--data", str(data), "--out", str(out), "--md", str(md), "--tokenizer", "demo"])
     result = json.loads(out.read_text())
+    assert result["vocab_rows"] == 832 and result["tokenizer"].startswith("demo") and result["transformers"]
     rows = {r["feed"]: r for r in result["rows"]}
     assert list(rows) == list(gb.FEEDS)
     for r in rows.values():
