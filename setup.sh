@@ -16,3 +16,9 @@ fi
 # modules run on 3.11), so tests/test_integration_bridge.py runs Bridge's own VLM-step batch and
 # M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
 .venv/bin/pip install --quiet --no-deps --ignore-requires-python "megatron-bridge==0.6.2"
+# Test-only: the compatibility environments under .venv-compat/ (git-ignored), each the main venv's
+# packages with a few releases pinned in front (--no-deps, so never a torch download): the oldest
+# supported transformers, Megatron-Bridge's newest allowed and the GPU image's; the lowest
+# megatron-energon, Pillow and numpy allowed. tests/test_compat_matrix.py runs each row's tests in
+# its environment. Up-to-date environments are skipped (a stamp of the pins), so a re-run is instant.
+.venv/bin/python scripts/compat_envs.py setup

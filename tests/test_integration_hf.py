@@ -303,17 +303,14 @@ def test_report_max_differences():
         print(f"\n[{name}] " + ", ".join(f"{k}={v:.2e}" for k, v in d.items()))
 
 
-def test_packed_forward_through_a_ddp_wrapper_configures_from_the_wrapped_model(setup):
+def test_packed_forward_through_a_ddp_wrapper_configures_from_the_wrapped_model(setup, tmp_path):
     """DDP/FSDP expose the model as ``.module``; the wrapper has no ``config`` of its own."""
-    import os
-
     import torch.distributed as dist
 
     name, tok, packs, te, ref, packed = setup
     batch = max(packs, key=lambda b: b["num_segments"])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # a file rendezvous, not a fixed TCP port: runs of this file in parallel (tests/test_compat_matrix.py) never collide
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(packed)
         assert not hasattr(ddp, "config")
