@@ -68,10 +68,10 @@ ENVS: dict[str, Env] = {
         ("pillow==10.0.1",),
         ("tests/test_pil_resample.py", "tests/test_pixel_path.py"),
         "lowest Pillow allowed (megatron-energon needs >= 10.0.1): the PIL-exact resize and the pixel path"),
-    "numpy-1.24.4": Env(
-        ("numpy==1.24.4",),
-        ("tests/test_thd.py", "tests/test_qwen_vl_vision.py", "tests/test_qwen_vl_mrope.py"),
-        "lowest numpy allowed: THD packing, pixels and M-RoPE"),
+    "numpy-1.24.4-numba-0.60.0": Env(
+        ("numpy==1.24.4", "numba==0.60.0", "llvmlite==0.43.0"),
+        ("tests/test_thd.py", "tests/test_qwen_vl_vision.py", "tests/test_qwen_vl_mrope.py", "tests/test_pil_resample.py"),
+        "lowest numpy and numba allowed: THD packing, pixels (numba's PIL-exact kernels) and M-RoPE"),
 }
 
 
