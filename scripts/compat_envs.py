@@ -29,12 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT_DIR = ROOT / ".venv-compat"
-MAIN_VENV = ROOT / ".venv"
 
 HF_TESTS = ("tests/test_integration_hf.py", "tests/test_chat_templates.py")
-# Hub 1.x (transformers 5.x before 5.20-ish pins huggingface-hub < 2) talks HTTP through httpx.
+# Hub 1.x (transformers 5.8-5.17 require huggingface-hub>=1.5,<2) talks HTTP through httpx.
 _HUB1 = ("huggingface-hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9", "certifi==2026.4.22")
-# Hub 0.x (transformers 4.x) talks HTTP through requests.
+# Hub 0.x (transformers 4.57 requires huggingface-hub<1.0) talks HTTP through requests.
 _HUB0 = ("huggingface-hub==0.36.2", "requests==2.32.5", "charset-normalizer==3.4.4", "certifi==2026.4.22")
 
 
