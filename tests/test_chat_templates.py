@@ -75,7 +75,7 @@ def _template(preset_name: str) -> str:
 
 def render_official(preset_name: str, messages: list[dict], **kwargs) -> str:
     """The official template rendered by transformers. Keys whose value is None are dropped first, as
-    transformers >= 5.2x does itself (OpenAI-style ``content: None`` beside ``tool_calls``): the
+    transformers 5.24 does itself (OpenAI-style ``content: None`` beside ``tool_calls``): the
     templates test ``message.content is string`` and would iterate None on older releases."""
     messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
     return HF_TOK.apply_chat_template(messages, chat_template=_template(preset_name), tokenize=False,

@@ -21,8 +21,8 @@ Where transformers releases differ, the route is chosen by what the installed re
 by its version string:
 
 * Vision towers and the text model's varlen kwargs: the VL models hand their ``**kwargs`` to the
-  vision towers on some releases (5.9-5.2x: ``get_image_features(..., **kwargs)`` without 5.2x's
-  filter), whose attention then gets ``cu_seq_lens_q`` twice (a TypeError). Every tower of a
+  vision towers on some releases (5.12.1 and 5.17.0 among the tested: ``get_image_features(...,
+  **kwargs)`` without 5.24's filter), whose attention then gets ``cu_seq_lens_q`` twice (a TypeError). Every tower of a
   model we are given gets a forward pre-hook that drops the four text varlen kwargs
   (:func:`guard_vision_towers`; a no-op where the release drops or never forwards them).
 * Vision attention: where the towers call ``is_flash_attention_requested`` (5.x) any "flash" name
@@ -34,7 +34,7 @@ by its version string:
   modeling module imports); none on releases without them.
 * Video M-RoPE (:func:`mrope_conventions`): the model's own ``get_rope_index`` is run once on a
   synthetic video; where it places positions differently from the task encoder (4.57: the text
-  after a video resumes at the block's largest position + 1; up to 5.2x Qwen2.5-VL truncates
+  after a video resumes at the block's largest position + 1; 4.57-5.17 Qwen2.5-VL truncates
   ``second_per_grid_t`` to an integer), the segments with videos get the release's positions.
 
 Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`ConfigError` from our entry
@@ -145,7 +145,8 @@ def guard_vision_towers(model: Any) -> None:
     attention passes its own ``cu_seq_lens_q`` plus those kwargs to the attention function: a
     TypeError under any flash implementation. Where the release drops them itself or never forwards
     them, the hook finds nothing to drop. :func:`packed_forward`, :func:`use_varlen_attention` and
-    :func:`hf_forward_kwargs` (given ``model``) call it.
+    :func:`hf_forward_kwargs` (given ``model``) call it; a caller of ``model(**hf_forward_kwargs(batch))``
+    without ``model=`` under HF's own flash attention on such a release calls it once itself.
     """
     model = getattr(model, "module", model)  # DDP / FSDP wrappers
     if not isinstance(model, torch.nn.Module) or getattr(model, "_energon_pack_towers_guarded", False):
@@ -188,11 +189,11 @@ def mm_token_type_ids(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- M-RoPE conventions
-#: Our task encoder computes M-RoPE like transformers 5.2x (energon_pack.qwen_vl.mrope): the text
+#: Our task encoder computes M-RoPE like transformers 5.24 (energon_pack.qwen_vl.mrope): the text
 #: after a vision block resumes at the block's start + max(h, w) / merge ("spatial"), and a
 #: Qwen2.5-VL video's temporal index is floor(t * second_per_grid_t * tokens_per_second). Older
 #: releases differ for videos only: 4.57 resumes at the block's largest position + 1 ("max", the
-#: original Qwen code), and up to 5.2x Qwen2.5-VL truncates second_per_grid_t to an integer first.
+#: original Qwen code), and 4.57-5.17 Qwen2.5-VL truncates second_per_grid_t to an integer first.
 _BATCH_MROPE = ("spatial", False)
 _PRESET_OF_MODEL_TYPE = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}
 _MROPE_CONVENTIONS: dict[str, tuple[str, bool]] = {}
