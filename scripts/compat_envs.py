@@ -65,7 +65,7 @@ ENVS: dict[str, Env] = {
         "lowest megatron-energon allowed (>=7.4,<8; the main venv has the newest 7.x, 7.4.1)"),
     "pillow-10.0.1": Env(
         ("pillow==10.0.1",),
-        ("tests/test_pil_resample.py", "tests/test_pixel_path.py"),
+        ("tests/test_pil_resample.py", "tests/test_pixel_path.py", "tests/test_pil_pixels.py"),
         "lowest Pillow allowed (megatron-energon needs >= 10.0.1): the PIL-exact resize and the pixel path"),
     "numpy-1.24.4-numba-0.60.0": Env(
         ("numpy==1.24.4", "numba==0.60.0", "llvmlite==0.43.0"),

@@ -16,6 +16,21 @@ from energon_pack.qwen_vl import vision as V
 from energon_pack.qwen_vl.pil_pixels import rgbx_view
 
 
+#: Pillow 11.2+ exports its pixel memory through the Arrow C data interface; older ones (10.x) cannot
+ARROW = hasattr(Image.Image, "__arrow_c_array__")
+needs_arrow = pytest.mark.skipif(not ARROW, reason="this Pillow has no Arrow export (added in 11.2)")
+
+
+@pytest.mark.skipif(ARROW, reason="this Pillow has the Arrow export")
+def test_no_view_and_the_same_patches_on_a_pillow_without_arrow_export():
+    """Pillow 10.x: the worker copies the pixels as before (no view) and patchifies them identically."""
+    img = Image.new("RGB", (448, 448), (10, 200, 30))
+    assert rgbx_view(img) is None
+    pv, _ = V.patchify_image(img, get_preset("qwen2.5-vl"))
+    assert pv.shape == (1024, 1176)
+
+
+@needs_arrow
 def test_the_view_holds_pils_pixels_after_the_image_is_gone():
     for im in make_image_set(6, seed=2):
         img = Image.open(io.BytesIO(im["data"])).convert("RGB")
@@ -37,6 +52,7 @@ def test_no_view_where_pil_cannot_export_one(img):
     assert rgbx_view(img) is None
 
 
+@needs_arrow
 @pytest.mark.skipif(not pixel_simd.available(), reason="the view is read by the SIMD kernels only")
 def test_the_worker_reads_pils_memory_instead_of_copying():
     preset = get_preset("qwen2.5-vl")
