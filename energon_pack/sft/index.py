@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ConfigError
+
 INDEX_VERSION = 2  # 2: CR-only files are split at \r
 CHUNK_BYTES = 1 << 22  # 4 MiB per numpy scan: stays in cache (64 MiB chunks are ~2x slower)
 HASH_BYTES = 1 << 20
@@ -133,17 +135,33 @@ def load_line_index(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     return ends
 
 
-class LineIndex:
-    """Random access to the raw bytes of line ``i`` of a JSONL file (mmap + cached line index).
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int]:
+    """(size, mtime_ns, inode) of ``path``: what a rewrite, an append or a truncation changes."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
-    Pickles without the mmap (DataLoader workers reopen it lazily).
+
+def file_changed_error(path: str | os.PathLike, what: str) -> ConfigError:
+    """The error for a JSONL file that changed while it was being read."""
+    return ConfigError("path", f"{str(path)!r} changed during the length pass ({what})",
+                       "rerun when the file is stable (let the writer finish, or copy the file first)")
+
+
+class LineIndex:
+    """Random access to the raw bytes of line ``i`` of a JSONL file (cached line index; lines are
+    read with ``os.pread``, so a file truncated under us is an error, never a SIGBUS).
+
+    Pickles without the mmap and the file descriptor (DataLoader workers reopen them lazily).
     """
 
     def __init__(self, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         self.cache_dir = cache_dir
+        self.identity = file_identity(self.path)  # before the scan: a change after it shows in the pass
         self.ends = np.asarray(load_line_index(self.path, cache_dir))
         self._data: np.ndarray | None = None
+        self._fd: int | None = None
+        self._fd_pid = 0
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -154,10 +172,34 @@ class LineIndex:
             self._data = open_mmap(self.path)
         return self._data
 
+    def read(self, lo: int, hi: int) -> bytes:
+        """Bytes ``[lo, hi)`` of the file; ConfigError when the file is now shorter (it changed)."""
+        if hi <= lo:
+            return b""
+        if self._fd is None or self._fd_pid != os.getpid():
+            self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), os.getpid()
+        parts, pos = [], lo
+        while pos < hi:
+            got = os.pread(self._fd, hi - pos, pos)
+            if not got:
+                raise file_changed_error(self.path, f"it ends before byte {hi} that the line index expects; "
+                                         f"read stopped at byte {pos}")
+            parts.append(got)
+            pos += len(got)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def line(self, i: int) -> bytes:
         """Raw bytes of line ``i`` (0-based), without the newline."""
         start = int(self.ends[i - 1]) + 1 if i > 0 else 0
-        return self.data[start : int(self.ends[i])].tobytes()
+        return self.read(start, int(self.ends[i]))
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_data": None}
+        return {**self.__dict__, "_data": None, "_fd": None, "_fd_pid": 0}
+
+    def __del__(self) -> None:
+        fd = self.__dict__.get("_fd")
+        if fd is not None and self.__dict__.get("_fd_pid") == os.getpid():
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -28,6 +28,7 @@ from ..env import environ_set
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
 from .formats import PromptCompletionFormat
+from .index import file_changed_error, file_identity
 
 if TYPE_CHECKING:
     from .dataset import JsonlSFTDataset
@@ -221,7 +222,7 @@ class _LeanPromptCompletion:
         SampleSkipped for the format; and the texts to encode."""
         ends = self.ds.index.ends
         lo = int(ends[chunk - 1]) + 1 if chunk > 0 else 0
-        block = self.ds.index.data[lo : int(ends[end - 1])].tobytes()
+        block = self.ds.index.read(lo, int(ends[end - 1]))
         pf, cf, plain, template, sep, strip = self.pf, self.cf, self.plain, self.template, self.sep, self.strip
         rows: list[Any] = []
         texts: list[str] = []
@@ -530,6 +531,18 @@ def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     """(int32 lengths, reasons, details, int32 tokens | None) of every line of ``ds``: serially, or
     in ``workers`` processes over line ranges (fresh interpreters for large files on glibc, else
     forked), merged in line order; identical to the serial per-line pass either way."""
+    before = file_identity(ds.path)
+    if before != ds.index.identity:
+        raise file_changed_error(ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, "
+                                 f"{before} now")
+    result = _run_length_pass(ds, workers, batch)
+    after = file_identity(ds.path)
+    if after != before:
+        raise file_changed_error(ds.path, f"size, mtime_ns, inode {before} before it, {after} after")
+    return result
+
+
+def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     n = len(ds)
     if workers <= 1 or n == 0:
         return _length_range(ds, 0, n, batch)
