@@ -9,12 +9,20 @@ Supported shard layouts (one tar member per field, webdataset naming ``KEY.FIELD
 - Megatron-Bridge's ChatML layout: ``conversation.json`` (or ``json``), ``jpgs`` / ``imgs`` (a
   pickled list of encoded images) and ``videos`` (a pickled list of frame lists).
 
+Pickled members come from the dataset, so they are never handed to ``pickle.loads``: a
+restricted unpickler loads built-in containers, bytes, str and numbers only (no global, so no
+``__reduce__`` payload can run), then the shape is checked. Anything else is the counted skip
+``unsafe_pickle``. ``ENERGON_PACK_ALLOW_UNSAFE_PICKLE=1`` loads exotic pickles (numpy frames,
+tensors) with plain ``pickle``, which runs any code the dataset's author put there.
+
 The cooker copies raw bytes only and cannot fail; parsing happens in the task encoder's
 pre-encode step, where a broken sample becomes a counted skip with a reason.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import pickle
 import re
 from typing import Any
@@ -27,6 +35,8 @@ from energon_pack.records import decode_json_record
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
 PICKLED_IMAGE_FIELDS = ("jpgs", "imgs", "images")
+#: Set to ``1`` to unpickle media members with plain ``pickle`` (runs code from the dataset).
+ALLOW_UNSAFE_PICKLE_ENV = "ENERGON_PACK_ALLOW_UNSAFE_PICKLE"
 # Energon hands the cooker tar member suffixes as stored (``x.0.JPG`` -> field ``0.JPG``; no
 # lower-casing), so extensions match case-insensitively.
 _IMAGE_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(IMAGE_EXTENSIONS), re.IGNORECASE)
@@ -58,7 +68,7 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[byte
     """Conversation object, encoded images and videos (frame lists) of a stored sample.
 
     Raises :class:`SampleSkipped` with reason ``missing_conversation``, ``invalid_json`` (or
-    ``invalid_utf8``, ``empty_line``) or ``bad_media`` for samples that cannot be used.
+    ``invalid_utf8``, ``empty_line``), ``unsafe_pickle`` or ``bad_media`` for samples that cannot be used.
     """
     fields = sample.fields
     raw = next((fields[k] for k in CONVERSATION_FIELDS if k in fields), None)
@@ -69,20 +79,72 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[byte
     videos: list[list[bytes]] = []
     for name in PICKLED_IMAGE_FIELDS:
         if name in fields:
-            images.extend(_unpickle_list(fields[name], name))
+            images.extend(unpickle_media(fields[name], name))
     if "videos" in fields:
-        for i, frames in enumerate(_unpickle_list(fields["videos"], "videos")):
-            if not isinstance(frames, (list, tuple)):
-                raise SampleSkipped("bad_media", f"video {i} is {type(frames).__name__}, expected a list of frames")
-            videos.append(list(frames))
+        videos = unpickle_media(fields["videos"], "videos", frames=True)
     return conversation, images, videos
 
 
-def _unpickle_list(raw: Any, name: str) -> list:
-    try:
-        value = pickle.loads(raw) if isinstance(raw, (bytes, bytearray)) else raw
-    except Exception as exc:  # pickle raises many types on corrupt input
-        raise SampleSkipped("bad_media", f"field {name!r} is not a pickled list: {exc}") from None
+def _latin1_bytes(text: Any, encoding: Any = "latin1") -> bytes:
+    """What protocols 0-2 pickle ``bytes`` as (``_codecs.encode(text, "latin1")``), and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise _Refused(f"_codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    """What protocols 0-2 pickle ``b""`` as (``bytes()``), and nothing else."""
+    if args:
+        raise _Refused(f"builtins.bytes with {len(args)} argument(s)")
+    return b""
+
+
+#: The only globals a media pickle may name: how protocols 0-2 spell bytes, replaced by safe twins.
+_BYTES_GLOBALS = {("_codecs", "encode"): _latin1_bytes, ("builtins", "bytes"): _empty_bytes,
+                  ("__builtin__", "bytes"): _empty_bytes}
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    """Unpickler that refuses every global: only built-in containers, bytes, str and numbers load."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _BYTES_GLOBALS:
+            return _BYTES_GLOBALS[module, name]
+        raise _Refused(f"{module}.{name}")
+
+
+class _Refused(pickle.UnpicklingError):
+    """A pickle that names a global (a class or a callable)."""
+
+
+def unpickle_media(raw: Any, name: str, *, frames: bool = False, allow_unsafe: bool | None = None) -> list:
+    """A pickled media member -> list of encoded images (``frames=True``: list of frame lists).
+
+    SampleSkipped ``unsafe_pickle`` when the pickle names any global (nothing in it runs),
+    ``bad_media`` when it is corrupt or of another shape. ``allow_unsafe`` (default: the
+    :data:`ALLOW_UNSAFE_PICKLE_ENV` variable) uses plain ``pickle`` and accepts any item type.
+    """
+    if allow_unsafe is None:
+        allow_unsafe = os.environ.get(ALLOW_UNSAFE_PICKLE_ENV, "") == "1"
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        value = raw  # already decoded by the caller
+    else:
+        try:
+            value = pickle.loads(raw) if allow_unsafe else _NoGlobalsUnpickler(io.BytesIO(raw)).load()
+        except _Refused as exc:
+            raise SampleSkipped("unsafe_pickle", f"field {name!r} names {str(exc)[:120]}: not loaded (set "
+                                f"{ALLOW_UNSAFE_PICKLE_ENV}=1 only for data you trust)") from None
+        except Exception as exc:  # pickle raises many types on corrupt input
+            raise SampleSkipped("bad_media", f"field {name!r} is not a pickled list: {exc}"[:240]) from None
     if not isinstance(value, (list, tuple)):
         raise SampleSkipped("bad_media", f"field {name!r} holds {type(value).__name__}, expected a list")
-    return list(value)
+    out = []
+    for i, item in enumerate(value):
+        if frames and not isinstance(item, (list, tuple)):
+            raise SampleSkipped("bad_media", f"{name} {i} is {type(item).__name__}, expected a list of frames")
+        items = item if frames else [item]
+        bad = next((type(x).__name__ for x in items if not isinstance(x, (bytes, bytearray))), None)
+        if bad is not None and not allow_unsafe:
+            raise SampleSkipped("bad_media", f"{name} {i} holds {bad}, expected encoded image bytes")
+        out.append(list(item) if frames else item)
+    return out

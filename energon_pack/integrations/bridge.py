@@ -27,7 +27,6 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import tempfile
 from dataclasses import dataclass, fields
 from functools import partial
@@ -41,7 +40,7 @@ from megatron.energon import Cooker, basic_sample_keys, stateless
 
 from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
 from energon_pack.energon import ChatMLSample, SkippedSample, cook_chatml
-from energon_pack.energon.chatml import IMAGE_EXTENSIONS
+from energon_pack.energon.chatml import IMAGE_EXTENSIONS, unpickle_media
 from energon_pack.errors import ConfigError
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.thd import VISUAL_KEYS, alignment_multiple
@@ -209,8 +208,8 @@ def _encoded_image(image: Any) -> bytes:
 def _images(value: Any) -> list[bytes]:
     if value is None:
         return []
-    if isinstance(value, (bytes, bytearray)):  # undecoded member: a pickled list or one image
-        return [_encoded_image(x) for x in pickle.loads(value)] if _is_pickled(value) else [bytes(value)]
+    if isinstance(value, (bytes, bytearray)):  # undecoded member: a pickled list (loaded safely) or one image
+        return [_encoded_image(x) for x in unpickle_media(value, "imgs")] if _is_pickled(value) else [bytes(value)]
     if isinstance(value, torch.Tensor):
         return [_encoded_image(x) for x in (value if value.dim() == 4 else [value])]
     return [_encoded_image(x) for x in value]
@@ -220,7 +219,7 @@ def _videos(value: Any) -> list[list[bytes]]:
     if value is None:
         return []
     if isinstance(value, (bytes, bytearray)):
-        value = pickle.loads(value)
+        value = unpickle_media(value, "videos", frames=True)
     return [_images(video) for video in value]
 
 
@@ -374,8 +373,9 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
         if not hasattr(sample, "fields") and hasattr(sample, "conversation"):
             try:
                 sample = bridge_chatml_to_sample(sample)
-            except Exception as exc:  # undecodable media: a counted skip, like our own path
-                return SkippedSample.derive_from(sample, reason="bad_media", detail=str(exc))
+            except Exception as exc:  # undecodable or unsafe media: a counted skip, like our own path
+                reason = getattr(exc, "reason", "bad_media")
+                return SkippedSample.derive_from(sample, reason=reason, detail=getattr(exc, "detail", str(exc)))
         return super().preencode_sample(sample)
 
     @stateless
