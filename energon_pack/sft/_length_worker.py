@@ -7,7 +7,8 @@ interpreter, not a ``spawn`` process, so the user's ``__main__`` is never re-imp
 
 Protocol over two pipes (``multiprocessing.connection`` framing): receive the pickled dataset,
 answer ``("ready", None)`` (or ``("setup_error", text)``); then per task ``(start, stop, batch)``
-answer ``("ok", result)`` or ``("raise", exception)``; ``None`` ends the worker.
+answer ``("ok", result)`` or ``("raise", exception)``; ``None`` ends the worker. Forked workers
+(:func:`energon_pack.sft.length_pass._fork_worker`) run the same loop (:func:`serve`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def main(in_fd: int, out_fd: int) -> None:
     except BaseException:  # noqa: BLE001 - reported to the parent, which falls back to forked workers
         writer.send(("setup_error", traceback.format_exc()))
         return
+    serve(reader, writer)
+
+
+def serve(reader, writer) -> None:
+    """Answer ``("ready", None)``, then run tasks until ``None`` (also the loop of a forked worker)."""
+    from energon_pack.sft import length_pass as D
+
     try:
         writer.send(("ready", None))
         while True:

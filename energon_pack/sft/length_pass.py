@@ -434,15 +434,96 @@ def _glibc() -> bool:
     return os.name == "posix" and platform.libc_ver()[0] == "glibc"
 
 
+class _Worker:
+    """One length-pass process as the parent sees it: task pipe, result pipe, exit status."""
+
+    def __init__(self, proc: Any, reader: Any, writer: Any) -> None:
+        self.proc, self.reader, self.writer = proc, reader, writer
+
+    def exitcode(self, timeout: float) -> int | None:
+        """The exit status once the process has ended (negative: the signal), None while it runs."""
+        proc = self.proc
+        if hasattr(proc, "join"):  # multiprocessing.Process
+            proc.join(timeout)
+            return proc.exitcode
+        try:
+            return proc.wait(timeout=timeout)
+        except Exception:  # subprocess.TimeoutExpired
+            return None
+
+    def stop(self) -> None:
+        """Ask the process to end; kill it when it does not within 10 s."""
+        try:
+            self.writer.send(None)
+        except OSError:
+            pass
+        self.writer.close()
+        self.reader.close()
+        if self.exitcode(10) is None:
+            self.proc.kill()
+            self.exitcode(10)
+
+
+def _death(worker: _Worker, task: tuple) -> ConfigError:
+    """The error for ``worker`` that died (its result pipe closed) while running ``task``."""
+    import signal
+
+    code = worker.exitcode(5)
+    if code is None:
+        how = "closed its pipe while still running"
+    elif code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        how = f"killed by {name}" + (" (the OOM killer sends it)" if -code == signal.SIGKILL else "")
+    else:
+        how = f"exited with status {code}"
+    return ConfigError("length_workers", f"the length-pass worker for lines {task[0] + 1}-{task[1]} died ({how})",
+                       "give the pass more memory, or rerun with length_workers=1 to see that range's own error")
+
+
+def _schedule(workers: list[_Worker], tasks: list[tuple]) -> list:
+    """Results of ``tasks`` (in order), handed to ``workers`` one at a time as they finish. The
+    first failing task's exception is raised once every earlier task has run; a worker that dies
+    raises :func:`_death` at once (never a hang)."""
+    from multiprocessing.connection import wait
+
+    results: list = [None] * len(tasks)
+    todo = list(enumerate(tasks))[::-1]
+    busy: dict[Any, tuple[_Worker, int]] = {}
+    for w in workers:
+        if todo:
+            k, task = todo.pop()
+            w.writer.send(task)
+            busy[w.reader] = (w, k)
+    errors: dict[int, BaseException] = {}
+    while busy:
+        for r in wait(list(busy)):
+            w, k = busy.pop(r)
+            try:
+                kind, value = r.recv()
+            except (EOFError, OSError):
+                raise _death(w, tasks[k]) from None
+            if kind == "ok":
+                results[k] = value
+            else:
+                errors[k] = value
+            if todo and not errors:
+                k, task = todo.pop()
+                w.writer.send(task)
+                busy[r] = (w, k)
+    if errors:  # every earlier task has run: this is the error of the first offending line, as serially
+        raise errors[min(errors)]
+    return results
+
+
 def _fresh_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list | None:
     """Results of ``tasks`` (in order) from ``workers`` fresh interpreters started with a larger
-    glibc malloc tcache (:mod:`._length_worker`), handed tasks one at a time as they finish; None
-    when they cannot be used (the dataset does not pickle, an interpreter fails to start or to
-    load it): the caller then forks. An exception a task raises is raised here."""
+    glibc malloc tcache (:mod:`._length_worker`); None when they cannot be used (the dataset does
+    not pickle, an interpreter fails to start or to load it): the caller then forks. An
+    exception a task raises is raised here, and so is a worker's death (:func:`_death`)."""
     import pickle
     import subprocess
     import sys
-    from multiprocessing.connection import Connection, wait
+    from multiprocessing.connection import Connection
 
     try:
         payload = pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
@@ -451,66 +532,71 @@ def _fresh_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: in
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p) or os.environ.get("PYTHONPATH", ""))
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES", ""), FRESH_WORKER_TUNABLES]))
-    procs, readers, writers = [], [], []
+    pool: list[_Worker] = []
     try:
-        for _ in range(workers):
-            to_child_r, to_child_w = os.pipe()
-            from_child_r, from_child_w = os.pipe()
-            code = f"from energon_pack.sft._length_worker import main; main({to_child_r}, {from_child_w})"
-            try:
-                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
-                                              pass_fds=(to_child_r, from_child_w), close_fds=True))
-            finally:
-                os.close(to_child_r)
-                os.close(from_child_w)
-            writers.append(Connection(to_child_w, readable=False))
-            readers.append(Connection(from_child_r, writable=False))
-        for w in writers:
-            w.send_bytes(payload)
-        for r in readers:
-            if r.recv()[0] != "ready":
-                return None
-        results: list = [None] * len(tasks)
-        todo = list(enumerate(tasks))[::-1]
-        busy: dict[Connection, int] = {}
-        for r, w in zip(readers, writers):
-            if todo:
-                k, task = todo.pop()
-                w.send(task)
-                busy[r] = k
-        errors: dict[int, BaseException] = {}
-        while busy:
-            for r in wait(list(busy)):
-                kind, value = r.recv()
-                k = busy.pop(r)
-                if kind == "ok":
-                    results[k] = value
-                else:
-                    errors[k] = value
-                if todo and not errors:
-                    k, task = todo.pop()
-                    writers[readers.index(r)].send(task)
-                    busy[r] = k
-        if errors:  # every earlier task has run: this is the error of the first offending line, as serially
-            raise errors[min(errors)]
-        return results
-    except (EOFError, OSError):  # an interpreter died or could not start: fork instead
-        return None
+        try:
+            for _ in range(workers):
+                to_child_r, to_child_w = os.pipe()
+                from_child_r, from_child_w = os.pipe()
+                code = f"from energon_pack.sft._length_worker import main; main({to_child_r}, {from_child_w})"
+                try:
+                    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                                            pass_fds=(to_child_r, from_child_w), close_fds=True)
+                finally:
+                    os.close(to_child_r)
+                    os.close(from_child_w)
+                pool.append(_Worker(proc, Connection(from_child_r, writable=False),
+                                    Connection(to_child_w, readable=False)))
+            for w in pool:
+                w.writer.send_bytes(payload)
+            for w in pool:
+                if w.reader.recv()[0] != "ready":
+                    return None
+        except (EOFError, OSError):  # an interpreter died or could not start: fork instead
+            return None
+        return _schedule(pool, tasks)
     finally:
-        for w in writers:
+        for w in pool:
+            w.stop()
+
+
+def _fork_worker(reader: Any, writer: Any, ds: "JsonlSFTDataset", others: list) -> None:
+    """A forked length-pass worker: drops the other workers' pipe ends, then serves tasks."""
+    from ._length_worker import serve
+
+    for conn in others:
+        conn.close()
+    _worker_init(ds)
+    serve(reader, writer)
+
+
+def _forked_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list:
+    """Results of ``tasks`` (in order) from ``workers`` forked processes (spawned where fork is
+    missing), with the same protocol and death check as :func:`_fresh_worker_results`."""
+    # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
+    # tokenizers' own parallelism off (one process per core), so the fork is safe for it
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool: list[_Worker] = []
+    try:
+        with environ_set("TOKENIZERS_PARALLELISM", "false"):  # silences tokenizers' fork warning
+            for _ in range(workers):
+                task_r, task_w = ctx.Pipe(duplex=False)
+                result_r, result_w = ctx.Pipe(duplex=False)
+                others = [c for w in pool for c in (w.reader, w.writer)] + [task_w, result_r]
+                proc = ctx.Process(target=_fork_worker, args=(task_r, result_w, ds, others), daemon=True)
+                proc.start()
+                task_r.close()
+                result_w.close()
+                pool.append(_Worker(proc, result_r, task_w))
+        for w in pool:
             try:
-                w.send(None)
-            except OSError:
-                pass
-            w.close()
-        for r in readers:
-            r.close()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                w.reader.recv()  # "ready"
+            except (EOFError, OSError):
+                raise _death(w, (0, len(ds))) from None
+        return _schedule(pool, tasks)
+    finally:
+        for w in pool:
+            w.stop()
 
 
 def default_workers(ds: "JsonlSFTDataset") -> int:
@@ -556,13 +642,7 @@ def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     if ds.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
         results = _fresh_worker_results(clone, tasks, workers)
     if results is None:
-        # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
-        # tokenizers' own parallelism off (one process per core), so the fork is safe for it
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        with environ_set("TOKENIZERS_PARALLELISM", "false"):  # silences tokenizers' fork warning
-            pool = ctx.Pool(workers, initializer=_worker_init, initargs=(clone,))
-        with pool:
-            results = list(pool.imap(_worker_range, tasks))
+        results = _forked_worker_results(clone, tasks, workers)
     lengths = np.empty(n, dtype=np.int32)
     codes: dict[str, int] = {}
     details: dict[int, str] = {}
