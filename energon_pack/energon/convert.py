@@ -20,7 +20,12 @@ the bytes. Output layouts:
 - ``ours``: ``KEY.json`` (the record without its image fields) + ``KEY.0.jpg``, ``KEY.1.png``, ...
   in placeholder order;
 - ``bridge``: Megatron-Bridge's ChatML layout, ``KEY.json`` + ``KEY.jpgs`` (a pickled list of the
-  encoded images) + ``KEY.videos`` (a pickled empty list), as Bridge's preparers write it.
+  encoded images) + ``KEY.videos`` (a pickled empty list), as Bridge's preparers write it. The
+  pickles are there for Bridge's own reader; ours loads them without running code
+  (:func:`~energon_pack.energon.chatml.unpickle_media`), and ``ours`` needs no pickle at all.
+
+Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
+included), only from regular files up to ``max_media_mb``, and only past an image header.
 
 Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards, so
 ``get_train_dataset(out_dir, ...)`` works at once. Every unusable record is a counted skip
@@ -39,6 +44,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import sys
 import time
 from collections import Counter
@@ -49,7 +55,7 @@ from typing import Any, Iterator
 from energon_pack.chat.conversation import normalize_conversation, require_assistant_turn
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
-from energon_pack.records import decode_json_record, loads_checked
+from energon_pack.records import check_depth, decode_json_record, loads_checked
 
 __all__ = ["FORMATS", "LAYOUTS", "SKIP_REASONS", "ConvertSummary", "build_parser", "convert", "detect_format", "main"]
 
@@ -71,7 +77,14 @@ SKIP_REASONS = {
     "bad_image_ref": "an image value that is neither a path, bytes, a data: URI nor a {path}/{bytes} dict",
     "remote_image": "an http(s) image URL (convert never downloads)",
     "missing_image": "an image path that does not exist (check --image-root)",
-    "unreadable_image": "an image path that exists but cannot be read (a folder, no permission)",
+    "unreadable_image": "an image path that exists but cannot be read (no permission)",
+    "path_outside_root": "an image path that resolves (symlinks included) outside the source folder and --image-root "
+                         "(--allow-outside-paths reads it)",
+    "not_a_regular_file": "an image path naming a folder, a FIFO, a device (/dev/zero, /dev/stdin) or a socket",
+    "media_too_large": "an image larger than --max-media-mb",
+    "not_an_image": "a file whose first bytes are no image header (it is not read further)",
+    "invalid_text": "text that cannot be written as UTF-8 (a lone surrogate such as \\ud800)",
+    "unexpected_error": "a record that broke convert in an unforeseen way (the example names the exception)",
     "corrupt_image": "image bytes PIL cannot open (empty, garbage, truncated with --verify decode)",
     "unsupported_image_format": "an image format the loader does not read (only jpg, png, webp, bmp, gif, tiff)",
 }
@@ -83,6 +96,10 @@ SHARD_NAME = "data-%06d.tar"
 _SHARD_RE = re.compile(r"^data-\d{6}\.tar(\.idx)?$")
 _OURS = {SUMMARY_FILE, IN_PROGRESS_FILE, TMP_DIR, ".nv-meta"}
 MAX_EXAMPLES = 3
+DEFAULT_MAX_MEDIA_MB = 64
+HEADER_BYTES = 1 << 16  # read and checked before the rest of an image file
+#: Leading bytes of the formats the loader reads (MPO is JPEG); anything else must be named by PIL from the header.
+_IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 
 #: PIL format -> member extension (an extension the loader's cooker recognises as an image).
 PIL_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tiff"}
@@ -291,6 +308,9 @@ class _Context:
     shape: str
     verify: str
     tmp_dir: str
+    roots: tuple = ()  # resolved folders image paths may resolve into
+    allow_outside: bool = False
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_MB << 20
 
 
 def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
@@ -358,38 +378,106 @@ def _has_video(rec: dict) -> bool:
     return any(rec.get(k) not in (None, "", [], ()) for k in _VIDEO_KEYS)
 
 
-def _read_image(ref: Any, i: int, root: str) -> tuple[bytes, str]:
+def _read_image(ref: Any, i: int, ctx: _Context) -> tuple[bytes, str]:
     """(encoded bytes, where they came from) of one image value."""
     if isinstance(ref, memoryview):
         ref = ref.tobytes()
     if isinstance(ref, (bytes, bytearray)):
+        _check_size(len(ref), f"image {i}: inline bytes", ctx)
         return bytes(ref), "inline bytes"
     if isinstance(ref, dict):
         if ref.get("bytes") is not None:
-            data, _ = _read_image(ref["bytes"], i, root)
+            data, _ = _read_image(ref["bytes"], i, ctx)
             return data, f"bytes of {ref['path']}" if ref.get("path") else "inline bytes"
         for key in ("path", "url", "image", "image_url"):
             if ref.get(key) not in (None, ""):
-                return _read_image(ref[key], i, root)
+                return _read_image(ref[key], i, ctx)
         raise SampleSkipped("bad_image_ref", f"image {i}: dict without bytes/path ({sorted(ref)})")
     if not isinstance(ref, str):
         raise SampleSkipped("bad_image_ref", f"image {i}: {type(ref).__name__} value")
     if ref.startswith("data:"):
+        _check_size(len(ref) * 3 // 4, f"image {i}: data URI", ctx)
         try:
             return base64.b64decode(ref.split(",", 1)[1], validate=False), "data URI"
         except (IndexError, binascii.Error, ValueError) as exc:
             raise SampleSkipped("bad_image_ref", f"image {i}: bad data URI ({exc})") from None
     if ref.startswith(("http://", "https://")):
         raise SampleSkipped("remote_image", f"image {i}: {ref[:120]}")
+    if "\x00" in ref:
+        raise SampleSkipped("bad_image_ref", f"image {i}: the path holds a NUL byte ({ref[:120]!r})")
     path = Path(ref[7:] if ref.startswith("file://") else ref)
     if not path.is_absolute():
-        path = Path(root) / path
+        path = Path(ctx.image_root) / path
     try:
-        return path.read_bytes(), str(path)
+        return _read_file(path, i, ctx), str(path)
+    except UnicodeEncodeError:
+        raise SampleSkipped("bad_image_ref", f"image {i}: the path is not valid text ({ref[:120]!r})") from None
+
+
+def _check_size(size: int, what: str, ctx: _Context) -> None:
+    if size > ctx.max_media_bytes:
+        raise SampleSkipped("media_too_large", f"{what}: {_mb(size)} > --max-media-mb {ctx.max_media_bytes >> 20}")
+
+
+def _read_file(path: Path, i: int, ctx: _Context) -> bytes:
+    """The bytes of one image file, read only when it resolves inside ``ctx.roots``, is a regular
+    file no larger than the cap and starts with an image header."""
+    what = f"image {i}: {path}"
+    real = os.path.realpath(path)
+    if not ctx.allow_outside and not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in ctx.roots):
+        raise SampleSkipped("path_outside_root", f"{what} resolves to {real}, outside {' and '.join(ctx.roots)} "
+                            "(pass --allow-outside-paths to read it)")
+    try:
+        _check_regular(os.stat(real), what, ctx)
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise SampleSkipped("missing_image", f"image {i}: {path} not found") from None
+        raise SampleSkipped("missing_image", f"{what} not found") from None
     except OSError as exc:
-        raise SampleSkipped("unreadable_image", f"image {i}: {path}: {exc.strerror or exc}") from None
+        raise SampleSkipped("unreadable_image", f"{what}: {exc.strerror or exc}") from None
+    try:
+        _check_regular(os.fstat(fd), what, ctx)  # what was opened, should the path have changed meanwhile
+        head = _read_upto(fd, HEADER_BYTES)
+        if not _looks_like_image(head):
+            raise SampleSkipped("not_an_image", f"{what}: its first bytes are no image header")
+        data = head + _read_upto(fd, ctx.max_media_bytes + 1 - len(head))
+        _check_size(len(data), what, ctx)
+        return data
+    except OSError as exc:
+        raise SampleSkipped("unreadable_image", f"{what}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _check_regular(st: os.stat_result, what: str, ctx: _Context) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise SampleSkipped("not_a_regular_file", f"{what} is {kind}")
+    _check_size(st.st_size, what, ctx)
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _looks_like_image(head: bytes) -> bool:
+    """An image header among the first bytes: a known magic number, else a format PIL names."""
+    if head.startswith(_IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return True
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(head)):
+            return True
+    except Exception:  # UnidentifiedImageError, or a plugin failing on a non-image
+        return False
 
 
 def _sniff(data: bytes, what: str, verify: str) -> str:
@@ -425,6 +513,7 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
     """One record -> (webdataset fields, image count, image bytes); SampleSkipped when unusable."""
     if not isinstance(rec, dict):
         raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
+    check_depth(rec)
     conv_key, turns = _conversation_of(rec, ctx.shape)
     turns, part_sources = _split_image_parts(turns)
     messages = normalize_conversation(turns)
@@ -439,11 +528,15 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
         raise SampleSkipped("media_count_mismatch", f"{kinds['image']} image placeholder(s) but {len(refs)} image(s)")
     images = []
     for i, ref in enumerate(refs):
-        data, origin = _read_image(ref, i, ctx.image_root)
+        data, origin = _read_image(ref, i, ctx)
         images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
     doc = {k: v for k, v in rec.items() if k not in (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts")}
     doc[conv_key] = turns
-    raw = json.dumps(doc, ensure_ascii=False, default=_json_default).encode("utf-8")
+    try:
+        raw = json.dumps(doc, ensure_ascii=False, default=_json_default).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SampleSkipped("invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
+                            f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r})") from None
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
@@ -481,7 +574,9 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
             try:
                 rec = decode_json_record(payload) if container == "jsonl" else payload
                 fields, nimages, nbytes = build_sample(rec, f"{rec_index:09d}", ctx)
-            except SampleSkipped as skip:
+            except Exception as exc:  # any single bad record is a counted skip, never the end of the run
+                skip = exc if isinstance(exc, SampleSkipped) else \
+                    SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
                 res.skipped[skip.reason] += 1
                 ex = res.examples.setdefault(skip.reason, [])
                 if len(ex) < MAX_EXAMPLES:
@@ -585,6 +680,8 @@ def convert(
     overwrite: bool = False,
     verify: str = "header",
     prepare_workers: int = 2,
+    allow_outside_paths: bool = False,
+    max_media_mb: float = DEFAULT_MAX_MEDIA_MB,
 ) -> ConvertSummary:
     """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
     Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
@@ -594,12 +691,18 @@ def convert(
     ``workers``. A finished output is refused unless ``overwrite``; a non-empty folder that is
     not a convert output is always refused. ``verify="decode"`` fully decodes every image
     (catches truncated files) instead of reading its header only.
+
+    Image paths are read only when they resolve (symlinks and ``file://`` included) inside the
+    source's folder or ``image_root`` (``allow_outside_paths`` lifts that), name a regular file
+    of at most ``max_media_mb`` MB and start with an image header; anything else is a counted skip.
     """
     t0 = time.perf_counter()
     if layout not in LAYOUTS:
         raise ConfigError("layout", f"unknown layout {layout!r}", f"use one of {', '.join(LAYOUTS)}")
     if verify not in VERIFY_MODES:
         raise ConfigError("verify", f"unknown mode {verify!r}", f"use one of {', '.join(VERIFY_MODES)}")
+    if not isinstance(max_media_mb, (int, float)) or not 0 < max_media_mb < 1 << 20:
+        raise ConfigError("max_media_mb", f"must be a positive number of MB, got {max_media_mb!r}", "pass e.g. 64")
     if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise ConfigError("samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}", "pass e.g. 1000")
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
@@ -615,7 +718,9 @@ def convert(
     if out.resolve() == source.resolve():
         raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
     _prepare_out_dir(out, overwrite)
-    ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR))
+    roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, source if source.is_dir() else source.parent)))
+    ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR), roots,
+                   bool(allow_outside_paths), int(max_media_mb * (1 << 20)))
     summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
     results = _run(ctx, src, samples_per_shard, workers, progress)
 
@@ -722,6 +827,11 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p.add_argument("--samples-per-shard", type=int, default=1000, help="records per chunk; one shard per chunk")
     p.add_argument("--verify", choices=VERIFY_MODES, default="header",
                    help="header: PIL header read per image; decode: full decode (catches truncated images, slower)")
+    p.add_argument("--allow-outside-paths", action="store_true",
+                   help="read image paths that resolve outside the source folder and --image-root (absolute paths, "
+                        "../, symlinks); by default they are path_outside_root skips")
+    p.add_argument("--max-media-mb", type=float, default=DEFAULT_MAX_MEDIA_MB,
+                   help="largest image file read; larger ones are media_too_large skips")
     p.add_argument("--overwrite", action="store_true", help="replace a previous convert output in OUT (a folder convert did not write is never touched)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
@@ -735,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = convert(args.source, args.out, image_root=args.image_root, layout=args.layout, format=args.format,
                           samples_per_shard=args.samples_per_shard, workers=args.workers,
-                          progress=not args.no_progress, overwrite=args.overwrite, verify=args.verify)
+                          progress=not args.no_progress, overwrite=args.overwrite, verify=args.verify,
+                          allow_outside_paths=args.allow_outside_paths, max_media_mb=args.max_media_mb)
     except ConfigError as exc:
         if args.debug:
             raise

@@ -1,0 +1,150 @@
+"""``energon-pack convert`` on hostile records: reads confined to the source folder and
+``--image-root``, regular files only, a size cap, a header check before the rest is read, and
+any single bad record a counted skip (issue 20, items 2, 3 and 9)."""
+
+import contextlib
+import json
+import os
+import signal
+import tarfile
+
+import pytest
+
+import energon_pack.energon.convert as convert_mod
+from energon_pack.energon.convert import HEADER_BYTES, SKIP_REASONS, convert, main
+from energon_pack.errors import ConfigError
+
+from test_convert import image, turns
+
+
+@contextlib.contextmanager
+def deadline(seconds=60):
+    """Fail instead of hanging (a FIFO or /dev/zero read whole would block or never end)."""
+    def fail(*_):
+        raise TimeoutError(f"convert still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def members_bytes(out):
+    blob = b""
+    for shard in sorted(out.glob("data-*.tar")):
+        with tarfile.open(shard) as tar:
+            blob += b"".join(tar.extractfile(m).read() for m in tar.getmembers())
+    return blob
+
+
+def rec(ref, q="What?"):
+    return {"image": ref, "conversations": turns(q, "An answer.", 1)}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """src/ (records, imgs/), images/ (an --image-root elsewhere), secret/ (must never be read)."""
+    src, imgs, secret = tmp_path / "src", tmp_path / "images", tmp_path / "secret"
+    for d in (src / "imgs", imgs, secret):
+        d.mkdir(parents=True)
+    (src / "imgs" / "ok.jpg").write_bytes(image("JPEG", 40, 28, 1))
+    (imgs / "rooted.png").write_bytes(image("PNG", 36, 30, 2))
+    secret_jpg = image("JPEG", 44, 32, 3) + b"SECRET-MARKER"
+    (secret / "secret.jpg").write_bytes(secret_jpg)
+    (secret / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (src / "imgs" / "link_out.jpg").symlink_to(secret / "secret.jpg")
+    (src / "imgs" / "link_in.jpg").symlink_to(src / "imgs" / "ok.jpg")
+    (src / "imgs" / "zero.jpg").symlink_to("/dev/zero")
+    os.mkfifo(src / "imgs" / "pipe.jpg")
+    (src / "imgs" / "text.jpg").write_bytes(b"not an image at all\n" * 200_000)  # 4 MB, never read whole
+    return src, imgs, secret
+
+
+def test_reads_stay_inside_the_source_and_image_root(tree, tmp_path, capsys):
+    src, imgs, secret = tree
+    records = [
+        rec(str(src / "imgs" / "ok.jpg")),               # 0 written: absolute, under the source folder
+        rec(str(imgs / "rooted.png")),                   # 1 written: absolute, under --image-root
+        rec("rooted.png"),                               # 2 written: relative to --image-root
+        rec(str(src / "imgs" / "link_in.jpg")),          # 3 written: a symlink that stays inside
+        rec("file://" + str(src / "imgs" / "ok.jpg")),   # 4 written: a file:// URI inside
+        rec(str(secret / "secret.jpg")),                 # 5 absolute path outside
+        rec("../secret/secret.jpg"),                     # 6 traversal
+        rec(str(src / "imgs" / ".." / ".." / "secret" / "secret.jpg")),  # 7 traversal inside an absolute path
+        rec("file://" + str(secret / "secret.jpg")),     # 8 a file:// URI outside
+        rec(str(src / "imgs" / "link_out.jpg")),         # 9 a symlink out of the tree
+        rec("/etc/passwd"),                              # 10 a system file
+    ]
+    (src / "data.json").write_text(json.dumps(records))
+    s = convert(src / "data.json", tmp_path / "out", image_root=imgs, workers=0, progress=False)
+    assert (s.records, s.written, s.skipped) == (11, 5, {"path_outside_root": 6})
+    assert s.examples["path_outside_root"][0].startswith(f"record 5: image 0: {secret / 'secret.jpg'} resolves to ")
+    assert "--allow-outside-paths" in s.examples["path_outside_root"][0]
+    assert b"SECRET-MARKER" not in members_bytes(tmp_path / "out") and b"root:x:0" not in members_bytes(tmp_path / "out")
+    # the CLI summary prints the count; --allow-outside-paths opts in (the symlinked secret is then read)
+    assert main([str(src / "data.json"), str(tmp_path / "cli"), "--image-root", str(imgs), "--workers", "0",
+                 "--no-progress"]) == 0
+    assert "skipped  path_outside_root: 6" in capsys.readouterr().out
+    s = convert(src / "data.json", tmp_path / "open", image_root=imgs, workers=0, progress=False, allow_outside_paths=True)
+    assert (s.written, s.skipped) == (10, {"not_an_image": 1})  # /etc/passwd: header checked, not copied
+    assert b"SECRET-MARKER" in members_bytes(tmp_path / "open") and b"root:x:0" not in members_bytes(tmp_path / "open")
+
+
+def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, monkeypatch):
+    src, _, _ = tree
+    records = [rec("imgs/ok.jpg"), rec("imgs/pipe.jpg"), rec("imgs/zero.jpg"), rec("imgs"), rec("imgs/text.jpg"),
+               rec("imgs/big.png"), rec("/dev/zero"), rec("/dev/stdin"), rec("/dev/null")]
+    (src / "imgs" / "big.png").write_bytes(image("PNG", 30, 20, 5) + bytes(9 << 20))  # 9 MB
+    (src / "data.json").write_text(json.dumps(records))
+    reads = []
+    real_read = convert_mod._read_upto
+    monkeypatch.setattr(convert_mod, "_read_upto", lambda fd, n: reads.append(len(data := real_read(fd, n))) or data)
+    with deadline():
+        s = convert(src / "data.json", tmp_path / "out", workers=0, progress=False, max_media_mb=8)
+    assert (s.records, s.written) == (9, 1)
+    assert s.skipped == {"path_outside_root": 4, "not_a_regular_file": 2, "not_an_image": 1, "media_too_large": 1}
+    ex = s.examples
+    assert ex["not_a_regular_file"] == [f"record 1: image 0: {src / 'imgs/pipe.jpg'} is a FIFO",
+                                        f"record 3: image 0: {src / 'imgs'} is a folder"]
+    assert ex["not_an_image"] == [f"record 4: image 0: {src / 'imgs/text.jpg'}: its first bytes are no image header"]
+    assert ex["media_too_large"][0].startswith(f"record 5: image 0: {src / 'imgs/big.png'}: 9.4 MB > --max-media-mb 8")
+    assert sum(reads) == len((src / "imgs" / "ok.jpg").read_bytes()) + HEADER_BYTES  # text.jpg: 64 kB only
+    with deadline():  # the devices themselves, when outside paths are allowed: refused by kind, never read
+        s = convert(src / "data.json", tmp_path / "open", workers=0, progress=False, allow_outside_paths=True,
+                    max_media_mb=8)
+    stdin_is_file = os.path.isfile("/dev/stdin")  # /dev/stdin is whatever fd 0 is: a regular file when redirected
+    assert s.skipped["not_a_regular_file"] == 6 - stdin_is_file
+    assert s.examples["not_a_regular_file"][1].endswith("is a device")
+    with pytest.raises(ConfigError) as err:
+        convert(src / "data.json", tmp_path / "bad", max_media_mb=0, progress=False)
+    assert err.value.knob == "max_media_mb"
+
+
+def test_one_bad_record_never_ends_the_run(tree, tmp_path, monkeypatch):
+    src, _, _ = tree
+    lines = [json.dumps(rec("imgs/ok.jpg")),
+             json.dumps(rec("imgs/ok.jpg", q="lone \ud800 surrogate")),       # \\ud800 escape in the JSON text
+             json.dumps(rec("imgs/ok.jpg\u0000.png")),                        # NUL in a path
+             json.dumps(rec("imgs/\udcff\ud800.jpg")),                        # a path the file system cannot encode
+             "[" * 100_000 + "]" * 100_000,                                   # nested 100,000 deep
+             json.dumps({"conversations": [[[[[[[[[[]]]]]]]]]] * 1, "deep": json.loads("[" * 80 + "]" * 80)}),
+             json.dumps(rec("imgs/ok.jpg", q="boom"))]
+    (src / "data.jsonl").write_text("\n".join(lines) + "\n")
+    real = convert_mod.normalize_conversation
+
+    def flaky(turns_):
+        if "boom" in json.dumps(turns_):
+            raise KeyError("a bug we did not foresee")
+        return real(turns_)
+
+    monkeypatch.setattr(convert_mod, "normalize_conversation", flaky)
+    s = convert(src / "data.jsonl", tmp_path / "out", workers=0, progress=False)
+    assert (s.records, s.written) == (7, 1)
+    assert s.skipped == {"invalid_text": 1, "bad_image_ref": 2, "invalid_json": 2, "unexpected_error": 1}
+    assert s.examples["invalid_text"][0].startswith("line 2: not encodable as UTF-8 (surrogates not allowed")
+    assert s.examples["bad_image_ref"] == ["line 3: image 0: the path holds a NUL byte ('imgs/ok.jpg\\x00.png')",
+                                           "line 4: image 0: the path is not valid text ('imgs/\\udcff\\ud800.jpg')"]
+    assert s.examples["unexpected_error"] == ["line 7: KeyError: 'a bug we did not foresee'"]
+    assert set(s.skipped) <= set(SKIP_REASONS)
