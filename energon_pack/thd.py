@@ -30,9 +30,14 @@ OVERLENGTH_POLICIES = ("skip", "truncate", "error")
 #: Visual tensors a segment may carry; each is concatenated along dim 0 in segment order.
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
+#: Batch key of the vision preset that built a Qwen-VL row (:func:`vision_preset_record`).
+VISION_PRESET_KEY = "vision_preset"
+_VISION_PRESET_FIELDS = ("name", "rope_style", "tokens_per_second", "patch_size", "temporal_patch_size", "merge_size")
+
 __all__ = [
     "IGNORE_INDEX",
     "OVERLENGTH_POLICIES",
+    "VISION_PRESET_KEY",
     "VISUAL_KEYS",
     "ThdLayout",
     "ThdSegment",
@@ -41,6 +46,7 @@ __all__ = [
     "build_thd_batch",
     "shifted_labels_and_loss_mask",
     "thd_attention_mask",
+    "vision_preset_record",
 ]
 
 
@@ -358,6 +364,14 @@ def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
         "num_segments": n,
         "__keys__": [s.key for s in segments],
     }
+
+
+def vision_preset_record(preset: object) -> dict:
+    """What a batch records of the vision preset that built it (under :data:`VISION_PRESET_KEY`): its name,
+    M-RoPE rule (``rope_style``, ``tokens_per_second``), patch, temporal patch and merge sizes. Plain
+    str/int/float values, so the record survives Energon's batching, the DataLoader's collation, pinning
+    and pickling; the HF integration checks it against the model's config."""
+    return {field: getattr(preset, field) for field in _VISION_PRESET_FIELDS}
 
 
 def thd_attention_mask(cu_seqlens_padded: torch.Tensor, cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:

@@ -457,3 +457,142 @@ def test_guard_drops_the_text_varlen_kwargs_before_a_vision_tower():
     model.visual(torch.zeros(1), grid_thw=1, cu_seq_lens_q=1, cu_seq_lens_k=1, max_length_q=1, max_length_k=1,
                  cu_seqlens=2, max_seqlen=3)
     assert seen == {"cu_seqlens": 2, "max_seqlen": 3}
+
+
+# ------------------------------------------------------------------ the batch's preset against the model
+#: (rope_style, tokens_per_second, patch_size) of each version's preset; temporal patch and merge are 2 in all
+RECORDS = {"qwen2-vl": ("qwen2", 1.0, 14), "qwen2.5-vl": ("qwen2.5", 2.0, 14), "qwen3-vl": ("qwen3", 1.0, 16)}
+
+
+def _record(name):
+    rope_style, tps, patch = RECORDS[name]
+    return {"name": name, "rope_style": rope_style, "tokens_per_second": tps, "patch_size": patch,
+            "temporal_patch_size": 2, "merge_size": 2}
+
+
+@pytest.fixture(scope="module")
+def every_version(shards):
+    """Per version: the packs its preset builds through the real loader, and a tiny model of that version."""
+    tok = load_demo_tokenizer()
+    return {name: (load_packs(shards, small_preset(name))[0], tiny_model(name, tok)) for name in PRESETS}
+
+
+def _forwards_run(model):
+    """A list that records every forward of ``model`` (its top module) from now on, and the hook's handle."""
+    calls = []
+    return calls, model.register_forward_pre_hook(lambda module, args: calls.append(type(module).__name__))
+
+
+def test_batches_record_the_preset_that_built_them_through_worker_processes_and_pinning(setup, shards):
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    name, tok, packs, te, *_ = setup
+    assert all(b["vision_preset"] == _record(name) for b in packs)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=small_preset(name), seq_length=192, cp=2,
+                                  pad_to_max_length=True)
+    ds = get_train_dataset(str(shards), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1), task_encoder=te,
+                           packing_buffer_size=8, repeat=False)
+    in_worker = [b["vision_preset"] for b in get_loader(ds)]
+    assert len(in_worker) == len(packs) and all(r == _record(name) for r in in_worker)
+    assert pin_memory({"vision_preset": in_worker[0]}) == {"vision_preset": _record(name)}
+
+
+@pytest.mark.parametrize("built", list(PRESETS))
+@pytest.mark.parametrize("model_version", list(PRESETS))
+def test_a_batch_of_another_version_is_refused_before_the_forward(every_version, built, model_version):
+    """Each (preset, model) pair of different versions: a ConfigError naming both sides and the fix, and no
+    forward runs; the matching pair runs (its parity is test_packed_logits_loss_and_grads_equal_each_sample_alone)."""
+    packs, _ = every_version[built]
+    model = every_version[model_version][1]
+    batch = max(packs, key=lambda b: b["num_segments"])
+    calls, hook = _forwards_run(model)
+    try:
+        if built == model_version:
+            with torch.no_grad():
+                H.packed_forward(model, batch)
+            assert calls == [type(model).__name__]
+            return
+        for call in (lambda: H.packed_forward(model, batch), lambda: H.hf_forward_kwargs(batch, model=model)):
+            with pytest.raises(ConfigError) as err:
+                call()
+            assert err.value.knob == "preset"
+            model_type = PRESETS[model_version]
+            assert err.value.problem.startswith(f"the batch's preset {built!r} (M-RoPE {RECORDS[built][0]}")
+            assert f"is not the {model_type} model's ({model_version!r}: M-RoPE {RECORDS[model_version][0]}" in err.value.problem
+            assert err.value.fix == f"build the task encoder with preset={model_version!r}, the model's version"
+        assert calls == []
+    finally:
+        hook.remove()
+
+
+def test_a_preset_of_other_sizes_than_a_custom_config_names_the_sizes(setup):
+    """Same version, other patch / merge sizes in the model's vision_config: the sizes to override in the preset."""
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    patch = RECORDS[name][2]
+    config = copy.deepcopy(ref.config)
+    config.vision_config.patch_size = patch + 2
+    config.vision_config.spatial_merge_size = 4
+    with pytest.raises(ConfigError) as err:
+        H.hf_forward_kwargs(batch, model=config)
+    assert err.value.knob == "preset"
+    assert f"patch {patch}, temporal patch 2, merge 2) does not match" in err.value.problem
+    assert err.value.problem.endswith(f"patch {patch + 2}, temporal patch 2, merge 4)")
+    assert err.value.fix == f"build the task encoder with get_preset({name!r}, patch_size={patch + 2}, merge_size=4) to match it"
+    # the record matching the custom config passes the preset check (and then the pixel rows, still 14/16 wide, fail)
+    custom = dict(batch, vision_preset={**batch["vision_preset"], "patch_size": patch + 2, "merge_size": 4})
+    with pytest.raises(ConfigError) as err:
+        H.hf_forward_kwargs(custom, model=config)
+    assert err.value.knob == "pixel_values"
+    # a uint8 normaliser preset of another version is refused the same way
+    other = "qwen3-vl" if name != "qwen3-vl" else "qwen2-vl"
+    with pytest.raises(ConfigError) as err:
+        H.hf_forward_kwargs(batch, model=packed, preset=get_preset(other))
+    assert err.value.knob == "preset" and err.value.problem.startswith(f"the preset= argument's preset {other!r}")
+
+
+def test_a_hand_built_batch_of_another_patch_size_gets_the_sentence_not_a_tower_error(setup):
+    """Without a preset record, pixel rows of another width (e.g. Qwen3-VL's 16 vs 14), grids that do not cover
+    the rows or are not divisible by the merge size are refused before the forward; unchecked, the tower fails."""
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    hand = {k: v for k, v in batch.items() if k != "vision_preset"}
+    patch = RECORDS[name][2]
+    other = 30 - patch  # 14 <-> 16
+    width, other_width = 3 * 2 * patch * patch, 3 * 2 * other * other
+    assert batch["pixel_values"].shape[1] == width
+    wrong = dict(hand, pixel_values=torch.zeros(batch["pixel_values"].shape[0], other_width))
+    calls, hook = _forwards_run(packed)
+    try:
+        with pytest.raises(ConfigError) as err:
+            H.packed_forward(packed, wrong)
+        assert calls == []
+    finally:
+        hook.remove()
+    assert err.value.knob == "pixel_values"
+    assert err.value.problem == (f"rows of shape ({other_width},) do not fit the {PRESETS[name]} vision tower, which takes "
+                                 f"rows of in_channels * temporal_patch_size * patch_size^2 = 3 * 2 * {patch}^2 = {width}")
+    assert err.value.fix == (f"build the batch with preset={name!r}, or with patch sizes overridden to match the "
+                             "model's vision_config")
+    # the same rows past the check fail inside the vision tower, with no sentence
+    kw = H.hf_forward_kwargs(hand, model=packed)
+    kw["pixel_values"] = wrong["pixel_values"]
+    with pytest.raises(Exception) as deep, torch.no_grad():
+        packed(**kw)
+    assert not isinstance(deep.value, ConfigError)
+    rows = batch["pixel_values_videos"].shape[0]
+    with pytest.raises(ConfigError) as err:
+        H.hf_forward_kwargs(dict(hand, pixel_values_videos=batch["pixel_values_videos"][:-1]), model=packed)
+    assert err.value.knob == "video_grid_thw" and err.value.problem == (
+        f"covers {rows} patches but pixel_values_videos has {rows - 1} rows")
+    grid = batch["image_grid_thw"].clone()
+    t, h, w = grid[0].tolist()
+    grid[0] = torch.tensor([t * h, 1, w])  # the same patches, a height of 1: not a whole merge block
+    with pytest.raises(ConfigError) as err:
+        H.hf_forward_kwargs(dict(hand, image_grid_thw=grid), model=packed)
+    assert err.value.knob == "image_grid_thw"
+    assert err.value.problem == f"grid {[t * h, 1, w]} is not divisible by the model's spatial_merge_size 2"
+    # the hand-built batch of the right width still runs, with the logits of the recorded one
+    with torch.no_grad():
+        assert torch.equal(H.packed_forward(packed, hand).logits, H.packed_forward(packed, batch).logits)

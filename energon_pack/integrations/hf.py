@@ -37,6 +37,12 @@ by its version string:
   after a video resumes at the block's largest position + 1; 4.57-5.17 Qwen2.5-VL truncates
   ``second_per_grid_t`` to an integer), the segments with videos get the release's positions.
 
+Batches from another model version or vision geometry (:func:`check_vision_preset`): the task encoder's
+batches record their preset (``vision_preset``), and with ``model=`` a record that does not fit the
+model's config (version, patch sizes, merge size), or pixel rows of another width (also in hand-built
+batches), get a :class:`ConfigError` before the forward instead of wrong video positions or an error
+from inside the vision tower.
+
 Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`ConfigError` from our entry
 points; transformers is imported inside functions only, so importing this module costs nothing.
 """
@@ -53,12 +59,13 @@ import torch
 import torch.nn.functional as F
 
 from energon_pack.errors import ConfigError
-from energon_pack.thd import IGNORE_INDEX
+from energon_pack.thd import IGNORE_INDEX, VISION_PRESET_KEY, vision_preset_record
 
 __all__ = [
     "SUPPORTED_TRANSFORMERS",
     "VARLEN_ATTENTION",
     "check_transformers_version",
+    "check_vision_preset",
     "global_token_count",
     "guard_vision_towers",
     "hf_forward_kwargs",
@@ -209,6 +216,84 @@ def _preset_of_config(config: Any) -> Any:
     return get_preset(_PRESET_OF_MODEL_TYPE[config.model_type], **overrides)
 
 
+# --------------------------------------------------------------------------------- preset checks
+_ROPE_STYLE_OF_MODEL_TYPE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2.5", "qwen3_vl": "qwen3"}
+
+
+def _model_geometry(config: Any) -> dict[str, Any]:
+    """The preset record a batch for ``config`` must carry (name and tokens_per_second where they decide)."""
+    vision = config.vision_config
+    want = {"name": _PRESET_OF_MODEL_TYPE[config.model_type], "rope_style": _ROPE_STYLE_OF_MODEL_TYPE[config.model_type],
+            "patch_size": int(vision.patch_size), "temporal_patch_size": int(vision.temporal_patch_size),
+            "merge_size": int(vision.spatial_merge_size)}
+    if want["rope_style"] == "qwen2.5" and getattr(vision, "tokens_per_second", None) is not None:
+        want["tokens_per_second"] = float(vision.tokens_per_second)
+    return want
+
+
+def _describe(record: Mapping[str, Any]) -> str:
+    tps = f", tokens_per_second {record['tokens_per_second']:g}" if record.get("rope_style") == "qwen2.5" else ""
+    return (f"M-RoPE {record.get('rope_style')}{tps}, patch {record.get('patch_size')}, temporal patch "
+            f"{record.get('temporal_patch_size')}, merge {record.get('merge_size')}")
+
+
+def _check_record(record: Mapping[str, Any], config: Any, where: str) -> None:
+    want = _model_geometry(config)
+    if record.get("rope_style") != want["rope_style"]:
+        raise ConfigError("preset", f"{where} preset {record.get('name')!r} ({_describe(record)}) is not the "
+                          f"{config.model_type} model's ({want['name']!r}: {_describe(want)})",
+                          f"build the task encoder with preset={want['name']!r}, the model's version")
+    differ = [k for k in ("patch_size", "temporal_patch_size", "merge_size", "tokens_per_second")
+              if k in want and float(record.get(k, -1)) != want[k]]
+    if differ:
+        sizes = ", ".join(f"{k}={want[k]!r}" for k in differ)
+        raise ConfigError("preset", f"{where} preset {record.get('name')!r} ({_describe(record)}) does not match the "
+                          f"{config.model_type} model's vision_config ({_describe({**record, **want})})",
+                          f"build the task encoder with get_preset({record.get('name')!r}, {sizes}) to match it")
+
+
+def check_vision_preset(batch: Mapping[str, Any], model: Any, *, preset: Any = None) -> None:
+    """Refuse, with a :class:`ConfigError`, a batch that does not fit the Qwen-VL ``model`` (or its config).
+
+    The batch's ``vision_preset`` record (the task encoder's batches) and the ``preset`` given for uint8
+    normalisation must be the model's version (``config.model_type``) with its ``vision_config``'s patch,
+    temporal patch and merge sizes (and Qwen2.5-VL's tokens_per_second). Every batch, also one built by
+    hand: pixel rows must be ``in_channels * temporal_patch_size * patch_size**2`` wide, and the
+    ``*_grid_thw`` rows must cover them with heights and widths divisible by the merge size.
+    """
+    config = _config_of(getattr(model, "module", model))
+    if not _is_vision_language(config) or config.model_type not in _VL_MODEL_TYPES:
+        return
+    if batch.get(VISION_PRESET_KEY) is not None:
+        _check_record(batch[VISION_PRESET_KEY], config, "the batch's")
+    if preset is not None:
+        _check_record(vision_preset_record(preset), config, "the preset= argument's")
+    vision = config.vision_config
+    patch, temporal, merge = int(vision.patch_size), int(vision.temporal_patch_size), int(vision.spatial_merge_size)
+    channels = int(getattr(vision, "in_channels", 3))
+    width = channels * temporal * patch * patch
+    name = _PRESET_OF_MODEL_TYPE[config.model_type]
+    for pixels_key, grid_key in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        pixels, grid = batch.get(pixels_key), batch.get(grid_key)
+        if pixels is None:
+            continue
+        if pixels.dim() != 2 or pixels.shape[-1] != width:
+            raise ConfigError(pixels_key, f"rows of shape {tuple(pixels.shape)[1:]} do not fit the {config.model_type} "
+                              f"vision tower, which takes rows of in_channels * temporal_patch_size * patch_size^2 = "
+                              f"{channels} * {temporal} * {patch}^2 = {width}",
+                              f"build the batch with preset={name!r}, or with patch sizes overridden to match the "
+                              "model's vision_config")
+        grid_rows = grid.detach().cpu().tolist() if grid is not None else []
+        if sum(t * h * w for t, h, w in grid_rows) != pixels.shape[0]:
+            raise ConfigError(grid_key, f"covers {sum(t * h * w for t, h, w in grid_rows)} patches but {pixels_key} "
+                              f"has {pixels.shape[0]} rows", "pass the grids and pixel rows of the same samples, in "
+                              "the same order")
+        bad = [g for g in grid_rows if g[1] % merge or g[2] % merge]
+        if bad:
+            raise ConfigError(grid_key, f"grid {bad[0]} is not divisible by the model's spatial_merge_size {merge}",
+                              f"build the batch with preset={name!r}, or with merge_size={merge}")
+
+
 def _rope_index_owner(model: Any) -> Any:
     for candidate in (getattr(model, "model", None), model):
         if candidate is not None and callable(getattr(candidate, "get_rope_index", None)):
@@ -321,7 +406,8 @@ def hf_forward_kwargs(
     ``preset``'s mean/std (:func:`energon_pack.qwen_vl.normalize_pixels`); without ``preset``
     they are refused, since HF would feed raw 0..255 values to the vision tower.
 
-    ``model`` (optional, a model or its config) enables the checks that need it: a text-only LLM
+    ``model`` (optional, a model or its config) enables the checks that need it: the batch's preset and
+    pixel rows against the model's version and vision_config (:func:`check_vision_preset`); a text-only LLM
     gets ``(1, T)`` positions and must not receive visual tensors; ``second_per_grid_ts`` is
     passed only where ``forward`` takes it (Qwen2.5-VL). Without ``model`` a Qwen-VL model is
     assumed. ``labels`` are not passed: HF's loss shifts them again; use :func:`packed_loss`.
@@ -346,6 +432,8 @@ def hf_forward_kwargs(
     if config is not None and _is_vision_language(config) and config.model_type not in _VL_MODEL_TYPES:
         raise ConfigError("model", f"model_type {config.model_type!r} is not a Qwen-VL model",
                           f"use one of {_VL_MODEL_TYPES} (or a text-only LLM)")
+    if config is not None:
+        check_vision_preset(batch, config, preset=preset)
     has_visual = any(batch.get(k) is not None for k in _VISUAL_FORWARD_KEYS)
     mrope = batch.get("mrope_position_ids")
 

@@ -5,7 +5,8 @@
   the conversation and the encoded image bytes, never decoded pixels.
 * ``postencode_sample`` (only for members of an emitted pack): tokenize, decode + patchify
   the media, and compute M-RoPE positions -> one :class:`ThdSegment`.
-* ``batch``: the THD row of README.md, "The batch contract" (with ``mrope_position_ids``) as a dict.
+* ``batch``: the THD row of README.md, "The batch contract" (with ``mrope_position_ids``) as a dict,
+  plus ``vision_preset``: the record of the preset that built it (checked against HF models).
 
 Costs are (aligned tokens[, ViT patches][, media items]) (see :class:`PackingConfig`). Bad
 samples become counted skips with a reason.
@@ -26,7 +27,7 @@ from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
 from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
-from energon_pack.thd import ThdSegment
+from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
 
 from . import vision as V
 from energon_pack.chat import ChatConfig
@@ -85,6 +86,13 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         payload = {"conversation": conversation, "images": images, "videos": videos,
                    "image_metas": image_metas, "video_metas": video_metas, "length": length}
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
+
+    @stateless
+    def batch(self, samples: list[Any]) -> dict:
+        """The THD row, with the record of this encoder's preset under ``vision_preset``."""
+        batch = super().batch(samples)
+        batch[VISION_PRESET_KEY] = vision_preset_record(self.preset)
+        return batch
 
     def _video_meta(self, frames: list) -> VideoMeta:
         if not frames:
