@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -148,3 +150,77 @@ def test_one_bad_record_never_ends_the_run(tree, tmp_path, monkeypatch):
                                            "line 4: image 0: the path is not valid text ('imgs/\\udcff\\ud800.jpg')"]
     assert s.examples["unexpected_error"] == ["line 7: KeyError: 'a bug we did not foresee'"]
     assert set(s.skipped) <= set(SKIP_REASONS)
+
+
+# ------------------------------------------------------------------------------ --overwrite (item 8)
+@pytest.fixture
+def small_source(tree):
+    src, _, _ = tree
+    (src / "data.json").write_text(json.dumps([rec("imgs/ok.jpg")] * 3))
+    return src / "data.json"
+
+
+def test_overwrite_deletes_only_what_convert_wrote(small_source, tmp_path):
+    out = tmp_path / "out"
+    convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
+    listed = json.loads((out / ".convert_manifest.json").read_text())["names"]
+    assert listed == sorted([".convert_in_progress", ".convert_manifest.json", ".convert_tmp", ".nv-meta",
+                             "convert_summary.json", "data-000000.tar"])
+    # user files named like shards / Energon files, and a source placed in the folder: never deleted
+    for name in ("data-000007.tar", "data-000003.tar.idx", "my_source.json"):
+        (out / name).write_text("the user's own file")
+    with pytest.raises(ConfigError, match=r"not an energon-pack convert output \(it holds data-000003.tar.idx, "
+                                          r"data-000007.tar, my_source.json\)"):
+        convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+    assert all((out / n).read_text() == "the user's own file" for n in ("data-000007.tar", "data-000003.tar.idx",
+                                                                        "my_source.json"))
+    assert (out / "data-000000.tar").is_file() and (out / ".nv-meta" / "index.sqlite").is_file()
+    for name in ("data-000007.tar", "data-000003.tar.idx", "my_source.json"):
+        (out / name).unlink()
+    s = convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+    assert s.written == 3 and sorted(p.name for p in out.iterdir()) == [
+        ".convert_manifest.json", ".nv-meta", "convert_summary.json", "data-000000.tar", "data-000000.tar.idx"]
+    # a folder without our manifest (an older convert, or anything else) is never emptied
+    (out / ".convert_manifest.json").unlink()
+    with pytest.raises(ConfigError, match="not an energon-pack convert output"):
+        convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+    assert (out / "data-000000.tar").is_file()
+
+
+def test_a_running_convert_holds_the_folder_and_a_killed_one_leaves_no_lock(small_source, tmp_path):
+    out = tmp_path / "out"
+    convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from energon_pack.energon.convert import _lock_out_dir; _lock_out_dir(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(120)", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match="another energon-pack convert is writing to") as err:
+            convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+        assert err.value.knob == "out_dir" and (out / "data-000000.tar").is_file()
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # kill -9: the kernel drops its lock with it
+        holder.wait()
+    s = convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+    assert s.written == 3
+
+
+def test_overwrite_recovers_from_a_run_killed_while_indexing(small_source, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def killed_while_indexing(root, **_):
+        (root / "data-000000.tar.idx.tmp").write_bytes(b"half an index")  # what Energon leaves mid-shard
+        (root / ".nv-meta").mkdir()
+        (root / ".nv-meta" / "index.sqlite-journal").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert_mod, "prepare_webdataset", killed_while_indexing)
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="holds an interrupted conversion"):
+        convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
+    s = convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
+    assert s.written == 3 and not (out / "data-000000.tar.idx.tmp").exists()
+    assert not (out / ".nv-meta" / "index.sqlite-journal").exists() and (out / "data-000000.tar.idx").is_file()

@@ -38,6 +38,7 @@ import argparse
 import base64
 import binascii
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -93,8 +94,10 @@ SUMMARY_FILE = "convert_summary.json"
 IN_PROGRESS_FILE = ".convert_in_progress"
 TMP_DIR = ".convert_tmp"
 SHARD_NAME = "data-%06d.tar"
-_SHARD_RE = re.compile(r"^data-\d{6}\.tar(\.idx)?$")
-_OURS = {SUMMARY_FILE, IN_PROGRESS_FILE, TMP_DIR, ".nv-meta"}
+MANIFEST_FILE = ".convert_manifest.json"  # every top-level name convert wrote: all --overwrite ever deletes
+_OWN_DIRS = (TMP_DIR, ".nv-meta")
+_FIXED = (MANIFEST_FILE, IN_PROGRESS_FILE, SUMMARY_FILE, *_OWN_DIRS)
+_ENERGON_SUFFIXES = (".idx", ".idx.tmp")  # Energon's per-shard index, and its temporary name while indexing
 MAX_EXAMPLES = 3
 DEFAULT_MAX_MEDIA_MB = 64
 HEADER_BYTES = 1 << 16  # read and checked before the rest of an image file
@@ -633,33 +636,70 @@ def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ output folder
-def _prepare_out_dir(out: Path, overwrite: bool) -> None:
+def _lock_out_dir(out: Path) -> int:
+    """Create ``out`` if needed and hold an exclusive ``flock`` on it (released when the fd is
+    closed or the process dies, so a killed run leaves no stale lock); ConfigError when another
+    convert holds it."""
     if out.exists() and not out.is_dir():
         raise ConfigError("out_dir", f"{out} is a file", "pass a new or empty folder")
-    if out.is_dir():
-        entries = list(out.iterdir())
-        if entries:
-            ours = (out / SUMMARY_FILE).exists() or (out / IN_PROGRESS_FILE).exists()
-            foreign = sorted(p.name for p in entries if p.name not in _OURS and not _SHARD_RE.match(p.name))
-            if not ours or foreign:
-                shown = ", ".join((foreign or sorted(p.name for p in entries))[:5])
-                raise ConfigError("out_dir", f"{out} is not empty and not an energon-pack convert output (it holds {shown})",
-                                  "choose a new or empty folder (convert never deletes data it did not write)")
-            if not overwrite:
-                if (out / SUMMARY_FILE).exists():
-                    try:
-                        done = json.loads((out / SUMMARY_FILE).read_text())
-                        what = f"{done['written']} samples from {done['source']}"
-                    except (OSError, ValueError, KeyError):
-                        what = "a finished conversion"
-                    raise ConfigError("out_dir", f"{out} already holds a finished conversion ({what})",
-                                      "pass --overwrite (overwrite=True) to convert again, or choose another folder")
-                raise ConfigError("out_dir", f"{out} holds an interrupted conversion",
-                                  "pass --overwrite (overwrite=True) to start over, or choose another folder")
-            for p in entries:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
     try:
         out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConfigError("out_dir", f"cannot write to {out}: {exc.strerror or exc}", "choose a writable folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError("out_dir", f"another energon-pack convert is writing to {out}",
+                          "wait for it to finish, or choose another folder") from None
+    return fd
+
+
+def _write_manifest(out: Path, names: list) -> None:
+    """Record (atomically) the top-level names this run writes, before it writes them."""
+    tmp = out / (MANIFEST_FILE + ".tmp")
+    tmp.write_text(json.dumps({"written_by": "energon-pack convert", "names": sorted(set(names) | set(_FIXED))}) + "\n")
+    os.replace(tmp, out / MANIFEST_FILE)
+
+
+def _owned_names(out: Path) -> set | None:
+    """The names a previous convert listed in its manifest (plus Energon's files for its shards); None without one."""
+    try:
+        names = set(json.loads((out / MANIFEST_FILE).read_text())["names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    shards = [n for n in names if n.endswith(".tar")]
+    return names | {MANIFEST_FILE, MANIFEST_FILE + ".tmp"} | {s + x for s in shards for x in _ENERGON_SUFFIXES}
+
+
+def _prepare_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse a folder convert did not write; with ``overwrite``, delete exactly what a previous run listed."""
+    entries = list(out.iterdir())
+    if entries:
+        owned = _owned_names(out)
+        foreign = sorted(p.name for p in entries if owned is None or p.name not in owned
+                         or (p.is_dir() and not p.is_symlink() and p.name not in _OWN_DIRS))
+        if foreign:
+            raise ConfigError("out_dir", f"{out} is not empty and not an energon-pack convert output (it holds "
+                              f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})",
+                              "choose a new or empty folder (convert deletes only what its manifest "
+                              f"{MANIFEST_FILE} lists)")
+        if not overwrite:
+            if (out / SUMMARY_FILE).exists():
+                try:
+                    done = json.loads((out / SUMMARY_FILE).read_text())
+                    what = f"{done['written']} samples from {done['source']}"
+                except (OSError, ValueError, KeyError):
+                    what = "a finished conversion"
+                raise ConfigError("out_dir", f"{out} already holds a finished conversion ({what})",
+                                  "pass --overwrite (overwrite=True) to convert again, or choose another folder")
+            raise ConfigError("out_dir", f"{out} holds an interrupted conversion",
+                              "pass --overwrite (overwrite=True) to start over, or choose another folder")
+        for p in sorted(entries, key=lambda p: p.name == MANIFEST_FILE):  # the manifest last
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    try:
+        _write_manifest(out, [])
         (out / IN_PROGRESS_FILE).write_text(f"energon-pack convert started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         (out / TMP_DIR).mkdir()
     except OSError as exc:
@@ -688,8 +728,9 @@ def convert(
 
     ``workers`` processes (default: all CPUs; 0 or 1 converts in this process) convert chunks of
     ``samples_per_shard`` records, one shard per chunk: the output does not depend on
-    ``workers``. A finished output is refused unless ``overwrite``; a non-empty folder that is
-    not a convert output is always refused. ``verify="decode"`` fully decodes every image
+    ``workers``. A finished output is refused unless ``overwrite``, which deletes only what the
+    previous run's manifest lists; a folder holding anything else, or locked by another convert,
+    is always refused. ``verify="decode"`` fully decodes every image
     (catches truncated files) instead of reading its header only.
 
     Image paths are read only when they resolve (symlinks and ``file://`` included) inside the
@@ -717,46 +758,51 @@ def convert(
         raise ConfigError("image_root", f"{image_root} is not a folder", "pass the folder image paths are relative to")
     if out.resolve() == source.resolve():
         raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
-    _prepare_out_dir(out, overwrite)
-    roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, source if source.is_dir() else source.parent)))
-    ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR), roots,
-                   bool(allow_outside_paths), int(max_media_mb * (1 << 20)))
-    summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
-    results = _run(ctx, src, samples_per_shard, workers, progress)
+    lock = _lock_out_dir(out)
+    try:
+        _prepare_out_dir(out, overwrite)
+        roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, source if source.is_dir() else source.parent)))
+        ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR), roots,
+                       bool(allow_outside_paths), int(max_media_mb * (1 << 20)))
+        summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
+        results = _run(ctx, src, samples_per_shard, workers, progress)
 
-    examples: dict = {}
-    skipped: Counter = Counter()
-    shard = 0
-    for res in results:  # chunk order: deterministic whatever the worker count
-        summary.records += res.records
-        summary.written += res.written
-        summary.blank_lines += res.blank
-        summary.images += res.images
-        summary.image_bytes += res.image_bytes
-        skipped.update(res.skipped)
-        for reason, ex in res.examples.items():
-            examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
-        if res.tar:
-            os.replace(res.tar, out / (SHARD_NAME % shard))
-            summary.bytes += res.tar_bytes
-            shard += 1
-    shutil.rmtree(out / TMP_DIR, ignore_errors=True)
-    summary.shards = shard
-    summary.skipped = dict(sorted(skipped.items()))
-    summary.examples = {k: examples[k] for k in summary.skipped}
-    if summary.written == 0:
-        for p in out.glob("data-*.tar"):
-            p.unlink()
+        examples: dict = {}
+        skipped: Counter = Counter()
+        names = [SHARD_NAME % i for i in range(sum(1 for res in results if res.tar))]
+        _write_manifest(out, names)
+        shard = 0
+        for res in results:  # chunk order: deterministic whatever the worker count
+            summary.records += res.records
+            summary.written += res.written
+            summary.blank_lines += res.blank
+            summary.images += res.images
+            summary.image_bytes += res.image_bytes
+            skipped.update(res.skipped)
+            for reason, ex in res.examples.items():
+                examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
+            if res.tar:
+                os.replace(res.tar, out / (SHARD_NAME % shard))
+                summary.bytes += res.tar_bytes
+                shard += 1
+        shutil.rmtree(out / TMP_DIR, ignore_errors=True)
+        summary.shards = shard
+        summary.skipped = dict(sorted(skipped.items()))
+        summary.examples = {k: examples[k] for k in summary.skipped}
+        if summary.written == 0:  # nothing to keep: the folder is left empty
+            for name in (IN_PROGRESS_FILE, MANIFEST_FILE):
+                (out / name).unlink(missing_ok=True)
+            detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items()) or "no records"
+            raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: {detail}",
+                              "check --image-root and the skip reasons")
+        with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
+            prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
+        summary.seconds = round(time.perf_counter() - t0, 3)
+        (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
-        detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items()) or "no records"
-        raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: {detail}",
-                          "check --image-root and the skip reasons")
-    with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
-        prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
-    summary.seconds = round(time.perf_counter() - t0, 3)
-    (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
-    return summary
+        return summary
+    finally:
+        os.close(lock)
 
 
 def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -> list[_ChunkResult]:
