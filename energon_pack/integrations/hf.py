@@ -284,8 +284,9 @@ def check_vision_preset(batch: Mapping[str, Any], model: Any, *, preset: Any = N
                               f"build the batch with preset={name!r}, or with patch sizes overridden to match the "
                               "model's vision_config")
         grid_rows = grid.detach().cpu().tolist() if grid is not None else []
-        if sum(t * h * w for t, h, w in grid_rows) != pixels.shape[0]:
-            raise ConfigError(grid_key, f"covers {sum(t * h * w for t, h, w in grid_rows)} patches but {pixels_key} "
+        covered = sum(t * h * w for t, h, w in grid_rows)
+        if covered != pixels.shape[0]:
+            raise ConfigError(grid_key, f"covers {covered} patches but {pixels_key} "
                               f"has {pixels.shape[0]} rows", "pass the grids and pixel rows of the same samples, in "
                               "the same order")
         bad = [g for g in grid_rows if g[1] % merge or g[2] % merge]
