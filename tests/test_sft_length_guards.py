@@ -3,16 +3,20 @@ dies, a huge line (bounded memory)."""
 
 import json
 import os
+import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from energon_pack.errors import ConfigError
-from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.chat.tokenizer import load_demo_tokenizer
 from energon_pack.sft import length_pass
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import LineIndex
+from energon_pack.sft.token_bound import max_bytes_per_token
 
 TOK = load_demo_tokenizer()
 GOOD = {"prompt": "Hi there", "completion": "Hello!"}  # 7 tokens
@@ -80,3 +84,75 @@ def test_a_worker_killed_mid_pass_is_an_error_naming_its_lines_not_a_hang(tmp_pa
     assert time.monotonic() - started < 30
     ds.index.kill_at = -1  # the same dataset then computes normally: no worker is left behind
     assert ds.compute_lengths(workers=2)[0].tolist() == [7] * 300
+
+
+def test_token_bound_is_a_lower_bound_and_only_for_tokenizers_it_holds_for():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    assert max_bytes_per_token(TOK) == 16  # "<|vision_start|>"
+    rng = random.Random(0)
+    alphabet = "ab ,.\n\t  é漢字😀\u0301ﬁ" + "".join(map(chr, range(32, 127)))
+    for n in (1, 7, 100, 5000):
+        text = "".join(rng.choice(alphabet) for _ in range(n))
+        assert len(TOK.encode(text)) >= -(-len(text.encode()) // 16)
+    plain = Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True))
+    plain.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert max_bytes_per_token(plain) is None  # fused unknown tokens stand for any length
+    for pre in (pre_tokenizers.Whitespace(), pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel()])):
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre
+        assert max_bytes_per_token(tok) is None  # whitespace is dropped
+    lowered = Tokenizer.from_str(load_demo_tokenizer().inner.to_str())
+    lowered.normalizer = normalizers.Lowercase()
+    assert max_bytes_per_token(lowered) is None
+    lowered.normalizer = normalizers.NFC()
+    assert max_bytes_per_token(lowered) == 3 * 16
+
+
+def test_a_line_too_long_by_its_bytes_is_skipped_untokenised_and_normal_lines_are_unchanged(tmp_path, monkeypatch):
+    # max_length 16 and 16 bytes a token: more than 256 bytes of text is too long without tokenising
+    lines = [GOOD, {"prompt": "Hi", "completion": "x" * 255}, {"prompt": "H", "completion": "x" * 255},
+             {"prompt": "Hi", "completion": "x " * 300}, {"prompt": "Hi", "completion": "x" * 600 + "<|im_end|>"},
+             {"prompt": "Hi", "completion": "x" * 600 + "\ud800"}, {"prompt": "x" * 600, "completion": " " * 600},
+             {"prompt": "x " * 10, "completion": "y " * 200}, GOOD]
+    path = write(tmp_path / "d.jsonl", lines)
+    results = {}
+    for workers, batch in ((1, False), (1, True), (2, True)):
+        ds = JsonlSFTDataset(path, TOK, max_length=16)
+        lengths, reasons, details, _ = ds.compute_lengths(workers=workers, batch=batch)
+        results[workers, batch] = (lengths.tolist(), reasons, details)
+    assert results[1, False] == results[1, True] == results[2, True]
+    lengths, reasons, details = results[1, True]
+    assert [reasons[-1 - n] if n < 0 else n for n in lengths] == [
+        7, "too_long", "too_long", "too_long", "control_token_in_text", "invalid_text", "empty_completion", "too_long", 7]
+    assert details[2] == "line 2: at least 17 tokens (257 bytes of text, <= 16 bytes a token) > max_length 16"
+    assert details[3] == "line 3: 257 tokens > max_length 16"  # 256 bytes: a bound of 16 decides nothing: tokenised
+    assert details[4] == "line 4: at least 38 tokens (601 bytes of text, <= 16 bytes a token) > max_length 16"
+    assert details[8] == "line 8: at least 27 tokens (418 bytes of text, <= 16 bytes a token) > max_length 16"
+    with pytest.raises(SampleSkipped, match=r"^too_long: line 4: at least 38 tokens"):
+        JsonlSFTDataset(path, TOK, max_length=16)[3]
+    with pytest.raises(ValueError, match=r"line 2 has at least 17 tokens \(257 bytes .* > max_length 16 \(overlength='error'"):
+        JsonlSFTDataset(path, TOK, max_length=16, overlength="error").lengths
+    truncated = JsonlSFTDataset(path, TOK, max_length=16, overlength="truncate")  # needs the tokens: no bound
+    assert truncated.lengths.tolist()[:4] == [7, 16, 16, 16]
+
+
+def test_a_50_mb_line_stays_in_bounded_memory(tmp_path):
+    """Before the byte bound this line took ~8 GB peak RSS (about 170 bytes a byte) to a too_long."""
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        f.write(json.dumps(GOOD) + "\n" + json.dumps({"prompt": "Hi", "completion": "lorem ipsum " * 4_166_667}) + "\n")
+    code = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails here instead of eating the machine
+from energon_pack.sft.dataset import JsonlSFTDataset
+ds = JsonlSFTDataset({str(path)!r}, "demo", max_length=4096, length_workers=1)
+print(ds.lengths.tolist(), ds.skipped_lines)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result, peak_mib = out.stdout.splitlines()
+    assert result == ("[7, -1] [(2, 'too_long', 'line 2: at least 3125001 tokens (50000005 bytes of text, "
+                      "<= 16 bytes a token) > max_length 4096')]")
+    assert int(peak_mib) < 1024

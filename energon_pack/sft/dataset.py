@@ -30,9 +30,10 @@ import numpy as np
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
 from ..thd import OVERLENGTH_POLICIES
-from .formats import FORMATS, Encoded, make_format
+from .formats import FORMATS, Encoded, PromptCompletionFormat, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
-from .length_pass import default_workers, run_length_pass
+from .length_pass import _literal_control_contents, default_workers, run_length_pass
+from .token_bound import backend, max_bytes_per_token
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
@@ -101,13 +102,14 @@ class JsonlSFTDataset:
         if not 0 <= i < len(self.index):
             raise IndexError(f"line index {i} out of range for {len(self.index)} lines")
         try:
-            enc = self._encode_raw(self.index.line(i))
+            record = decode_json_record(self.index.line(i))
         except SampleSkipped as exc:
-            raise SampleSkipped(exc.reason, f"line {i + 1}: {exc.detail}") from None
-        return self._apply_max_length(i, enc)
+            record = exc
+        return self._finish_line(i, record, self.format)
 
     def _finish_line(self, i: int, record: Any, fmt: Any) -> Encoded:
         """:meth:`encode_line` for an already decoded record (or its decode skip) with ``fmt``."""
+        self._reject_by_bytes(i, record)
         try:
             if isinstance(record, SampleSkipped):
                 raise record
@@ -116,12 +118,65 @@ class JsonlSFTDataset:
             raise SampleSkipped(exc.reason, f"line {i + 1}: {exc.detail}") from None
         return self._apply_max_length(i, enc)
 
-    def _overlength(self, i: int, n: int) -> Exception:
-        """What line ``i`` with ``n > max_length`` tokens raises under ``overlength`` "error" or "skip"."""
+    def _overlength(self, i: int, n: int, count: str | None = None) -> Exception:
+        """What line ``i`` with ``n > max_length`` tokens (described as ``count``, default
+        "n tokens") raises under ``overlength`` "error" or "skip"."""
+        count = count or f"{n} tokens"
         if self.overlength == "error":
-            return ValueError(f"{self.path}: line {i + 1} has {n} tokens > max_length {self.max_length} "
+            return ValueError(f"{self.path}: line {i + 1} has {count} > max_length {self.max_length} "
                               "(overlength='error'; use 'skip' or 'truncate')")
-        return SampleSkipped("too_long", f"line {i + 1}: {n} tokens > max_length {self.max_length}")
+        return SampleSkipped("too_long", f"line {i + 1}: {count} > max_length {self.max_length}")
+
+    def _reject_by_bytes(self, i: int, record: Any) -> None:
+        """Raise line ``i``'s overlength outcome when :meth:`_bytes_bound` exceeds ``max_length``,
+        before anything tokenises the line: memory stays bounded for a huge line."""
+        bound = self._bytes_bound(record)
+        if bound is not None:
+            at_least, n_bytes, per_token = bound
+            raise self._overlength(i, at_least, f"at least {at_least} tokens ({n_bytes} bytes of text, "
+                                                f"<= {per_token} bytes a token)")
+
+    def _bytes_bound(self, record: Any) -> tuple[int, int, int] | None:
+        """(at least this many tokens, text bytes, bytes a token stands for at most) when a
+        prompt/completion record's texts hold more UTF-8 bytes than ``max_length`` tokens stand
+        for (:mod:`.token_bound`), else None. A line the format would skip for another reason
+        first (empty completion, lone surrogate, typed control token) is left to it."""
+        fmt = self.format
+        if type(record) is not dict or not isinstance(fmt, PromptCompletionFormat):
+            return None
+        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
+        if type(prompt) is not str or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
+            return None
+        per_token, contents = self._byte_bound
+        if fmt.strip_whitespace:
+            prompt, completion = prompt.strip(), completion.strip()
+        if not completion.strip() or any(c in prompt or c in completion for c in contents):
+            return None
+        try:
+            n_bytes = len(prompt.encode("utf-8")) + len(completion.encode("utf-8"))
+        except UnicodeEncodeError:
+            return None
+        at_least = -(-n_bytes // per_token)
+        return (at_least, n_bytes, per_token) if at_least > self.max_length else None
+
+    def _byte_gate(self, chars: int) -> bool:
+        """Whether ``chars`` characters of prompt/completion text may hold more bytes than
+        ``max_length`` tokens stand for (UTF-8: at most 4 bytes a character); O(1)."""
+        if self.max_length is None or self.overlength == "truncate" or 4 * chars <= self.max_length:
+            return False
+        per_token = self._byte_bound[0]
+        return per_token is not None and 4 * chars > per_token * self.max_length
+
+    @property
+    def _byte_bound(self) -> tuple[int | None, tuple[str, ...]]:
+        """(bytes a token stands for at most, the control tokens' texts) or (None, ()) without a bound."""
+        bound = self.__dict__.get("_byte_bound_cache")
+        if bound is None:
+            tok = self.format.tokenizer
+            per_token, inner = max_bytes_per_token(tok), backend(tok)
+            contents = _literal_control_contents(inner, tok.control_ids) if per_token is not None else None
+            bound = self._byte_bound_cache = (per_token, contents) if contents is not None else (None, ())
+        return bound
 
     def _apply_max_length(self, i: int, enc: Encoded) -> Encoded:
         if self.max_length is not None and len(enc) > self.max_length:
@@ -131,9 +186,6 @@ class JsonlSFTDataset:
             if not enc.target_mask[1:].any():
                 raise SampleSkipped("no_trained_tokens", f"line {i + 1}: nothing supervised after truncation")
         return Encoded(enc.input_ids, enc.target_mask, key=i + 1)
-
-    def _encode_raw(self, raw: bytes) -> Encoded:
-        return self.format.encode(decode_json_record(raw))
 
     def __getitem__(self, i: int) -> Encoded:
         if i == PADDING_INDEX:

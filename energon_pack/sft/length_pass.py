@@ -224,6 +224,7 @@ class _LeanPromptCompletion:
         lo = int(ends[chunk - 1]) + 1 if chunk > 0 else 0
         block = self.ds.index.read(lo, int(ends[end - 1]))
         pf, cf, plain, template, sep, strip = self.pf, self.cf, self.plain, self.template, self.sep, self.strip
+        gate, too_long = self.ds._byte_gate, self.ds._bytes_bound
         rows: list[Any] = []
         texts: list[str] = []
         prev = 0
@@ -247,6 +248,9 @@ class _LeanPromptCompletion:
                     rows.append(rec)
                     continue
             elif not completion.strip():
+                rows.append(rec)
+                continue
+            if gate(len(prompt) + len(completion)) and too_long(rec):  # by its bytes alone: the format's route
                 rows.append(rec)
                 continue
             ptext = prompt if plain else template.format_map({"prompt": prompt, pf: prompt})
