@@ -15,7 +15,7 @@ from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.chat.tokenizer import load_demo_tokenizer
 from energon_pack.sft import length_pass
 from energon_pack.sft.dataset import JsonlSFTDataset
-from energon_pack.sft.index import LineIndex
+from energon_pack.sft.index import LineIndex, _FileBytes, scan_line_ends
 from energon_pack.sft.token_bound import max_bytes_per_token
 
 TOK = load_demo_tokenizer()
@@ -39,6 +39,16 @@ def test_file_truncated_after_the_index_is_an_error_not_a_sigbus(tmp_path):
         length_pass._length_range(ds, 0, 300, True)
     with pytest.raises(ConfigError, match="it ends before byte 986 .* read stopped at byte 940"):
         ds.index.line(20)
+
+
+def test_file_truncated_during_the_index_scan_is_an_error_not_a_sigbus(tmp_path):
+    path = write(tmp_path / "d.jsonl", [GOOD] * 300)
+    data = _FileBytes(path)  # the scan's view, sized when it began
+    assert scan_line_ends(data, chunk_bytes=1000).tolist()[-3:] == [14005, 14052, 14099]
+    os.truncate(path, 2500)
+    with pytest.raises(ConfigError, match=r"^path: '.*d\.jsonl' changed during its line index scan \(14100 bytes when "
+                                          r"the scan began, fewer at byte 2500\)\. Fix: rerun when the file is stable"):
+        scan_line_ends(data, chunk_bytes=1000)
 
 
 def test_file_appended_to_during_the_pass_is_an_error(tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
-"""Line-offset index of a JSONL file over mmap, cached beside the file with a fingerprint.
+"""Line-offset index of a JSONL file, cached beside the file with a fingerprint.
 
 The index is the array of line *ends* (byte offset of each ``\\n``, or the file size for a last
 line without one; in a file with no ``\\n`` at all, each lone ``\\r``: old Mac line endings): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
-(``flatnonzero(chunk == 10)`` over the mmap, chunk by chunk, so memory stays bounded) and saved
+(``flatnonzero(chunk == 10)`` over chunks read with ``os.pread``, so memory stays bounded and a
+file cut short under the scan is an error, not a SIGBUS) and saved
 as ``<file>.idx.npy`` plus ``<file>.idx.json`` holding a fingerprint of the source (size,
 mtime, hashes of the first and last MiB). A changed file, a corrupt or unreadable cache, or a
 version bump rebuilds it; a cache directory we cannot write to keeps the index in memory.
@@ -63,6 +64,27 @@ def open_mmap(path: str | os.PathLike) -> np.ndarray:
 LF, CR = 10, 13
 
 
+class _FileBytes:
+    """The bytes of a file as far as :func:`scan_line_ends` needs them (length, slices, one
+    byte), read with ``os.pread``: a file cut short under the scan is a ConfigError, not a SIGBUS."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.size = path, os.stat(path).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: "int | slice") -> "np.ndarray | int":
+        lo, hi, _ = (key if isinstance(key, slice) else slice(key % self.size, key % self.size + 1)).indices(self.size)
+        with open(self.path, "rb", buffering=0) as f:
+            got = os.pread(f.fileno(), hi - lo, lo) if hi > lo else b""
+        if len(got) != max(0, hi - lo):
+            raise file_changed_error(self.path, f"{self.size} bytes when the scan began, fewer at byte {lo + len(got)}",
+                                     "its line index scan")
+        array = np.frombuffer(got, dtype=np.uint8)
+        return array if isinstance(key, slice) else int(array[0])
+
+
 def _scan(data: np.ndarray, byte: int, chunk_bytes: int) -> np.ndarray:
     parts = [np.flatnonzero(data[start : start + chunk_bytes] == byte) + start for start in range(0, len(data), chunk_bytes)]
     return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
@@ -121,7 +143,9 @@ def load_cached(npy: Path, meta: dict, expected_len: int | None = None) -> tuple
 
 def load_line_index(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> np.ndarray:
     """Line ends of ``path``: the cached ``<file>.idx.npy`` when its fingerprint matches, else a fresh scan."""
-    data = open_mmap(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"JSONL file not found: {str(path)!r}")
+    data = _FileBytes(Path(path))
     meta = {"version": INDEX_VERSION, "kind": "line_ends", "source": file_fingerprint(path)}
     npy = cache_path(path, ".idx.npy", cache_dir)
     cached = load_cached(npy, meta)
@@ -141,9 +165,9 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
-def file_changed_error(path: str | os.PathLike, what: str) -> ConfigError:
+def file_changed_error(path: str | os.PathLike, what: str, during: str = "the length pass") -> ConfigError:
     """The error for a JSONL file that changed while it was being read."""
-    return ConfigError("path", f"{str(path)!r} changed during the length pass ({what})",
+    return ConfigError("path", f"{str(path)!r} changed during {during} ({what})",
                        "rerun when the file is stable (let the writer finish, or copy the file first)")
 
 
