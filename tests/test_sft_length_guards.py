@@ -105,6 +105,15 @@ def test_token_bound_is_a_lower_bound_and_only_for_tokenizers_it_holds_for():
     for n in (1, 7, 100, 5000):
         text = "".join(rng.choice(alphabet) for _ in range(n))
         assert len(TOK.encode(text)) >= -(-len(text.encode()) // 16)
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["\u0120" * 20] = len(vocab)  # twenty byte-level spaces: 40 bytes of UTF-8, 20 bytes of text
+    spaces = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    spaces.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert max_bytes_per_token(spaces) == 20
+    del vocab["\u0120"]
+    spaces = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    spaces.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert max_bytes_per_token(spaces) is None  # a space would be dropped, not counted
     plain = Tokenizer(models.BPE(unk_token="[UNK]", fuse_unk=True))
     plain.pre_tokenizer = pre_tokenizers.ByteLevel()
     assert max_bytes_per_token(plain) is None  # fused unknown tokens stand for any length

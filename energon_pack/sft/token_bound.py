@@ -1,9 +1,8 @@
 """A lower bound on a text's token count from its UTF-8 length, for byte-level BPE tokenizers.
 
-With byte-level BPE every token stands for a run of the (normalised) text's bytes, and that run
-is at most as long as the token's vocabulary string (one byte-level character per byte, each at
-least one UTF-8 byte; an added token stands for its own content). So a text of ``B`` bytes has at
-least ``ceil(B / L)`` tokens, ``L`` the longest vocabulary string in UTF-8 bytes, when nothing can
+With byte-level BPE every token stands for a run of the (normalised) text's bytes, one byte per
+character of its vocabulary string (an added token stands for its own content's UTF-8). So a
+text of ``B`` bytes has at least ``ceil(B / L)`` tokens, ``L`` the longest such run, when nothing can
 stand for more (no fused unknown tokens, no added token that swallows whitespace), nothing drops
 bytes (the pre-tokenizer only splits) and the normaliser does not shrink the text (none), or
 shrinks it at most :data:`NFC_SHRINK` times (NFC). The length pass uses it to call a huge line
@@ -57,7 +56,11 @@ def max_bytes_per_token(tokenizer: Any) -> int | None:
         return None  # such a token also stands for the whitespace next to it, however long
     from tokenizers.pre_tokenizers import ByteLevel
 
-    vocab = inner.get_vocab(with_added_tokens=True)
-    if not set(ByteLevel.alphabet()) <= vocab.keys():
+    alphabet = set(ByteLevel.alphabet())
+    vocab = inner.get_vocab(with_added_tokens=False)
+    if not alphabet <= vocab.keys():
         return None  # a byte missing from the vocabulary is dropped: not every byte is covered
-    return shrink * max(len(token.encode("utf-8")) for token in vocab)
+    # a byte-level character is one byte of text (anything else: its UTF-8, more than it can stand for)
+    longest = max(sum(1 if ch in alphabet else len(ch.encode("utf-8")) for ch in token) for token in vocab)
+    added = (len(tok.content.encode("utf-8")) for tok in inner.get_added_tokens_decoder().values())
+    return shrink * max([longest, *added])
