@@ -152,6 +152,11 @@ def test_a_line_too_long_by_its_bytes_is_skipped_untokenised_and_normal_lines_ar
         JsonlSFTDataset(path, TOK, max_length=16)[3]
     with pytest.raises(ValueError, match=r"line 2 has at least 17 tokens \(257 bytes .* > max_length 16 \(overlength='error'"):
         JsonlSFTDataset(path, TOK, max_length=16, overlength="error").lengths
+    straddling = write(tmp_path / "s.jsonl", [{"prompt": "Hi", "completion": "end|>" + "x" * 600}])
+    assert JsonlSFTDataset(straddling, TOK, max_length=16, separator="<|im_").skips == {"control_token_in_text": 1}
+    templated = JsonlSFTDataset(path, TOK, max_length=16, template="Q: {prompt}\nA:", separator=" ")
+    assert templated.skipped_lines[0] == (2, "too_long", "line 2: at least 17 tokens (264 bytes of text, "
+                                                         "<= 16 bytes a token) > max_length 16")
     truncated = JsonlSFTDataset(path, TOK, max_length=16, overlength="truncate")  # needs the tokens: no bound
     assert truncated.lengths.tolist()[:4] == [7, 16, 16, 16]
 

@@ -148,12 +148,16 @@ class JsonlSFTDataset:
         if type(prompt) is not str or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
             return None
         per_token, contents = self._byte_bound
+        if not completion.strip():
+            return None
         if fmt.strip_whitespace:
             prompt, completion = prompt.strip(), completion.strip()
-        if not completion.strip() or any(c in prompt or c in completion for c in contents):
+        # the two texts the format tokenises (a control token may straddle template/separator and text)
+        texts = (fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion)
+        if any(c in text for text in texts for c in contents):
             return None
         try:
-            n_bytes = len(prompt.encode("utf-8")) + len(completion.encode("utf-8"))
+            n_bytes = sum(len(text.encode("utf-8")) for text in texts)
         except UnicodeEncodeError:
             return None
         at_least = -(-n_bytes // per_token)
