@@ -3,8 +3,10 @@
 any single bad record a counted skip (issue 20, items 2, 3 and 9)."""
 
 import contextlib
+import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -224,3 +226,81 @@ def test_overwrite_recovers_from_a_run_killed_while_indexing(small_source, tmp_p
     s = convert(small_source, out, workers=0, progress=False, overwrite=True, image_root=small_source.parent)
     assert s.written == 3 and not (out / "data-000000.tar.idx.tmp").exists()
     assert not (out / ".nv-meta" / "index.sqlite-journal").exists() and (out / "data-000000.tar.idx").is_file()
+
+
+# ------------------------------------------------------------------------------ JSON arrays, streamed (items 9, 12)
+def test_iter_json_array_splits_exactly_like_json():
+    rng = random.Random(0)
+    atoms = ['a "quoted" word', "back\\slash\\", "\\", '"', "[{,}]", "ünï©ødé ✓", "😀", "", "tab\t\nnl"]
+
+    def value(depth=0):
+        kind = rng.randrange(7 if depth < 4 else 4)
+        if kind == 0:
+            return rng.choice(atoms) + rng.choice(atoms)
+        if kind == 1:
+            return rng.choice([0, -1.5e-7, 12345678901234567890, True, False, None])
+        if kind in (2, 3):
+            return rng.choice(atoms)
+        if kind in (4, 5):
+            return {rng.choice(atoms) + str(i): value(depth + 1) for i in range(rng.randrange(4))}
+        return [value(depth + 1) for _ in range(rng.randrange(4))]
+
+    for trial in range(40):
+        array = [value() for _ in range(rng.randrange(12))]
+        text = json.dumps(array, ensure_ascii=trial % 2 == 0, indent=trial % 3 or None).encode()
+        if trial % 5 == 0:
+            text = b"\xef\xbb\xbf \n" + text + b"\n\n"
+        for chunk in (1, 2, 3, 7, 64, 1 << 20):
+            assert [json.loads(raw) for raw in convert_mod.iter_json_array(io.BytesIO(text), chunk)] == array
+
+
+@pytest.mark.parametrize("text, elements", [
+    (b"[]", []),
+    (b"  [ ]  ", []),
+    (b'[1, {"a": "]"}, ]', [b"1", b' {"a": "]"}']),  # a trailing comma is no element
+    (b'[1,,2]', [b"1", b"", b"2"]),  # an empty element is one (its parse fails: counted)
+    (b'[{"a": 1}, {"b": ', [b'{"a": 1}', b' {"b": ']),  # a truncated file: the broken tail is one
+    (b'[1] trailing', [b"1", b"<data after the closing ]> trailing"]),
+    (b"[" + b"[" * 100_000 + b"]" * 100_000 + b", 2]", [b"[" * 100_000 + b"]" * 100_000, b" 2"]),
+])
+def test_iter_json_array_edges(text, elements):
+    for chunk in (1, 5, 1 << 20):
+        assert list(convert_mod.iter_json_array(io.BytesIO(text), chunk)) == elements
+
+
+def test_a_json_array_with_hostile_records_converts_the_rest(tree, tmp_path):
+    src, _, _ = tree
+    good = json.dumps(rec("imgs/ok.jpg"))
+    deep = "[" * 100_000 + "]" * 100_000
+    items = [good, deep, json.dumps(rec("imgs/ok.jpg", q="lone \ud800")), json.dumps(rec("imgs/ok.jpg\u0000")),
+             json.dumps({**rec("imgs/ok.jpg"), "meta": json.loads("[" * 100 + "]" * 100)}), good]
+    (src / "data.json").write_text("[" + ",\n".join(items) + "]")
+    s = convert(src / "data.json", tmp_path / "out", workers=2, progress=False)
+    assert (s.records, s.written) == (6, 2) and "JSON array of 6 records" in s.detected
+    assert s.skipped == {"invalid_json": 2, "invalid_text": 1, "bad_image_ref": 1}
+    assert s.examples["invalid_json"] == ["record 1: nested too deeply (> 64 levels)",
+                                          "record 4: nested too deeply (> 64 levels)"]
+
+
+def test_json_array_memory_is_bounded_by_the_largest_record(tmp_path):
+    """A 120 MB JSON array converts with far less than 120 MB of extra memory (parsed whole it took
+    ~250 MB); the peak over the resident size before convert is measured in a fresh process."""
+    path = tmp_path / "big.json"
+    record = {"conversations": turns("q" * 3000, "a " * 1500), "id": "x" * 100}
+    n = 120_000_000 // len(json.dumps(record))
+    with open(path, "w") as f:
+        f.write("[")
+        for i in range(n):
+            f.write(("," if i else "") + json.dumps({**record, "id": f"{i:09d}"}))
+        f.write("]")
+    script = (  # VmHWM: this process's peak (ru_maxrss would carry the forking pytest's peak across exec)
+        "import sys; from energon_pack.energon.convert import convert; import webdataset, PIL.Image; "
+        "kb = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+        "base = kb('VmRSS'); "
+        "s = convert(sys.argv[1], sys.argv[2], workers=0, progress=False, samples_per_shard=1000); "
+        "print(s.written, kb('VmHWM') - base)")
+    out = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "out")], capture_output=True,
+                         text=True, check=True).stdout.split()
+    written, growth_kb = int(out[0]), int(out[1])
+    assert written == n and path.stat().st_size > 115_000_000
+    assert growth_kb < 40_000, f"peak RSS grew by {growth_kb / 1e3:.0f} MB converting a 120 MB JSON array"

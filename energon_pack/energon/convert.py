@@ -218,12 +218,82 @@ def _open_source(path: Path, format: str) -> _Source:
     else:
         raise ConfigError("format", f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
                           "pass a JSON array, a JSONL file or Parquet")
-    data = _load_json_array(path) if container == "json" else None
-    peek = data[:200] if data is not None else _peek_jsonl(path)
+    streamed = container == "json" and text[:1] == b"["  # an array: streamed record by record, never held whole
+    data = _load_json_array(path) if container == "json" and not streamed else None
+    peek = data[:200] if data is not None else _peek_json_array(path) if streamed else _peek_jsonl(path)
     shape = format if format != "auto" else _detect_shape(peek, path)
     how = "auto-detected" if format == "auto" else "as given"
-    kind = f"JSON array of {len(data)} records" if data is not None else "JSONL"
+    kind = f"JSON array of {len(data)} records" if data is not None else "JSON array" if streamed else "JSONL"
     return _Source([path], container, shape, f"{shape} ({kind}, {how})", None if data is None else len(data), data=data)
+
+
+def _peek_json_array(path: Path, n: int = 200) -> list:
+    out = []
+    with open(path, "rb") as f:
+        for raw in iter_json_array(f):
+            if len(out) >= n:
+                break
+            with contextlib.suppress(SampleSkipped):
+                out.append(decode_json_record(raw))
+    return out
+
+
+_JSON_OUTSIDE = re.compile(rb'["\[\]{},]')  # what changes the state outside a string
+_JSON_INSIDE = re.compile(rb'["\\]')  # ... and inside one
+
+
+def iter_json_array(f: Any, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    """The raw bytes of each element of the JSON array in the binary file ``f``, found by
+    tracking strings and bracket depth (iteratively: any nesting depth), never parsing or holding
+    the whole array: memory is bounded by the largest element plus ``chunk_size``. Broken text
+    comes out as elements whose parse fails (a counted skip), text after the array too; an empty
+    final element (``[]``, a trailing comma) is not one."""
+    buf = bytearray()
+    while not buf.lstrip(b"\xef\xbb\xbf \t\r\n") and (more := f.read(chunk_size)):
+        buf += more
+    start = len(buf) - len(buf.lstrip(b"\xef\xbb\xbf \t\r\n"))
+    if buf[start:start + 1] != b"[":
+        raise ValueError("not a JSON array")
+    start += 1
+    pos, depth, in_string, eof = start, 1, False, False
+    while depth:
+        m = (_JSON_INSIDE if in_string else _JSON_OUTSIDE).search(buf, pos)
+        if m is None or (in_string and buf[m.start()] == 0x5C and m.start() + 1 >= len(buf) and not eof):
+            if eof:
+                break
+            pos = (m.start() if m else len(buf)) - start
+            del buf[:start]  # keep only the current element
+            start = 0
+            more = f.read(chunk_size)
+            eof = not more
+            buf += more
+            continue
+        i, c = m.start(), buf[m.start()]
+        pos = i + 1
+        if in_string:
+            if c == 0x5C:  # a backslash: the next byte is escaped
+                pos = i + 2
+            else:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in b"[{":
+            depth += 1
+        elif c in b"]}":
+            depth -= 1
+        elif depth == 1:  # a comma between elements
+            yield bytes(buf[start:i])
+            start = i + 1
+        if not depth and buf[start:i].strip():
+            yield bytes(buf[start:i])
+    if depth and bytes(buf[start:]).strip():  # a truncated file: the last element is broken
+        yield bytes(buf[start:])
+    rest = bytes(buf[pos:]).strip() if not depth else b""
+    while not depth and not rest and not eof:
+        more = f.read(chunk_size)
+        eof, rest = not more, more.strip()
+    if rest:  # text after the array: one broken element, so it is counted, not ignored
+        yield b"<data after the closing ]> " + (rest + f.read(200))[:200].strip()
 
 
 def _peek_jsonl(path: Path, n: int = 200) -> list:
@@ -242,6 +312,9 @@ def _peek_jsonl(path: Path, n: int = 200) -> list:
 def _load_json_array(path: Path) -> list:
     try:
         data = json.loads(Path(path).read_bytes().decode("utf-8-sig"))
+    except RecursionError:
+        raise ConfigError("source", f"{path} is nested too deeply to read as one JSON document",
+                          "write the records as a JSON array or one JSON object per line") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError("source", f"{path} is not valid JSON: {exc}",
                           "fix the file (a JSON array of records, or one JSON object per line)") from None
@@ -575,7 +648,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
         for rec_index, where, payload in items:
             res.records += 1
             try:
-                rec = decode_json_record(payload) if container == "jsonl" else payload
+                rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
                 fields, nimages, nbytes = build_sample(rec, f"{rec_index:09d}", ctx)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
                 skip = exc if isinstance(exc, SampleSkipped) else \
@@ -616,9 +689,13 @@ _BLANK = object()
 
 
 def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
-    if src.container == "json":
+    if src.container == "json" and src.data is None:  # an array, streamed: raw records, parsed in the workers
+        with open(src.files[0], "rb") as f:
+            for i, raw in enumerate(iter_json_array(f)):
+                yield f"record {i}", raw
+    elif src.container == "json":
         data, src.data = src.data, None  # the records go to the workers chunk by chunk
-        for i, rec in enumerate(data if data is not None else _load_json_array(src.files[0])):
+        for i, rec in enumerate(data):
             yield f"record {i}", rec
     elif src.container == "jsonl":
         with open(src.files[0], "rb") as f:
@@ -797,6 +874,8 @@ def convert(
                               "check --image-root and the skip reasons")
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
+        if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
+            summary.detected = src.detected.replace("JSON array", f"JSON array of {summary.records} records", 1)
         summary.seconds = round(time.perf_counter() - t0, 3)
         (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
