@@ -2,8 +2,8 @@
 ``--image-root``, regular files only, a size cap, a header check before the rest is read, and
 any single bad record a counted skip (issue 20, items 2, 3 and 9)."""
 
-import contextlib
 import io
+import base64
 import json
 import os
 import random
@@ -15,24 +15,11 @@ import tarfile
 import pytest
 
 import energon_pack.energon.convert as convert_mod
+from energon_pack.bench.stress_resume import hang_alarm  # fails the test instead of hanging on a FIFO
 from energon_pack.energon.convert import HEADER_BYTES, SKIP_REASONS, convert, main
 from energon_pack.errors import ConfigError
 
 from test_convert import image, turns
-
-
-@contextlib.contextmanager
-def deadline(seconds=60):
-    """Fail instead of hanging (a FIFO or /dev/zero read whole would block or never end)."""
-    def fail(*_):
-        raise TimeoutError(f"convert still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, fail)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def members_bytes(out):
@@ -96,7 +83,7 @@ def test_reads_stay_inside_the_source_and_image_root(tree, tmp_path, capsys):
     assert b"SECRET-MARKER" in members_bytes(tmp_path / "open") and b"root:x:0" not in members_bytes(tmp_path / "open")
 
 
-def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, monkeypatch):
+def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, monkeypatch, capsys):
     src, _, _ = tree
     records = [rec("imgs/ok.jpg"), rec("imgs/pipe.jpg"), rec("imgs/zero.jpg"), rec("imgs"), rec("imgs/text.jpg"),
                rec("imgs/big.png"), rec("/dev/zero"), rec("/dev/stdin"), rec("/dev/null")]
@@ -105,7 +92,7 @@ def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, 
     reads = []
     real_read = convert_mod._read_upto
     monkeypatch.setattr(convert_mod, "_read_upto", lambda fd, n: reads.append(len(data := real_read(fd, n))) or data)
-    with deadline():
+    with hang_alarm(60):
         s = convert(src / "data.json", tmp_path / "out", workers=0, progress=False, max_media_mb=8)
     assert (s.records, s.written) == (9, 1)
     assert s.skipped == {"path_outside_root": 4, "not_a_regular_file": 2, "not_an_image": 1, "media_too_large": 1}
@@ -115,7 +102,7 @@ def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, 
     assert ex["not_an_image"] == [f"record 4: image 0: {src / 'imgs/text.jpg'}: its first bytes are no image header"]
     assert ex["media_too_large"][0].startswith(f"record 5: image 0: {src / 'imgs/big.png'}: 9.4 MB > --max-media-mb 8")
     assert sum(reads) == len((src / "imgs" / "ok.jpg").read_bytes()) + HEADER_BYTES  # text.jpg: 64 kB only
-    with deadline():  # the devices themselves, when outside paths are allowed: refused by kind, never read
+    with hang_alarm(60):  # the devices themselves, when outside paths are allowed: refused by kind, never read
         s = convert(src / "data.json", tmp_path / "open", workers=0, progress=False, allow_outside_paths=True,
                     max_media_mb=8)
     stdin_is_file = os.path.isfile("/dev/stdin")  # /dev/stdin is whatever fd 0 is: a regular file when redirected
@@ -124,6 +111,15 @@ def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, 
     with pytest.raises(ConfigError) as err:
         convert(src / "data.json", tmp_path / "bad", max_media_mb=0, progress=False)
     assert err.value.knob == "max_media_mb"
+    # the same knobs from the command line; a data: URI and inline bytes are held to the cap too
+    big_uri = "data:image/png;base64," + base64.b64encode((src / "imgs" / "big.png").read_bytes()).decode()
+    (src / "more.json").write_text(json.dumps([rec("imgs/ok.jpg"), rec(big_uri), rec("/dev/zero")]))
+    with hang_alarm(60):
+        assert main([str(src / "more.json"), str(tmp_path / "cli"), "--workers", "0", "--no-progress", "--json",
+                     "--max-media-mb", "8", "--allow-outside-paths"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert (cli["written"], cli["skipped"]) == (1, {"media_too_large": 1, "not_a_regular_file": 1})
+    assert cli["examples"]["media_too_large"] == ["record 1: image 0: data URI: 9.4 MB > --max-media-mb 8"]
 
 
 def test_one_bad_record_never_ends_the_run(tree, tmp_path, monkeypatch):
