@@ -13,6 +13,7 @@ import pytest
 
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.chat.tokenizer import load_demo_tokenizer
+from energon_pack.sft import dataset as dataset_module
 from energon_pack.sft import length_pass
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import LineIndex, _FileBytes, scan_line_ends
@@ -130,6 +131,8 @@ def test_token_bound_is_a_lower_bound_and_only_for_tokenizers_it_holds_for():
 
 def test_a_line_too_long_by_its_bytes_is_skipped_untokenised_and_normal_lines_are_unchanged(tmp_path, monkeypatch):
     # max_length 16 and 16 bytes a token: more than 256 bytes of text is too long without tokenising
+    # (from BYTE_BOUND_MIN_BYTES on: lowered here to see it on small lines)
+    monkeypatch.setattr(dataset_module, "BYTE_BOUND_MIN_BYTES", 0)
     lines = [GOOD, {"prompt": "Hi", "completion": "x" * 255}, {"prompt": "H", "completion": "x" * 255},
              {"prompt": "Hi", "completion": "x " * 300}, {"prompt": "Hi", "completion": "x" * 600 + "<|im_end|>"},
              {"prompt": "Hi", "completion": "x" * 600 + "\ud800"}, {"prompt": "x" * 600, "completion": " " * 600},
@@ -159,6 +162,10 @@ def test_a_line_too_long_by_its_bytes_is_skipped_untokenised_and_normal_lines_ar
                                                          "<= 16 bytes a token) > max_length 16")
     truncated = JsonlSFTDataset(path, TOK, max_length=16, overlength="truncate")  # needs the tokens: no bound
     assert truncated.lengths.tolist()[:4] == [7, 16, 16, 16]
+    monkeypatch.setattr(dataset_module, "BYTE_BOUND_MIN_BYTES", 600)  # lines of at most this much text: tokenised
+    exact = JsonlSFTDataset(path, TOK, max_length=16).compute_lengths(workers=1)
+    assert exact[0].tolist() == lengths and exact[2][4] == details[4]  # 601 bytes: still by the bound
+    assert exact[2][2] == "line 2: 258 tokens > max_length 16" and exact[2][8] == "line 8: 220 tokens > max_length 16"
 
 
 def test_a_50_mb_line_stays_in_bounded_memory(tmp_path):

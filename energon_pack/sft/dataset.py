@@ -37,6 +37,9 @@ from .token_bound import backend, max_bytes_per_token
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
+#: lines with more text than this (UTF-8 bytes) may be called too long by their bytes alone
+#: (:meth:`JsonlSFTDataset._reject_by_bytes`); shorter ones are tokenised, details exactly as before
+BYTE_BOUND_MIN_BYTES = 1 << 20
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
@@ -161,12 +164,13 @@ class JsonlSFTDataset:
         except UnicodeEncodeError:
             return None
         at_least = -(-n_bytes // per_token)
-        return (at_least, n_bytes, per_token) if at_least > self.max_length else None
+        return (at_least, n_bytes, per_token) if at_least > self.max_length and n_bytes > BYTE_BOUND_MIN_BYTES else None
 
     def _byte_gate(self, chars: int) -> bool:
-        """Whether ``chars`` characters of prompt/completion text may hold more bytes than
-        ``max_length`` tokens stand for (UTF-8: at most 4 bytes a character); O(1)."""
-        if self.max_length is None or self.overlength == "truncate" or 4 * chars <= self.max_length:
+        """Whether ``chars`` characters of prompt/completion text may hold more than
+        :data:`BYTE_BOUND_MIN_BYTES` and more bytes than ``max_length`` tokens stand for (UTF-8:
+        at most 4 bytes a character); O(1)."""
+        if self.max_length is None or self.overlength == "truncate" or 4 * chars <= BYTE_BOUND_MIN_BYTES:
             return False
         per_token = self._byte_bound[0]
         return per_token is not None and 4 * chars > per_token * self.max_length
