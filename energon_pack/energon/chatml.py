@@ -10,8 +10,9 @@ Supported shard layouts (one tar member per field, webdataset naming ``KEY.FIELD
   pickled list of encoded images) and ``videos`` (a pickled list of frame lists).
 
 Pickled members come from the dataset, so they are never handed to ``pickle.loads``: a
-restricted unpickler loads built-in containers, bytes, str and numbers only (no global, so no
-``__reduce__`` payload can run), then the shape is checked. Anything else is the counted skip
+restricted unpickler loads built-in containers, bytes, str and numbers only (no global but safe
+twins of the two protocols 0-2 spell bytes with, so no ``__reduce__`` payload can run), then the
+shape is checked. Anything else is the counted skip
 ``unsafe_pickle``. ``ENERGON_PACK_ALLOW_UNSAFE_PICKLE=1`` loads exotic pickles (numpy frames,
 tensors) with plain ``pickle``, which runs any code the dataset's author put there.
 

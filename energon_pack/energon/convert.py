@@ -505,7 +505,8 @@ def _read_file(path: Path, i: int, ctx: _Context) -> bytes:
                             "(pass --allow-outside-paths to read it)")
     try:
         _check_regular(os.stat(real), what, ctx)
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        # O_NOFOLLOW: a symlink swapped in after realpath fails instead of leading out of the roots
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SampleSkipped("missing_image", f"{what} not found") from None
     except OSError as exc:
