@@ -300,3 +300,13 @@ def test_json_array_memory_is_bounded_by_the_largest_record(tmp_path):
     written, growth_kb = int(out[0]), int(out[1])
     assert written == n and path.stat().st_size > 115_000_000
     assert growth_kb < 40_000, f"peak RSS grew by {growth_kb / 1e3:.0f} MB converting a 120 MB JSON array"
+
+
+def test_a_deep_record_in_a_json_object_never_reaches_the_workers(tree, tmp_path):
+    """``{"data": [records]}`` is read whole; a record 900 deep parses but would not pickle to a worker."""
+    src, _, _ = tree
+    good = json.dumps(rec("imgs/ok.jpg"))
+    (src / "data.json").write_text('{"data": [\n' + ",\n".join([good, "[" * 900 + "]" * 900, good]) + "\n]}")
+    s = convert(src / "data.json", tmp_path / "out", workers=2, progress=False)
+    assert (s.records, s.written, s.skipped) == (3, 2, {"invalid_json": 1})
+    assert s.examples["invalid_json"] == ["record 1: nested too deeply (> 64 levels)"]

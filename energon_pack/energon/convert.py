@@ -649,6 +649,8 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
         for rec_index, where, payload in items:
             res.records += 1
             try:
+                if isinstance(payload, SampleSkipped):
+                    raise payload
                 rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
                 fields, nimages, nbytes = build_sample(rec, f"{rec_index:09d}", ctx)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
@@ -689,6 +691,15 @@ def _iter_chunks(src: _Source, size: int) -> Iterator[tuple[int, list, int]]:
 _BLANK = object()
 
 
+def _depth_checked(rec: Any) -> Any:
+    """``rec``, or its depth skip: a record too deep to pickle never travels to a worker."""
+    try:
+        check_depth(rec)
+    except SampleSkipped as skip:
+        return skip
+    return rec
+
+
 def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
     if src.container == "json" and src.data is None:  # an array, streamed: raw records, parsed in the workers
         with open(src.files[0], "rb") as f:
@@ -697,7 +708,7 @@ def _iter_records(src: _Source) -> Iterator[tuple[str, Any]]:
     elif src.container == "json":
         data, src.data = src.data, None  # the records go to the workers chunk by chunk
         for i, rec in enumerate(data):
-            yield f"record {i}", rec
+            yield f"record {i}", _depth_checked(rec)
     elif src.container == "jsonl":
         with open(src.files[0], "rb") as f:
             for lineno, line in enumerate(f, 1):
