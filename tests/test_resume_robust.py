@@ -30,10 +30,11 @@ def shards(tmp_path_factory):
     return write_shards(tmp_path_factory.mktemp("robust"), SHARDS)
 
 
-def loader(path, *, mode="carry", workers=0, buffer=16, finite=True, packing=True, **kw):
+def loader(path, *, mode="carry", workers=0, buffer=16, finite=True, packing=True, rank=0, world=1,
+           encoder=StressTaskEncoder, **kw):
     kw.setdefault("seq_length", 512)
-    te = StressTaskEncoder(packing_mode=mode, **kw)
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    te = encoder(packing_mode=mode, **kw)
+    wc = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
     common = dict(batch_size=1, worker_config=wc, task_encoder=te, packing_buffer_size=buffer if packing else None)
     if finite:
         ds = get_val_dataset(path, split_part="train", **common)

@@ -29,7 +29,7 @@ from energon_pack.packing.costs import Cost
 
 from .samples import SkippedSample
 from .pack_restore import restore_pack
-from .stream import AllSkippedError, all_skipped_message, worker_name
+from .stream import AllSkippedError, ResumeConfigError, all_skipped_message, worker_name
 
 
 class CarryOverPackingDataset(BaseWrapperDataset):
@@ -120,7 +120,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
 
     def __iter__(self) -> Iterator[Any]:
         self._held.worker_start()
-        assert len(self._held.buffer) == len(self._held_slots)
+        self._check_consistent()
         yield from self._drain()
         # A restored state saved while the last packs of a finite stream were flushed has the
         # SourceEnd marked done: the source yields nothing and the flush below completes.
@@ -146,6 +146,17 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             self._check_progress()
         self._pending.extend(self._packer.flush())
         yield from self._drain()
+
+    def _check_consistent(self) -> None:
+        """Refuse a state whose held samples are not exactly the members of its open bins and pending packs."""
+        binned = [key for _bin, _opened, members in self._packer.state_dict()["bins"] for key, _cost in members]
+        placed = sorted(binned + [slot for group in self._pending for slot in group])
+        if len(self._held.buffer) != len(self._held_slots) or placed != sorted(self._held_slots):
+            raise ResumeConfigError(
+                "checkpoint", f"the carry-over state holds {len(self._held.buffer)} sample keys for "
+                f"{len(self._held_slots)} slots, but its open bins and pending packs place {len(placed)} slots, so "
+                "some held samples would never be delivered", "restore an unmodified checkpoint, or start a new "
+                "run without restoring the loader state")
 
     def _check_progress(self) -> None:
         """Raise instead of hanging when this worker skips sample after sample and never packs."""

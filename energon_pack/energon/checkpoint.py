@@ -1,4 +1,8 @@
-"""``save_state_rank`` that does not hang between ``iter(loader)`` and the first ``next()``.
+"""Loader checkpoints: a hang-safe ``save_state_rank``, and the resume guard that refuses a state
+restored where it does not belong (another rank, world size, worker count, shard list or encoder,
+or parts edited after saving) with a :class:`ResumeConfigError` naming the change.
+
+``save_state_rank`` does not hang between ``iter(loader)`` and the first ``next()``:
 
 Energon 7.4.1's ``SavableDataLoader.__iter__`` (savable_loader.py, ``__iter__``) sets
 ``self._has_workers = True`` as soon as ``iter(loader)`` is called, but the worker processes
@@ -11,7 +15,15 @@ blocks on ``result_queue.get()`` with no timeout: no worker exists to answer, so
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import hashlib
+from typing import Any, Callable, Dict, Optional
+
+from megatron.energon.flavors.base_dataset import SavableDataset
+from megatron.energon.savable_loader import SavableDatasetCheckpoint
+from megatron.energon.state import FlexState
+from megatron.energon.wrappers.base import BaseWrapperDataset
+
+from .stream import ResumeConfigError
 
 
 def workers_started(loader: Any) -> bool:
@@ -42,21 +54,194 @@ def worker_stats_from_state(state: Any) -> list[dict]:
     """
     found: list[dict] = []
 
-    def walk(node: Any) -> None:
-        if hasattr(node, "keys") and hasattr(node, "__getitem__"):  # dict or Energon's FlexState
+    def visit(node: dict) -> bool:
+        if isinstance(node.get("_packer_state"), dict):
+            found.append(node["_packer_state"]["stats"])
+        elif isinstance(node.get("_stats_state"), dict):
+            found.append(node["_stats_state"])
+        return False
+
+    walk_state(state, visit)
+    return found
+
+
+def walk_state(node: Any, visit: Callable[[dict], bool]) -> None:
+    """Call ``visit`` on every mapping inside a state (dicts, FlexStates, dataclasses, lists); a
+    ``True`` return stops the walk below that mapping."""
+    if hasattr(node, "keys") and hasattr(node, "__getitem__"):  # dict or Energon's FlexState
+        if not isinstance(node, dict):
             node = {k: node[k] for k in node.keys()}
-            if isinstance(node.get("_packer_state"), dict):
-                found.append(node["_packer_state"]["stats"])
-            elif isinstance(node.get("_stats_state"), dict):
-                found.append(node["_stats_state"])
+        if not visit(node):
             for value in node.values():
-                walk(value)
+                walk_state(value, visit)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            walk_state(value, visit)
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for field in dataclasses.fields(node):
+            walk_state(getattr(node, field.name, None), visit)
+
+
+# ---------------------------------------------------------------------- what a state was saved for
+def loader_fingerprint(worker_config: Any, shards: Any, encoder: Any) -> dict:
+    """What decides which samples a rank's loader yields: rank, world size, workers, shards, encoder."""
+    preset = getattr(getattr(encoder, "preset", None), "name", None)
+    return {
+        "rank": worker_config.rank,
+        "world_size": worker_config.world_size,
+        "num_workers": worker_config.num_workers,
+        "shards": sorted([str(name), int(count)] for name, count in shards),
+        "encoder": type(encoder).__name__ + (f"[{preset}]" if preset else ""),
+    }
+
+
+def check_loader_fingerprint(saved: dict, current: dict) -> None:
+    """Raise ResumeConfigError naming what changed between the checkpoint's loader and this one."""
+    if (saved["rank"], saved["world_size"]) != (current["rank"], current["world_size"]):
+        raise ResumeConfigError(
+            "rank", f"the state was saved on rank {saved['rank']} of {saved['world_size']} and is restored on rank "
+            f"{current['rank']} of {current['world_size']}, so this rank would yield another rank's share",
+            "restore each rank's own state into a run of the same world size (or start a new run without restoring)")
+    if saved["num_workers"] != current["num_workers"]:
+        raise _worker_count_error(saved["num_workers"], current["num_workers"])
+    if saved["shards"] != current["shards"]:
+        old, new = dict(map(tuple, saved["shards"])), dict(map(tuple, current["shards"]))
+        diff = [f"added {n} ({new[n]} samples)" for n in new if n not in old]
+        diff += [f"removed {n} ({old[n]} samples)" for n in old if n not in new]
+        diff += [f"{n} now has {new[n]} samples, not {old[n]}" for n in old if n in new and old[n] != new[n]]
+        raise ResumeConfigError(
+            "dataset", f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
+            "it would repeat or skip samples", "start a new epoch/run without restoring the loader state, or restore "
+            "with the shards it was saved with")
+    if saved["encoder"] != current["encoder"]:
+        raise ResumeConfigError(
+            "encoder", f"the state was saved with task encoder {saved['encoder']}, this loader has {current['encoder']}",
+            f"restore with {saved['encoder']} (or start a new run without restoring the loader state)")
+
+
+def _worker_count_error(saved: int, current: int) -> ResumeConfigError:
+    return ResumeConfigError(
+        "num_workers", f"the state was saved by a loader with num_workers={saved}, this loader has num_workers={current}",
+        f"restore with num_workers={saved}: each worker's position and open bins are its own part of the state")
+
+
+def state_checksum(state: Any) -> str:
+    """SHA-256 over a canonical form of a dataset state (dicts, lists, keys, counters, arrays)."""
+    digest = hashlib.sha256()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            digest.update(b"{")
+            for key in sorted(node, key=str):
+                digest.update(repr(key).encode())
+                walk(node[key])
+            digest.update(b"}")
         elif isinstance(node, (list, tuple)):
+            digest.update(b"[" if isinstance(node, list) else b"(")
             for value in node:
                 walk(value)
+            digest.update(b"]")
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-            for field in dataclasses.fields(node):
-                walk(getattr(node, field.name, None))
+            walk({f.name: getattr(node, f.name, None) for f in dataclasses.fields(node)})
+        elif hasattr(node, "tolist"):  # numpy / torch arrays
+            walk(node.tolist())
+        else:
+            digest.update(f"{type(node).__name__}:{node!r};".encode())
 
     walk(state)
+    return digest.hexdigest()
+
+
+class ResumeGuard(BaseWrapperDataset):
+    """Outermost wrapper: its state carries the loader fingerprint and a checksum of every inner part.
+
+    A restore saved for another rank, world size, worker count, shard list or encoder is a
+    :class:`ResumeConfigError` naming the change; a state whose parts were edited or removed after
+    saving (open bins, counters, keys) fails the checksum and is refused before anything is restored.
+    """
+
+    _savable_fields = ("_resume",)
+
+    def __init__(self, dataset: SavableDataset, *, fingerprint: dict, worker_config: Any) -> None:
+        super().__init__(dataset, worker_config=worker_config)
+        self.fingerprint = fingerprint
+        self.reset_state_own()
+
+    def reset_state_own(self) -> None:
+        self._resume = None
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        return self.dataset.len_worker(worker_idx)
+
+    def __iter__(self):
+        yield from self.dataset
+
+    def save_state(self) -> FlexState:
+        inner = [ds.save_state() for ds in self.datasets]
+        guard = {"fingerprint": self.fingerprint, "checksum": state_checksum(inner)}
+        return FlexState(__class__=type(self).__name__, _resume=guard, datasets=inner)
+
+    def restore_state(self, state: Optional[FlexState]) -> None:
+        if state is not None:
+            check_state(state, self.fingerprint)
+        super().restore_state(state)
+        self._resume = None
+
+    def config(self) -> Dict[str, Any]:
+        return {"type": type(self).__qualname__, "fingerprint": self.fingerprint, "dataset": self.dataset.config()}
+
+    def __str__(self) -> str:
+        return f"ResumeGuard(dataset={self.dataset})"
+
+
+def check_state(state: Any, fingerprint: dict) -> None:
+    """Refuse a guard state saved for another loader, or whose parts disagree with its checksum."""
+    guard = state.get("_resume") if hasattr(state, "get") else None
+    if not isinstance(guard, dict) or "checksum" not in guard or "fingerprint" not in guard:
+        raise ResumeConfigError(
+            "checkpoint", "the loader state has no resume fingerprint (it was saved by another task encoder or "
+            "edited)", "restore a state saved by this loader's task encoder, or start a new run without restoring")
+    check_loader_fingerprint(guard["fingerprint"], fingerprint)
+    if state_checksum(state.get("datasets")) != guard["checksum"]:
+        raise ResumeConfigError(
+            "checkpoint", "the loader state's parts (open bins, held sample keys, counters) do not match the "
+            "checksum written when it was saved: it was edited or corrupted and would restore only in part",
+            "restore an unmodified checkpoint, or start a new run without restoring the loader state")
+
+
+# ---------------------------------------------------------------------- restore with clear errors
+def restore_state_rank(loader: Any, state: Any) -> None:
+    """``loader.restore_state_rank(state)`` with a :class:`ResumeConfigError` instead of Energon's bare
+    ``AssertionError`` when the state was saved with another worker count, rank or world size."""
+    if state is not None:
+        parts = list(getattr(state, "worker_states", None) or [])
+        saved = len(parts) if parts and all(isinstance(p, SavableDatasetCheckpoint) for p in parts) else 0
+        current = getattr(loader, "num_workers", 0) or 0
+        if saved != current:
+            raise _worker_count_error(saved, current)
+        guard = _find_guard(loader)
+        if guard is not None:
+            for saved_guard in _guard_states(state):
+                check_state(saved_guard, guard.fingerprint)
+    loader.restore_state_rank(state)
+
+
+def _find_guard(loader: Any) -> Optional[ResumeGuard]:
+    node = getattr(loader, "dataset", None)
+    while node is not None and not isinstance(node, ResumeGuard):
+        node = getattr(node, "dataset", None)
+    return node
+
+
+def _guard_states(state: Any) -> list:
+    """Every :class:`ResumeGuard` part of a ``save_state_rank()`` state (one per worker)."""
+    found: list = []
+
+    def visit(node: dict) -> bool:
+        if node.get("__class__") == ResumeGuard.__name__:
+            found.append(node)
+            return True
+        return False
+
+    walk_state(state, visit)
     return found

@@ -30,6 +30,7 @@ from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasin
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
+from .checkpoint import ResumeGuard, loader_fingerprint
 from .config import RESUME_SAFE_KNOBS, PackingConfig
 from .rounds import CountedSkip, RoundsPackingDataset
 from .shards import check_shards
@@ -129,7 +130,18 @@ class CarryOverPackingMixin:
     # ---------------------------------------------------------------- loading: cheap shard checks
     def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
         check_shards(dataset.dataset)
+        factory = dataset.dataset
+        shards = [(s.name, s.count) for s in getattr(factory, "shards", None) or ()]
+        if not shards and hasattr(factory, "__len__"):  # a JSONL dataset: one file, its sample count
+            shards = [(getattr(factory, "name", type(factory).__name__), len(factory))]
+        self.__dict__.setdefault("_resume_shards", []).extend(shards)
         return super()._load_dataset(dataset, worker_rotation_offset, worker_config)
+
+    def _guard(self, dataset: SavableDataset, worker_config: WorkerConfig) -> ResumeGuard:
+        """Wrap the built stream so its state names the rank, workers, shards and encoder it was saved for."""
+        shards = self.__dict__.pop("_resume_shards", [])
+        return ResumeGuard(dataset, fingerprint=loader_fingerprint(worker_config, shards, self),
+                           worker_config=worker_config)
 
     def packing_fingerprint(self, packing_buffer_size: int) -> dict:
         """Everything that must not change between save and restore for exact resume."""
@@ -167,10 +179,10 @@ class CarryOverPackingMixin:
                 "by the packer; or batch_size=1 without packing for one sample per row",
             )
         if packing_buffer_size is None:
-            return super().build_batch(
+            return self._guard(super().build_batch(
                 dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
                 packing_buffer_size=packing_buffer_size, worker_config=worker_config,
-            )
+            ), worker_config)
         postencode = self.postencode_sample if self._is_overridden(self.postencode_sample) else None
         tolerance = self.__default_failure_tolerance__
         guard = skip_guard_limit(self.packing.skip_guard, packing_buffer_size)
@@ -211,7 +223,7 @@ class CarryOverPackingMixin:
                 stateless_map_fn=get_stateless(self.encode_batch),
                 failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
             )
-        return dataset
+        return self._guard(dataset, worker_config)
 
 
     @stateless
