@@ -199,3 +199,13 @@ def test_jsonl_state_restored_after_lines_were_appended_is_refused(tmp_path):
     assert prepare_jsonl(path) == 50
     refused(jsonl_loader(), state, "dataset", r"dataset: the dataset's shards changed since the state was saved "
             r"\(sft\.jsonl now has 50 samples, not 40\)")
+
+
+def test_blend_with_a_repeated_shard_name_still_says_what_changed():
+    """Two blended datasets may both have a part-00000.tar: a changed count there is still named."""
+    from energon_pack.energon.checkpoint import check_loader_fingerprint
+
+    saved = dict(rank=0, world_size=1, num_workers=2, encoder="E", shards=[["part-00000.tar", 5], ["part-00000.tar", 7]])
+    with pytest.raises(ResumeConfigError, match=r"shards changed since the state was saved \(2 shards then, 2 now, "
+                       r"same names\)"):
+        check_loader_fingerprint(saved, {**saved, "shards": [["part-00000.tar", 7], ["part-00000.tar", 7]]})

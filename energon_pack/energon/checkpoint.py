@@ -109,6 +109,7 @@ def check_loader_fingerprint(saved: dict, current: dict) -> None:
         diff = [f"added {n} ({new[n]} samples)" for n in new if n not in old]
         diff += [f"removed {n} ({old[n]} samples)" for n in old if n not in new]
         diff += [f"{n} now has {new[n]} samples, not {old[n]}" for n in old if n in new and old[n] != new[n]]
+        diff = diff or [f"{len(saved['shards'])} shards then, {len(current['shards'])} now, same names"]  # a blend
         raise ResumeConfigError(
             "dataset", f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
             "it would repeat or skip samples", "start a new epoch/run without restoring the loader state, or restore "
