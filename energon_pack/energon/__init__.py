@@ -7,7 +7,7 @@ from .prepare import prepare, prepare_jsonl, prepare_webdataset
 from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
 from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
 from .stream import AllSkippedError
-from .checkpoint import save_state_rank
+from .checkpoint import restore_state_rank, save_state_rank
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
 
@@ -25,6 +25,7 @@ __all__ = [
     "SkippedSample",
     "TextPackingTaskEncoder",
     "AllSkippedError",
+    "restore_state_rank",
     "save_state_rank",
     "cook_chatml",
     "make_demo_shards",
