@@ -179,7 +179,8 @@ resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails
 from energon_pack.sft.dataset import JsonlSFTDataset
 ds = JsonlSFTDataset({str(path)!r}, "demo", max_length=4096, length_workers=1)
 print(ds.lengths.tolist(), ds.skipped_lines)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+# VmHWM: this process image's own peak (ru_maxrss survives exec, so it would carry the forking pytest's RSS)
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) // 1024)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
