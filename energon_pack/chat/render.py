@@ -56,10 +56,15 @@ class ChatConfig:
     max_num_images: int = 10  # more -> SampleSkipped("too_many_images")
     max_num_frames: int = 60  # longer videos are truncated to their first frames (Bridge)
     max_visual_tokens: int = 16384  # more -> SampleSkipped("too_many_visual_tokens")
+    # Megatron-Bridge's rule: also train the "\n" after each supervised <|im_end|> (README, "Loss rule")
+    train_newline_after_im_end: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_policy not in LOSS_POLICIES:
             raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
+        if not isinstance(self.train_newline_after_im_end, bool):
+            raise ConfigError("train_newline_after_im_end", f"must be a bool, got {self.train_newline_after_im_end!r}",
+                              "True for Megatron-Bridge's loss rule, False (default) for ours")
         for knob in ("max_num_images", "max_num_frames", "max_visual_tokens"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if knob == "max_num_images" else 1):
@@ -150,9 +155,11 @@ def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
 
 def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str, system_prompt: str | None,
                 media_block: MediaBlock | None = None, materialize: bool = True, tools: bool = False,
-                template: str = "this chat template") -> ChatMLBuilder:
+                template: str = "this chat template", train_newline_after_im_end: bool = False) -> ChatMLBuilder:
     """Render ``messages`` (media already placed) as ChatML; ``media_block(builder, kind)`` writes
     each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn.
+    ``train_newline_after_im_end``: the ``\n`` after a supervised ``<|im_end|>`` is supervised too
+    (Megatron-Bridge's rule); by default it never is.
     ``tools``: render tools / tool calls / tool turns the Qwen3 way (see the module docstring);
     False: SampleSkipped("tool_calls_unsupported") when the conversation has any (``template`` names
     the template in the detail)."""
@@ -166,6 +173,10 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
     sp = tok.special
     b = ChatMLBuilder(tok, materialize)
     trained_flags = _turn_trained(messages, loss_policy)
+
+    def end_turn(trained: bool) -> None:
+        b.special(sp.im_end, trained)
+        b.text("\n", trained and train_newline_after_im_end)
 
     def parts(msg: Message, trained: bool) -> None:
         for kind, payload in msg.parts:
@@ -187,8 +198,7 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
             b.text("\n\n", trained)
             start = 1
         b.text(TOOLS_PREAMBLE + "".join("\n" + t for t in tool_list) + TOOLS_POSTAMBLE, trained)
-        b.special(sp.im_end, trained)
-        b.text("\n", False)
+        end_turn(trained)
     for i in range(start, len(messages)):
         msg, trained = messages[i], trained_flags[i]
         if msg.role == "tool":  # consecutive tool turns: one user turn of <tool_response> blocks
@@ -199,8 +209,7 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
             parts(msg, trained)
             b.text("\n</tool_response>", trained)
             if i == len(messages) - 1 or messages[i + 1].role != "tool":
-                b.special(sp.im_end, trained)
-                b.text("\n", False)
+                end_turn(trained)
             continue
         b.special(sp.im_start, False)
         b.text(f"{msg.role}\n", False)
@@ -208,8 +217,7 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
         for k, (name, arguments) in enumerate(msg.tool_calls):
             sep = "\n" if k > 0 or msg.parts else ""
             b.text(f'{sep}<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>', trained)
-        b.special(sp.im_end, trained)
-        b.text("\n", False)
+        end_turn(trained)
     b.flush()
     return b
 
@@ -224,5 +232,6 @@ def encode_text_chat(conversation, *, tokenizer, config: ChatConfig | None = Non
     require_assistant_turn(messages)
     messages = place_media(messages, 0, 0)
     b = render_chat(messages, tok, loss_policy=config.loss_policy,
-                    system_prompt=config.resolve_system_prompt(template_default), tools=True)
+                    system_prompt=config.resolve_system_prompt(template_default), tools=True,
+                    train_newline_after_im_end=config.train_newline_after_im_end)
     return b.supervised(config.loss_policy)

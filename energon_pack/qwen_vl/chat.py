@@ -121,7 +121,8 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
                           system_prompt=config.resolve_system_prompt(preset.default_system_prompt),
                           media_block=vision_block, materialize=materialize,
                           tools=template_supports_tools(preset.name, preset.rope_style),
-                          template=f"the official {preset.name} Instruct chat template")
+                          template=f"the official {preset.name} Instruct chat template",
+                          train_newline_after_im_end=config.train_newline_after_im_end)
     info = dict(image_grids=image_grids, video_grids=video_grids, image_counts=image_counts,
                 video_counts=video_counts, sec_per_grid=sec_per_grid, frames=frames)
     return builder, info

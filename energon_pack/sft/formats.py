@@ -196,19 +196,21 @@ class ChatFormat:
     tokenizer: Any
     loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
     system_prompt: str | None = None
+    train_newline_after_im_end: bool = False  # Megatron-Bridge's loss rule (ChatConfig)
 
     def __post_init__(self) -> None:
         if self.loss_policy not in LOSS_POLICIES:
             raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
         object.__setattr__(self, "tokenizer", as_qwen_tokenizer(self.tokenizer))
-        object.__setattr__(self, "_config", ChatConfig(system_prompt=self.system_prompt, loss_policy=self.loss_policy))
+        object.__setattr__(self, "_config", ChatConfig(system_prompt=self.system_prompt, loss_policy=self.loss_policy,
+                                                        train_newline_after_im_end=self.train_newline_after_im_end))
 
     def encode(self, record: Any) -> Encoded:
         input_ids, target = encode_text_chat(record, tokenizer=self.tokenizer, config=self._config)
         return Encoded(input_ids.numpy(), target.numpy())
 
     def fingerprint(self) -> str:
-        knobs = (self.loss_policy, self.system_prompt, tokenizer_fingerprint(self.tokenizer))
+        knobs = (self.loss_policy, self.system_prompt, self.train_newline_after_im_end, tokenizer_fingerprint(self.tokenizer))
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
 
