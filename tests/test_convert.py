@@ -100,7 +100,7 @@ def test_llava_json_missing_and_corrupt_images_counted_and_streamed(llava_source
     assert s.examples["missing_image"] == [f"record 9: image 0: {root / 'imgs/nope.jpg'} not found",
                                            f"record 11: image 0: {root / 'elsewhere/also_missing.png'} not found"]
     assert s.examples["corrupt_image"][0].startswith(f"record 10: image 0 ({root / 'imgs/broken.jpg'})")
-    assert s.examples["media_count_mismatch"] == ["record 12: 2 image placeholder(s) but 1 image(s)"]
+    assert s.examples["media_count_mismatch"] == ["record 12: 2 <image> placeholder(s) but 1 image(s)"]
     assert s.images == 9 and s.shards == 3  # chunks of 4 records: 4 + 4 + 1 + 0 usable samples
     members = shard_members(tmp_path / "out")
     # original bytes, extension sniffed from the bytes (the PNG named .jpg is stored as .png)
@@ -283,9 +283,9 @@ def test_config_errors(tmp_path, capsys):
     assert err.value.knob == "source" and not (tmp_path / "out").exists()
     (tmp_path / "x.json").write_text('[{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]')
     with pytest.raises(ConfigError) as err:
-        convert(tmp_path / "x.json", tmp_path / "out", format="alpaca", progress=False)
+        convert(tmp_path / "x.json", tmp_path / "out", format="yaml", progress=False)
     assert err.value.knob == "format"
-    (tmp_path / "odd.json").write_text('[{"instruction": "a", "output": "b"}]')
+    (tmp_path / "odd.json").write_text('[{"prompt": "a", "completion": "b"}]')
     with pytest.raises(ConfigError, match="cannot tell the record shape"):
         convert(tmp_path / "odd.json", tmp_path / "out", progress=False)
     (tmp_path / "file").write_text("")

@@ -1,14 +1,21 @@
 """Conversations in the shapes users store them -> a list of :class:`Message` with media parts.
 
 Accepted: ``[{"role", "content"}]`` (content a string or a list of OpenAI/HF-style parts),
-LLaVA/ShareGPT ``[{"from", "value"}]``, or a dict wrapping ``messages`` / ``conversations`` /
-``conversation`` (JSON strings accepted). ``<image>`` / ``<video>`` in text are placeholders.
-Every unusable shape raises :class:`~energon_pack.errors.SampleSkipped` with a reason.
+LLaVA/ShareGPT ``[{"from", "value"}]``, a dict wrapping ``messages`` / ``conversations`` /
+``conversation`` (JSON strings accepted; a ``system`` string beside them is the system turn when
+the turns have none, as in LLaMA-Factory's ShareGPT files), or a LLaMA-Factory alpaca record
+(:func:`alpaca_turns`). ``<image>`` / ``<video>`` in text are placeholders. Every unusable shape
+raises :class:`~energon_pack.errors.SampleSkipped` with a reason; a role other than system / user
+/ assistant / tool (after :data:`ROLE_ALIASES`) is ``unknown_role``, never a literal turn.
 
-OpenAI tool calling is kept structured: an assistant turn's ``tool_calls`` (``content`` may be
-``null``) become :attr:`Message.tool_calls`, ``role: "tool"`` turns stay role ``tool``, and the
-wrapping dict's ``tools`` list becomes :attr:`Conversation.tools`. The renderer decides what a
-template does with them (:func:`energon_pack.chat.render_chat`).
+Tool calls from every accepted format end in one shape: an assistant turn's
+:attr:`Message.tool_calls`, role ``tool`` for results, :attr:`Conversation.tools` for the
+signatures. Sources: OpenAI ``tool_calls`` (``content`` may be ``null``) and ``role: "tool"``;
+LLaMA-Factory / ShareGPT ``function_call`` turns (a JSON ``{"name", "arguments"}`` or a list of
+them) and ``observation`` turns; ``tools`` as a list or as its JSON text. A bare signature
+(``{"name", "parameters"}``, no ``type``) is wrapped as ``{"type": "function", "function": ...}``,
+the OpenAI shape that serving stacks pass to the template (LLaMA-Factory's Qwen formatter does the
+same). The renderer decides what a template does with them (:func:`energon_pack.chat.render_chat`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from typing import Any
 from ..errors import SampleSkipped
 from ..records import check_depth, loads_checked
 
-ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system",
+                "tool": "tool", "observation": "tool", "function_call": "assistant"}
+#: The roles a turn may have after aliasing; any other is a counted ``unknown_role`` skip.
+ROLES = ("system", "user", "assistant", "tool")
+#: Source roles whose content is the turn's tool calls (LLaMA-Factory / ShareGPT), not text.
+CALL_ROLES = ("function_call",)
+#: The fields of a LLaMA-Factory alpaca record (:func:`alpaca_turns`).
+ALPACA_FIELDS = ("instruction", "input", "output", "system", "history")
 _PLACEHOLDER = re.compile(r"<image>|<video>")
 
 
@@ -63,6 +77,9 @@ def _tojson(value: Any) -> str:
 
 
 def _tools(value: Any) -> tuple[str, ...]:
+    """``tools`` (a list, or its JSON text as LLaMA-Factory stores it) -> one JSON text per tool."""
+    if isinstance(value, str):
+        value = _json_value(value, "tools") if value.strip() else None
     if value is None:
         return ()
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
@@ -70,9 +87,23 @@ def _tools(value: Any) -> tuple[str, ...]:
     if not all(isinstance(t, Mapping) for t in value):
         raise SampleSkipped("bad_conversation", "tools holds a non-object entry")
     try:
-        return tuple(_tojson(t) for t in value)
+        return tuple(_tojson(t if "type" in t else {"type": "function", "function": t}) for t in value)
     except (TypeError, ValueError) as exc:
         raise SampleSkipped("bad_conversation", f"tools is not JSON-serialisable: {exc}") from None
+
+
+def _json_value(text: str, what: str) -> Any:
+    """A JSON text inside a record (``tools``, a ``function_call`` turn) -> its value."""
+    try:
+        return loads_checked(text)
+    except SampleSkipped as exc:
+        raise SampleSkipped("bad_conversation", f"{what} is not JSON: {exc.detail}") from None
+
+
+def _function_calls(content: Any, i: int) -> list:
+    """A ``function_call`` turn's content (JSON text of a call or a list of calls) -> the calls."""
+    value = _json_value(content, f"turn {i} (function_call)") if isinstance(content, str) else content
+    return [value] if isinstance(value, Mapping) else value
 
 
 def _tool_calls(value: Any, role: str, i: int) -> tuple[tuple[str, str], ...]:
@@ -107,6 +138,7 @@ def normalize_conversation(conversation: Any) -> Conversation:
     parts (a :class:`Conversation`: a list with the record's ``tools``)."""
     conv = conversation
     tools: tuple[str, ...] = ()
+    system: Any = None
     # iterative, bounded unwrapping: a JSON string, a dict around the turns, a JSON string in it
     for _ in range(3):
         if isinstance(conv, (bytes, bytearray)):
@@ -125,13 +157,16 @@ def normalize_conversation(conversation: Any) -> Conversation:
             check_depth(conv)  # a deep object from a non-JSON source breaks repr/pickle later
         if not isinstance(conv, Mapping):
             break
-        for key in ("messages", "conversations", "conversation"):
-            if key in conv:
-                tools = _tools(conv.get("tools")) or tools
-                conv = conv[key]
-                break
-        else:
-            raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation")
+        tools = _tools(conv.get("tools")) or tools
+        key = next((k for k in ("messages", "conversations", "conversation") if k in conv), None)
+        if key is None and "instruction" in conv:
+            conv = alpaca_turns(conv)
+            break
+        if key is None:
+            raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation "
+                                "(nor an alpaca instruction/output)")
+        system = conv.get("system", system)
+        conv = conv[key]
         if not isinstance(conv, (str, bytes, bytearray)):
             break
     if not isinstance(conv, Sequence) or isinstance(conv, (str, bytes)):
@@ -144,16 +179,51 @@ def normalize_conversation(conversation: Any) -> Conversation:
             raise SampleSkipped("bad_conversation", f"turn {i} is {type(turn).__name__}, not a dict")
         calls = turn.get("tool_calls")
         if "role" in turn:
-            role, content = turn["role"], turn.get("content")
+            source, content = turn["role"], turn.get("content")
         elif "from" in turn:
-            role, content = turn["from"], turn.get("value")
+            source, content = turn["from"], turn.get("value")
         else:
             raise SampleSkipped("bad_conversation", f"turn {i} has neither role nor from")
-        if not isinstance(role, str) or not role:
-            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {_short(role)}")
-        role = ROLE_ALIASES.get(role.lower(), role)
+        if not isinstance(source, str) or not source:
+            raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {_short(source)}")
+        role = ROLE_ALIASES.get(source.lower(), source)
+        if role not in ROLES:
+            raise SampleSkipped("unknown_role", f"turn {i} has role {_short(source)}; known: "
+                                f"{', '.join(sorted(ROLE_ALIASES))}")
+        if source.lower() in CALL_ROLES:
+            calls, content = _function_calls(content, i), None
         messages.append(Message(role, _parts(content, i), _tool_calls(calls, role, i)))
+    if system not in (None, "") and (not messages or messages[0].role != "system"):
+        if not isinstance(system, str):
+            raise SampleSkipped("bad_conversation", f"system is {type(system).__name__}, not a string")
+        messages.insert(0, Message("system", tuple(_split_text(system))))
     return Conversation(messages, tools)
+
+
+def alpaca_turns(record: Mapping) -> list[dict]:
+    """A LLaMA-Factory alpaca record -> role/content turns, as its ``AlpacaDatasetConverter`` builds
+    them: ``system``, then each ``history`` ``[user, assistant]`` pair, then a user turn of
+    ``instruction`` and ``input`` joined by ``"\n"`` (empty ones left out) and the ``output`` turn."""
+    def text(key: str) -> str:
+        value = record.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise SampleSkipped("bad_conversation", f"alpaca {key} is {type(value).__name__}, not a string")
+        return value
+
+    turns = [{"role": "system", "content": text("system")}] if text("system") else []
+    history = record.get("history") or []
+    if not isinstance(history, list):
+        raise SampleSkipped("bad_conversation", f"alpaca history is {type(history).__name__}, not a list of pairs")
+    for k, pair in enumerate(history):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise SampleSkipped("bad_conversation", f"alpaca history item {k} is not a [user, assistant] pair of strings")
+        turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    turns.append({"role": "user", "content": "\n".join(t for t in (text("instruction"), text("input")) if t)})
+    if record.get("output") is not None:
+        turns.append({"role": "assistant", "content": text("output")})
+    return turns
 
 
 def _split_text(text: str) -> list[tuple[str, str]]:
@@ -245,3 +315,12 @@ def place_media(messages: list[Message], num_images: int, num_videos: int) -> li
     out = Conversation(messages, conversation_tools(messages))
     out[target] = Message(out[target].role, tuple(prepend) + out[target].parts, out[target].tool_calls)
     return out
+
+
+def check_conversation(conversation: Any, num_images: int = 0, num_videos: int = 0) -> Conversation:
+    """The structural rules every encoder applies before rendering, in their order (normalize, an
+    assistant turn, placeholders against the media); the placed messages. ``convert`` runs it on
+    what it writes, so a record it writes is one the loader takes."""
+    messages = conversation if isinstance(conversation, Conversation) else normalize_conversation(conversation)
+    require_assistant_turn(messages)
+    return place_media(messages, num_images, num_videos)

@@ -9,6 +9,10 @@ Inputs (the layouts most published VLM SFT sets use), detected from the content:
   string (``<image>`` placeholders) or typed parts (``{"type": "image"}``, ``{"type": "image",
   "image": "a.jpg"}``, ``{"type": "image_url", "image_url": {"url": "data:..."}}``); tool calls
   (``content: null`` + ``tool_calls``, ``role: "tool"``) are kept as given;
+- LLaMA-Factory's ShareGPT files are ``sharegpt`` / ``messages``: ``function_call`` / ``observation``
+  turns, ``tools`` as a JSON string and a top-level ``system`` are read by the loader's own rules;
+- ``alpaca`` (LLaMA-Factory's default): ``{"instruction", "input", "output", "system", "history",
+  "images"}``, written as ``messages`` turns (:func:`~energon_pack.chat.conversation.alpaca_turns`);
 - ``parquet``: one ``.parquet`` file or a folder of them, with a ``messages`` / ``conversations`` /
   ``texts`` column and an ``images`` / ``image`` column (``{"bytes", "path"}`` structs or binary).
 
@@ -29,7 +33,11 @@ included), only from regular files up to ``max_media_mb``, and only past an imag
 
 Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards, so
 ``get_train_dataset(out_dir, ...)`` works at once. Every unusable record is a counted skip
-with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``.
+with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``. Each written
+record has passed the loader's own structural checks on the very JSON written
+(:func:`~energon_pack.chat.conversation.check_conversation`: turns, roles, tool calls, an assistant
+turn, placeholders against images), under the loader's reason names; what is left to the loader
+depends on its settings (the tokenizer, the preset's tool support, image and width limits).
 """
 
 from __future__ import annotations
@@ -53,14 +61,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from energon_pack.chat.conversation import normalize_conversation, require_assistant_turn
+from energon_pack.chat.conversation import alpaca_turns, check_conversation, normalize_conversation
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
 
 __all__ = ["FORMATS", "LAYOUTS", "SKIP_REASONS", "ConvertSummary", "build_parser", "convert", "detect_format", "main"]
 
-FORMATS = ("auto", "llava", "sharegpt", "messages", "parquet")
+FORMATS = ("auto", "llava", "sharegpt", "messages", "alpaca", "parquet")
 LAYOUTS = ("ours", "bridge")
 VERIFY_MODES = ("header", "decode")
 
@@ -70,9 +78,13 @@ SKIP_REASONS = {
     "invalid_utf8": "a JSONL line that is not UTF-8",
     "bad_record": "a record that is not a JSON object / table row",
     "no_conversation": "a record without messages / conversations / conversation / texts",
-    "bad_conversation": "turns of an unsupported shape (no role/from, a content of an unknown type, ...)",
+    "bad_conversation": "turns of an unsupported shape (no role/from, a content of an unknown type, a tool call "
+                        "without a name, tools that are not a list, ...)",
+    "unknown_role": "a turn whose role is not system / user / assistant / tool (or an alias: human, gpt, "
+                    "function_call, observation)",
     "empty_conversation": "a conversation with no turns",
     "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
+    "empty_assistant_turn": "an assistant turn with no content and no tool calls",
     "media_count_mismatch": "the number of <image> placeholders / image parts differs from the number of images",
     "video_not_supported": "the record has a video (convert handles images only for now)",
     "bad_image_ref": "an image value that is neither a path, bytes, a data: URI nor a {path}/{bytes} dict",
@@ -107,6 +119,7 @@ _IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", 
 #: PIL format -> member extension (an extension the loader's cooker recognises as an image).
 PIL_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tiff"}
 _CONVERSATION_KEYS = ("messages", "conversations", "conversation")
+_ALPACA_KEYS = ("instruction", "input", "output", "system", "history")
 _IMAGE_KEYS = ("images", "image")
 _VIDEO_KEYS = ("videos", "video")
 _IMAGE_PART_SOURCES = ("image", "image_url", "url", "path", "bytes")
@@ -133,6 +146,7 @@ class ConvertSummary:
     bytes: int = 0  # size of the written shards
     seconds: float = 0.0
     workers: int = 1
+    hints: list = field(default_factory=list)  # one line each: what to change (e.g. pass --image-root)
 
     @property
     def skipped_total(self) -> int:
@@ -153,6 +167,7 @@ class ConvertSummary:
         for reason, count in sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  skipped  {reason}: {count}")
             lines.extend(f"             e.g. {ex}" for ex in self.examples.get(reason, []))
+        lines.extend(f"  hint     {h}" for h in self.hints)
         lines += [
             f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)} "
             "(original bytes)",
@@ -340,8 +355,11 @@ def _detect_shape(records: list, path: Path) -> str:
         return "messages"
     if keys["conversations"] or keys["conversation"]:
         return "llava" if keys["image"] or (not keys["images"] and _mentions_image(dicts)) else "sharegpt"
+    if keys["instruction"] and keys["output"]:
+        return "alpaca"
     raise ConfigError("format", f"cannot tell the record shape of {path}: first record keys {sorted(dicts[0])}",
-                      "records need 'messages' (OpenAI) or 'conversations' (LLaVA/ShareGPT); pass --format to force")
+                      "records need 'messages' (OpenAI), 'conversations' (LLaVA/ShareGPT) or 'instruction' + "
+                      "'output' (alpaca); pass --format to force")
 
 
 def _mentions_image(records: list) -> bool:
@@ -353,7 +371,7 @@ def _open_parquet(files: list, format: str) -> _Source:
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError("format", "Parquet input needs pyarrow", "pip install 'energon-pack[convert]'") from None
-    if format not in ("auto", "parquet", "llava", "sharegpt", "messages"):
+    if format not in FORMATS:
         raise ConfigError("format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
     schemas, total = [], 0
     for f in files:
@@ -364,10 +382,10 @@ def _open_parquet(files: list, format: str) -> _Source:
         schemas.append(pf.schema_arrow)
         total += pf.metadata.num_rows
     names = schemas[0].names
-    conv = next((c for c in (*_CONVERSATION_KEYS, "texts") if c in names), None)
+    conv = next((c for c in (*_CONVERSATION_KEYS, "texts", "instruction") if c in names), None)
     if conv is None:
-        raise ConfigError("format", f"Parquet columns {names} hold no messages / conversations / conversation / texts",
-                          "the table needs a conversation column")
+        raise ConfigError("format", f"Parquet columns {names} hold no messages / conversations / conversation / texts "
+                          "(nor an alpaca instruction)", "the table needs a conversation column")
     img = next((c for c in _IMAGE_KEYS if c in names), None)
     img_type = f" ({schemas[0].field(img).type})" if img else ""
     many = f"{len(files)} files, " if len(files) > 1 else ""
@@ -397,6 +415,8 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
             if isinstance(conv, (str, bytes, bytearray)):  # a JSON string in a column
                 conv = loads_checked(conv.decode("utf-8") if isinstance(conv, (bytes, bytearray)) else conv)
             return key, conv
+    if "instruction" in rec:  # alpaca: written as messages turns (its system among them)
+        return "messages", alpaca_turns(rec)
     if isinstance(rec.get("texts"), list):  # the_cauldron: [{"user", "assistant", "source"}]
         turns = []
         for t in rec["texts"]:
@@ -409,7 +429,8 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
             if t.get("assistant") is not None:
                 turns.append({"role": "assistant", "content": t["assistant"]})
         return "messages", turns
-    raise SampleSkipped("no_conversation", f"no messages/conversations/conversation/texts among keys {sorted(rec)[:12]}")
+    raise SampleSkipped("no_conversation", f"no messages/conversations/conversation/texts/instruction among keys "
+                        f"{sorted(rec)[:12]}")
 
 
 def _split_image_parts(turns: Any) -> tuple[Any, list]:
@@ -482,12 +503,21 @@ def _read_image(ref: Any, i: int, ctx: _Context) -> tuple[bytes, str]:
     if "\x00" in ref:
         raise SampleSkipped("bad_image_ref", f"image {i}: the path holds a NUL byte ({ref[:120]!r})")
     path = Path(ref[7:] if ref.startswith("file://") else ref)
-    if not path.is_absolute():
+    relative = not path.is_absolute()
+    if relative:
         path = Path(ctx.image_root) / path
     try:
         return _read_file(path, i, ctx), str(path)
+    except SampleSkipped as skip:
+        if relative and skip.reason == "missing_image":
+            raise _MissingRelative(skip.reason, skip.detail) from None
+        raise
     except UnicodeEncodeError:
         raise SampleSkipped("bad_image_ref", f"image {i}: the path is not valid text ({ref[:120]!r})") from None
+
+
+class _MissingRelative(SampleSkipped):
+    """A ``missing_image`` skip of a relative path (counted for the --image-root hint)."""
 
 
 def _check_size(size: int, what: str, ctx: _Context) -> None:
@@ -593,27 +623,24 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
     check_depth(rec)
     conv_key, turns = _conversation_of(rec, ctx.shape)
     turns, part_sources = _split_image_parts(turns)
-    messages = normalize_conversation(turns)
-    require_assistant_turn(messages)
-    kinds = Counter(kind for m in messages for kind, _ in m.parts)
-    if kinds["video"] or _has_video(rec):
-        raise SampleSkipped("video_not_supported", "the record has a video")
-    refs = _image_refs(rec)
-    if not refs:
-        refs = [s for s in part_sources if s is not None]
-    if kinds["image"] and kinds["image"] != len(refs):
-        raise SampleSkipped("media_count_mismatch", f"{kinds['image']} image placeholder(s) but {len(refs)} image(s)")
-    images = []
-    for i, ref in enumerate(refs):
-        data, origin = _read_image(ref, i, ctx)
-        images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
-    doc = {k: v for k, v in rec.items() if k not in (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts")}
+    refs = _image_refs(rec) or [s for s in part_sources if s is not None]
+    dropped = (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts", *(_ALPACA_KEYS if conv_key not in rec else ()))
+    doc = {k: v for k, v in rec.items() if k not in dropped}
     doc[conv_key] = turns
     try:
         raw = json.dumps(doc, ensure_ascii=False, default=_json_default).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise SampleSkipped("invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
                             f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r})") from None
+    # the loader's structural rules, on exactly what it will read: what passes here, it takes
+    messages = normalize_conversation(decode_json_record(raw))
+    if _has_video(rec) or any(kind == "video" for m in messages for kind, _ in m.parts):
+        raise SampleSkipped("video_not_supported", "the record has a video")
+    check_conversation(messages, len(refs))
+    images = []
+    for i, ref in enumerate(refs):
+        data, origin = _read_image(ref, i, ctx)
+        images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
@@ -635,6 +662,7 @@ class _ChunkResult:
     examples: dict = field(default_factory=dict)
     images: int = 0
     image_bytes: int = 0
+    missing_relative: int = 0  # missing_image skips of a relative path
     tar: str | None = None
     tar_bytes: int = 0
 
@@ -657,6 +685,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 skip = exc if isinstance(exc, SampleSkipped) else \
                     SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
                 res.skipped[skip.reason] += 1
+                res.missing_relative += isinstance(skip, _MissingRelative)
                 ex = res.examples.setdefault(skip.reason, [])
                 if len(ex) < MAX_EXAMPLES:
                     ex.append(f"{where}: {skip.detail}" if skip.detail else where)
@@ -840,6 +869,7 @@ def convert(
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
     source, out = Path(source), Path(out_dir)
     src = _open_source(source, format)
+    root_given = image_root is not None
     if image_root is None:
         image_root = source if source.is_dir() else source.parent
     image_root = Path(image_root)
@@ -860,8 +890,9 @@ def convert(
         skipped: Counter = Counter()
         names = [SHARD_NAME % i for i in range(sum(1 for res in results if res.tar))]
         _write_manifest(out, names)
-        shard = 0
+        shard, missing_relative = 0, 0
         for res in results:  # chunk order: deterministic whatever the worker count
+            missing_relative += res.missing_relative
             summary.records += res.records
             summary.written += res.written
             summary.blank_lines += res.blank
@@ -878,12 +909,16 @@ def convert(
         summary.shards = shard
         summary.skipped = dict(sorted(skipped.items()))
         summary.examples = {k: examples[k] for k in summary.skipped}
+        if missing_relative and not root_given:
+            summary.hints.append(f"{missing_relative} record(s) skipped as missing_image: their relative image paths "
+                                 f"were looked up in {image_root} (the source's folder); pass --image-root DIR, the "
+                                 "folder they are relative to")
         if summary.written == 0:  # nothing to keep: the folder is left empty
             for name in (IN_PROGRESS_FILE, MANIFEST_FILE):
                 (out / name).unlink(missing_ok=True)
             detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items()) or "no records"
             raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: {detail}",
-                              "check --image-root and the skip reasons")
+                              "; ".join(summary.hints) or "check --image-root and the skip reasons")
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
         if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
