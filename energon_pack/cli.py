@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -205,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error (default: off: a one-line message, exit status 2)")
+    common.add_argument("--cache-dir", default=None,
+                        help="folder for caches (JSONL line index and lengths, the built Qwen tokenizer); "
+                             "default: $ENERGON_PACK_CACHE_DIR, else $XDG_CACHE_HOME/energon_pack, else "
+                             "~/.cache/energon_pack (never next to your data)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
@@ -436,7 +441,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     tokenizer, described = load_tokenizer(args.tokenizer)
     print(f"tokenizer: {described}", flush=True)
     fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
-    return inspect_main(path, format=args.format, tokenizer=tokenizer,
+    return inspect_main(path, format=args.format, tokenizer=tokenizer, progress=True,
                         width=args.width, pad_multiple=args.pad_multiple, max_length=args.max_length,
                         json_out=args.json_out, **{k: v for k, v in fields.items() if v})
 
@@ -498,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         return convert_main(argv[1:])
     args = build_parser().parse_args(argv)
     prog = f"energon-pack {args.command}"
+    if getattr(args, "cache_dir", None):  # through the environment, so worker processes follow it
+        from energon_pack.env import CACHE_DIR_VARIABLE
+
+        os.environ[CACHE_DIR_VARIABLE] = str(Path(args.cache_dir).expanduser().resolve())
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

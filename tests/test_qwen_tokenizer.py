@@ -121,6 +121,7 @@ def qwen_cache(tmp_path_factory):
     home = tmp_path_factory.mktemp("xdg_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(home))
+        mp.delenv("ENERGON_PACK_CACHE_DIR", raising=False)  # tests/conftest.py sets it for the session
         yield home / "energon_pack"
 
 
@@ -431,6 +432,7 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch, spy):
 
 
 def test_default_cache_dir_respects_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("ENERGON_PACK_CACHE_DIR", raising=False)  # tests/conftest.py sets it for the session
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert qwen_vocab.qwen_tokenizer_cache_dir() == tmp_path / "energon_pack"
     monkeypatch.delenv("XDG_CACHE_HOME")

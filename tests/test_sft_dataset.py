@@ -9,7 +9,7 @@ import pytest
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.qwen_vl import load_demo_tokenizer
 from energon_pack.sft.dataset import PADDING_INDEX, PADDING_KEY, JsonlSFTDataset
-from energon_pack.sft.index import LineIndex, scan_line_ends
+from energon_pack.sft.index import LineIndex, cache_folder, cache_path, scan_line_ends
 from energon_pack.sft.length_pass import default_workers
 
 TOK = load_demo_tokenizer()
@@ -73,7 +73,7 @@ def test_padding_index_and_missing_file(tmp_path):
 def test_index_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path):
     path = write(tmp_path / "d.jsonl", [GOOD, GOOD])
     assert len(LineIndex(path)) == 2
-    idx_file = tmp_path / "d.jsonl.idx.npy"
+    idx_file = cache_path(path, ".idx.npy")
     assert idx_file.exists() and np.load(idx_file).tolist() == [len(json.dumps(GOOD)), 2 * len(json.dumps(GOOD)) + 1]
     # an up-to-date cached index is loaded, not rewritten
     stamp = os.stat(idx_file).st_mtime_ns
@@ -93,12 +93,12 @@ def test_index_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path):
 def test_corrupt_or_unwritable_caches_are_rebuilt(tmp_path):
     path = write(tmp_path / "d.jsonl", [GOOD, GOOD, GOOD])
     JsonlSFTDataset(path, TOK).lengths
-    (tmp_path / "d.jsonl.idx.npy").write_bytes(b"garbage")
-    for f in tmp_path.glob("d.jsonl.len-*.npy"):
+    cache_path(path, ".idx.npy").write_bytes(b"garbage")
+    for f in cache_folder().glob(cache_path(path, ".len-*.npy").name):
         f.write_bytes(b"\x93NUMPY garbage")
     ds = JsonlSFTDataset(path, TOK)
     assert len(ds) == 3 and ds.lengths.tolist() == [7, 7, 7]
-    assert len(np.load(tmp_path / "d.jsonl.idx.npy")) == 3
+    assert len(np.load(cache_path(path, ".idx.npy"))) == 3
     # a cache place that cannot be written (here: a file, not a directory) keeps the index in memory
     not_a_dir = tmp_path / "plain_file"
     not_a_dir.write_text("")
@@ -129,7 +129,7 @@ def test_token_cache_gives_the_same_samples_and_survives_pickling(tmp_path):
                 assert a.key == b.key == i + 1
             with pytest.raises(SampleSkipped, match="line 2"):
                 ds[1]
-    assert len(list(tmp_path.glob("d.jsonl.tok-*.npy"))) == 1
+    assert len(list(cache_folder().glob(cache_path(path, ".tok-*.npy").name))) == 1
 
 
 def _assert_same(a, b):

@@ -16,7 +16,7 @@ from energon_pack.chat.tokenizer import load_demo_tokenizer
 from energon_pack.sft import dataset as dataset_module
 from energon_pack.sft import length_pass
 from energon_pack.sft.dataset import JsonlSFTDataset
-from energon_pack.sft.index import LineIndex, _FileBytes, scan_line_ends
+from energon_pack.sft.index import LineIndex, _FileBytes, cache_folder, cache_key, scan_line_ends
 from energon_pack.sft.token_bound import max_bytes_per_token
 
 TOK = load_demo_tokenizer()
@@ -65,7 +65,7 @@ def test_file_appended_to_during_the_pass_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(length_pass, "_length_range", appending)
     with pytest.raises(ConfigError, match=r"changed during the length pass \(size, mtime_ns, inode \(14100, .* before it, \(14147, "):
         ds.lengths
-    assert not list(tmp_path.glob("*.len-*"))  # nothing cached from a changed file
+    assert not list(cache_folder().glob(f"d.jsonl.{cache_key(path)[:12]}-*.len-*"))  # nothing cached from a changed file
 
 
 class KillingIndex(LineIndex):

@@ -11,7 +11,7 @@ as tiktoken does), byte-level decoder, then the added tokens with the
 ``special`` flags of each model's published ``added_tokens_decoder``. Nothing is downloaded.
 
 Recovering 151k merges takes seconds, so the built base tokenizer is cached as JSON under the user
-cache dir (``$XDG_CACHE_HOME/energon_pack``, else ``~/.cache/energon_pack``), keyed by the ranks
+cache dir (``$ENERGON_PACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/energon_pack``, else ``~/.cache/energon_pack``), keyed by the ranks
 file's sha256, :data:`BUILDER_VERSION` and the ``tokenizers`` version. The file starts with a
 sha256 of its own body: a damaged or tampered file is rebuilt, never trusted. Writes are atomic
 (temp file + rename), so concurrent processes never see half a file; an unwritable cache dir
@@ -194,9 +194,10 @@ def build_qwen_bpe(ranks: dict[bytes, int]):
 
 
 def qwen_tokenizer_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/energon_pack`` (``~/.cache/energon_pack`` when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "energon_pack"
+    """The package's cache folder (:func:`energon_pack.env.cache_dir`)."""
+    from ..env import cache_dir
+
+    return cache_dir()
 
 
 def qwen_cache_file(ranks_sha256: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -260,7 +261,7 @@ def load_qwen_bpe(cache_dir: str | os.PathLike | None = None):
     except OSError as exc:
         warnings.warn(f"the Qwen tokenizer could not be cached in {path.parent} ({exc.strerror or exc}); it is "
                       "built in memory in every process (a few seconds). Fix: make that folder writable or set "
-                      "XDG_CACHE_HOME to a writable folder", QwenTokenizerCacheWarning, stacklevel=3)
+                      "ENERGON_PACK_CACHE_DIR to a writable folder", QwenTokenizerCacheWarning, stacklevel=3)
     return tok
 
 

@@ -306,8 +306,9 @@ def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
 
 
 def _config_dir() -> Path:
-    root = os.environ.get("ENERGON_PACK_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "energon_pack")
-    return Path(root) / "bridge_dataset_configs"
+    from ..env import cache_dir
+
+    return Path(os.environ.get("ENERGON_PACK_CACHE") or cache_dir()) / "bridge_dataset_configs"
 
 
 def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = None) -> dict:
@@ -318,7 +319,7 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
     Bridge's ``dataset.yaml`` names its ``ChatMLWebdataset`` class, which Energon would import and
     whose decoders turn every image into a float tensor before our encoder sees it. Instead we
     point Energon's ``dataset_config`` at a CrudeWebdataset description (written once per field
-    map under ``config_dir``, default ``$ENERGON_PACK_CACHE`` or ``~/.cache/energon_pack``) that
+    map under ``config_dir``, default ``bridge_dataset_configs`` in :func:`energon_pack.env.cache_dir`) that
     carries Bridge's field map as a subflavor for :func:`cook_bridge_chatml`. The shards, index
     and ``split.yaml`` are Bridge's. Returns ``{}`` for a dataset already declared crude.
     """

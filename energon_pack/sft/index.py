@@ -1,21 +1,26 @@
-"""Line-offset index of a JSONL file, cached beside the file with a fingerprint.
+"""Line-offset index of a JSONL file, cached (never beside the file) with a fingerprint.
 
 The index is the array of line *ends* (byte offset of each ``\\n``, or the file size for a last
 line without one; in a file with no ``\\n`` at all, each lone ``\\r``: old Mac line endings): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
 (``flatnonzero(chunk == 10)`` over chunks read with ``os.pread``, so memory stays bounded and a
 file cut short under the scan is an error, not a SIGBUS) and saved
-as ``<file>.idx.npy`` plus ``<file>.idx.json`` holding a fingerprint of the source (size,
-mtime, hashes of the first and last MiB). A changed file, a corrupt or unreadable cache, or a
-version bump rebuilds it; a cache directory we cannot write to keeps the index in memory.
-Derived per-line caches (e.g. lengths) reuse :func:`file_fingerprint` and :func:`cache_path`.
+as ``<name>.<key>.idx.npy`` plus ``.idx.json`` holding a fingerprint of the source (size,
+mtime, hashes of the first and last MiB) in ``jsonl/`` under the package's cache folder
+(:func:`energon_pack.env.cache_dir`) or in ``cache_dir``; ``key`` hashes the file's identity
+(resolved path, size, mtime_ns, inode), and writing a new entry drops the path's older ones.
+A changed file, a corrupt or unreadable cache, or a version bump rebuilds it; a cache folder we
+cannot write to keeps the index in memory. Derived per-line caches (e.g. lengths) reuse
+:func:`file_fingerprint` and :func:`cache_path`.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import mmap
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -41,11 +46,41 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hash": h.hexdigest()}
 
 
+def cache_folder(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir``, or ``jsonl/`` in the package's cache folder (never the data's own folder)."""
+    from ..env import cache_dir as package_cache_dir
+
+    return Path(cache_dir) if cache_dir is not None else package_cache_dir() / "jsonl"
+
+
+def cache_key(path: str | os.PathLike) -> str:
+    """``<path hash>-<identity hash>``: the resolved path, then its size, mtime_ns and inode."""
+    resolved = str(Path(path).resolve())
+    st = os.stat(resolved)
+    where = hashlib.blake2b(resolved.encode("utf-8", "surrogateescape"), digest_size=6).hexdigest()
+    what = hashlib.blake2b(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode(), digest_size=6).hexdigest()
+    return f"{where}-{what}"
+
+
 def cache_path(path: str | os.PathLike, suffix: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """``<file><suffix>`` beside the file, or under ``cache_dir`` (read-only data directories)."""
+    """``<name>.<cache_key><suffix>`` in :func:`cache_folder` (``cache_dir`` or the user cache)."""
     path = Path(path)
-    base = Path(cache_dir) / path.name if cache_dir is not None else path
-    return base.with_name(base.name + suffix)
+    return cache_folder(cache_dir) / f"{path.name}.{cache_key(path)}{suffix}"
+
+
+_KEYED = re.compile(r"(?P<head>.+\.[0-9a-f]{12})-(?P<what>[0-9a-f]{12})(?P<suffix>\..+)")
+
+
+def drop_stale(npy: Path) -> None:
+    """Remove the entries with ``npy``'s path and suffix but an older file identity (the file changed)."""
+    me = _KEYED.fullmatch(npy.name)
+    if me is None:
+        return
+    stem = me["suffix"][: -len(".npy")] if me["suffix"].endswith(".npy") else me["suffix"]
+    for old in npy.parent.glob(f"{glob.escape(me['head'])}-*"):
+        other = _KEYED.fullmatch(old.name)
+        if other and other["what"] != me["what"] and other["suffix"] in (stem + ".npy", stem + ".json"):
+            old.unlink(missing_ok=True)
 
 
 def open_mmap(path: str | os.PathLike) -> np.ndarray:
@@ -111,6 +146,7 @@ def scan_line_ends(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> np.ndarr
 def save_cached(array: np.ndarray, npy: Path, meta: dict) -> bool:
     """Write ``array`` + its JSON meta atomically; False (with a warning) when the place is not writable."""
     try:
+        npy.parent.mkdir(parents=True, exist_ok=True)
         tmp = npy.with_name(npy.name + f".tmp{os.getpid()}")
         with open(tmp, "wb") as f:
             np.save(f, array)
@@ -119,6 +155,7 @@ def save_cached(array: np.ndarray, npy: Path, meta: dict) -> bool:
         tmp_info = info.with_name(info.name + f".tmp{os.getpid()}")
         tmp_info.write_text(json.dumps(meta))
         os.replace(tmp_info, info)
+        drop_stale(npy)
         return True
     except OSError as exc:
         warnings.warn(f"cannot write cache {str(npy)!r} ({exc}); keeping it in memory only", stacklevel=3)
@@ -142,7 +179,7 @@ def load_cached(npy: Path, meta: dict, expected_len: int | None = None) -> tuple
 
 
 def load_line_index(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> np.ndarray:
-    """Line ends of ``path``: the cached ``<file>.idx.npy`` when its fingerprint matches, else a fresh scan."""
+    """Line ends of ``path``: the cached index (:func:`cache_path`) when its fingerprint matches, else a fresh scan."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"JSONL file not found: {str(path)!r}")
     data = _FileBytes(Path(path))

@@ -9,20 +9,25 @@ samples are longer than the width the baseline is dropped (``None``) and a hint 
 ``hints`` (printed under the table) name the likely mistake: most lines skipped with
 ``missing_field`` / ``bad_conversation`` (the report lists the fields the records do have and
 which ``--format`` fits them), or a width below most samples. ``tokenizer`` names the tokenizer
-used (``demo`` is the offline demo tokenizer: not your model's lengths).
+used (``demo`` is the offline demo tokenizer: not your model's lengths). ``cache`` says where the
+line index and lengths are cached (never beside the file) and whether they were reused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import length_pass
 from .dataset import JsonlSFTDataset
+from .index import cache_folder, cache_key
 from .sampler import TokenBudgetBatchSampler
 
 PERCENTILES = (50, 90, 95, 99)
@@ -116,19 +121,42 @@ def best_baseline(lengths: np.ndarray, width: int, seed: int = 0) -> dict[str, f
     return best
 
 
+def _cache_entries(path: str | os.PathLike, cache_dir: Any) -> dict[str, int]:
+    """This file's cache files (name -> mtime_ns) as it is now."""
+    folder = cache_folder(cache_dir)
+    return {p.name: p.stat().st_mtime_ns for p in folder.glob(f"{Path(path).name}.{cache_key(path)}.*")
+            if p.suffix in (".npy", ".json")} if folder.is_dir() else {}
+
+
+def _progress_bar(lines: int) -> Any:
+    """A stderr progress callback for the length pass of a file with more than one range of lines."""
+    if lines <= length_pass.RANGE_LINES:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False, mininterval=0.5)
+
+
 def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion", width: int = 4096,
                   pad_multiple: int = 1, window: int = 4096, max_length: int | None = None, overlength: str = "skip",
-                  seed: int = 0, **format_kw: Any) -> dict[str, Any]:
+                  seed: int = 0, progress: bool = False, **format_kw: Any) -> dict[str, Any]:
     """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass.
 
     ``tokenizer``: ``"demo"``, a ``tokenizer.json`` path, a local HF folder or a tokenizer object;
     ``None`` uses the demo tokenizer with a ``DemoTokenizerWarning``. The report names it.
+    ``progress``: a progress bar on stderr while a large file's lengths are measured.
     """
     from ..chat.tokenizer import describe_tokenizer
 
     tok = load_tokenizer(tokenizer, stacklevel=3)
+    before = _cache_entries(path, format_kw.get("cache_dir"))
     ds = JsonlSFTDataset(path, tok, format, max_length=max_length, overlength=overlength, **format_kw)
-    lengths = np.asarray(ds.lengths, dtype=np.int64)
+    bar = _progress_bar(len(ds)) if progress else None
+    with length_pass.progress(bar.update) if bar is not None else contextlib.nullcontext():
+        lengths = np.asarray(ds.lengths, dtype=np.int64)
+    if bar is not None:
+        bar.close()
+    after = _cache_entries(path, format_kw.get("cache_dir"))
     good = lengths[lengths > 0]
     sampler = TokenBudgetBatchSampler(lengths, width, pad_multiple=pad_multiple, window=window, seed=seed)
     stats = sampler.stats
@@ -140,6 +168,8 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
     fits = good[good <= width]
     report = {
         "file": str(ds.path), "format": format, "tokenizer": describe_tokenizer(ds.format.tokenizer),
+        "cache": {"folder": str(cache_folder(format_kw.get("cache_dir"))),
+                  "state": "reused" if after and after == before else "written" if after else "in memory only"},
         "lines": len(ds), "usable": int(len(good)),
         "skips": {r: {"count": n, "first_lines": first_lines.get(r, [])} for r, n in sorted(ds.skips.items())},
         "tokens": int(good.sum()),
@@ -170,6 +200,9 @@ def format_report(report: dict[str, Any]) -> str:
     if B:
         out.append(f"  baseline (Bridge in-batch concat of MBS={B['mbs']} samples as given, no bin packing, over the "
                    f"samples that fit): fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)")
+    if "cache" in report:
+        C = report["cache"]
+        out.append(f"  cache   {C['folder']} ({C['state']}; --cache-dir or ENERGON_PACK_CACHE_DIR moves it)")
     for hint in report.get("hints", []):
         out.append(f"  hint: {hint}")
     return "\n".join(out)

@@ -16,9 +16,11 @@ only unusual lines go through the format; the tokenizer is then ~97% of the pass
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +44,25 @@ RANGE_LINES = 8192  # and ranges of at most about this many lines, so no process
 # tcache: ~9% less tokenizer time, for ~2 s of start-up (importing energon_pack)
 FRESH_WORKERS_MIN_BYTES = 256 << 20
 FRESH_WORKER_TUNABLES = "glibc.malloc.tcache_count=1000"
+#: called with the lines each finished range held (``inspect``'s progress bar); None: silent
+_progress: Callable[[int], None] | None = None
+
+
+@contextlib.contextmanager
+def progress(callback: Callable[[int], None]) -> Iterator[None]:
+    """Report the pass's progress to ``callback(lines)`` inside the block (serial passes run in ranges then)."""
+    global _progress
+    saved, _progress = _progress, callback
+    try:
+        yield
+    finally:
+        _progress = saved
+
+
+def _done(result: Any, lines: int) -> Any:
+    if _progress is not None:
+        _progress(lines)
+    return result
 
 
 class _BatchMemo:
@@ -507,7 +528,7 @@ def _schedule(workers: list[_Worker], tasks: list[tuple]) -> list:
             except (EOFError, OSError):
                 raise _death(w, tasks[k]) from None
             if kind == "ok":
-                results[k] = value
+                results[k] = _done(value, tasks[k][1] - tasks[k][0])
             else:
                 errors[k] = value
             if todo and not errors:
@@ -634,19 +655,22 @@ def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
 
 def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     n = len(ds)
-    if workers <= 1 or n == 0:
-        return _length_range(ds, 0, n, batch)
+    if n == 0 or (workers <= 1 and (_progress is None or n <= RANGE_LINES)):
+        return _done(_length_range(ds, 0, n, batch), n)
     pieces = min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES)))
     bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
     tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
-    state = {**ds.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
-    clone = object.__new__(type(ds))
-    clone.__dict__.update(state)
-    results = None
-    if ds.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
-        results = _fresh_worker_results(clone, tasks, workers)
-    if results is None:
-        results = _forked_worker_results(clone, tasks, workers)
+    if workers <= 1:  # serial in ranges, for the progress callback
+        results = [_done(_length_range(ds, *task), task[1] - task[0]) for task in tasks]
+    else:
+        state = {**ds.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
+        clone = object.__new__(type(ds))
+        clone.__dict__.update(state)
+        results = None
+        if ds.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
+            results = _fresh_worker_results(clone, tasks, workers)
+        if results is None:
+            results = _forked_worker_results(clone, tasks, workers)
     lengths = np.empty(n, dtype=np.int32)
     codes: dict[str, int] = {}
     details: dict[int, str] = {}
