@@ -4,8 +4,11 @@
   + [eos]``; loss on separator + completion + EOS (``loss="completion"``) or everything
   (``"full"``), Megatron-Bridge's ``PromptCompletionSFTPreprocessingConfig`` semantics. The chat
   template is never used.
-* :class:`ChatFormat`: ``messages`` (role/content) or ShareGPT ``conversations`` (from/value)
-  rendered as ChatML by :func:`energon_pack.chat.encode_text_chat`, loss on assistant turns by
+* :class:`ChatFormat`: ``messages`` (role/content), ShareGPT ``conversations`` (from/value) or
+  LLaMA-Factory records (alpaca ``instruction`` / ``input`` / ``output`` / ``history``; ShareGPT
+  with ``function_call`` / ``observation`` turns and ``tools``; see
+  :mod:`energon_pack.chat.conversation`) rendered as ChatML by
+  :func:`energon_pack.chat.encode_text_chat`, tool calls the Qwen3 way, loss on assistant turns by
   default, no system prompt unless ``system_prompt`` is given (text chat follows no one model's
   template).
 
@@ -191,7 +194,7 @@ class PromptCompletionFormat:
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """Chat records (``messages`` / ``conversations`` / ``conversation``) rendered as ChatML."""
+    """Chat records (``messages`` / ``conversations`` / ``conversation``, or alpaca) rendered as ChatML."""
 
     tokenizer: Any
     loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
