@@ -8,6 +8,7 @@ from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
 from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
 from .stream import AllSkippedError
 from .checkpoint import restore_state_rank, save_state_rank
+from .dataset_change import DatasetViews, split_changed_dataset
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
 
@@ -18,6 +19,7 @@ __all__ = [
     "EncodedSegment",
     "PACKING_MODES",
     "CarryOverPackingDataset",
+    "DatasetViews",
     "CarryOverPackingMixin",
     "ChatMLSample",
     "PackCandidate",
@@ -27,6 +29,7 @@ __all__ = [
     "AllSkippedError",
     "restore_state_rank",
     "save_state_rank",
+    "split_changed_dataset",
     "cook_chatml",
     "make_demo_shards",
     "pack_members",

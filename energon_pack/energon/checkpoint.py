@@ -109,11 +109,15 @@ def check_loader_fingerprint(saved: dict, current: dict) -> None:
         diff = [f"added {n} ({new[n]} samples)" for n in new if n not in old]
         diff += [f"removed {n} ({old[n]} samples)" for n in old if n not in new]
         diff += [f"{n} now has {new[n]} samples, not {old[n]}" for n in old if n in new and old[n] != new[n]]
+        only_added = bool(diff) and set(old.items()) <= set(new.items())
         diff = diff or [f"{len(saved['shards'])} shards then, {len(current['shards'])} now, same names"]  # a blend
+        fix = "start a new epoch/run without restoring the loader state, or restore with the shards it was saved with"
+        if only_added:
+            fix += ("; to accept the added shards, energon_pack.energon.split_changed_dataset(dataset, state, out) "
+                    "writes a view of the old shards to restore into and a view of only the added ones")
         raise ResumeConfigError(
             "dataset", f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
-            "it would repeat or skip samples", "start a new epoch/run without restoring the loader state, or restore "
-            "with the shards it was saved with")
+            "it would repeat or skip samples", fix)
     if saved["encoder"] != current["encoder"]:
         raise ResumeConfigError(
             "encoder", f"the state was saved with task encoder {saved['encoder']}, this loader has {current['encoder']}",
@@ -222,7 +226,7 @@ def restore_state_rank(loader: Any, state: Any) -> None:
             raise _worker_count_error(saved, current)
         guard = _find_guard(loader)
         if guard is not None:
-            for saved_guard in _guard_states(state):
+            for saved_guard in guard_states(state):
                 check_state(saved_guard, guard.fingerprint)
     loader.restore_state_rank(state)
 
@@ -234,7 +238,7 @@ def _find_guard(loader: Any) -> Optional[ResumeGuard]:
     return node
 
 
-def _guard_states(state: Any) -> list:
+def guard_states(state: Any) -> list:
     """Every :class:`ResumeGuard` part of a ``save_state_rank()`` state (one per worker)."""
     found: list = []
 
