@@ -5,20 +5,17 @@ processes) with ``written == delivered + counted loader skips``, no AllSkippedEr
 skips carry the loader's reason names; tool calls are in the loss under Qwen3-VL. Also: relative
 images missing without ``--image-root`` are called out in one line (the CLI, in a subprocess)."""
 
-import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from megatron.energon import WorkerConfig, get_loader, get_train_dataset
-from PIL import Image
+from test_convert import image
+from test_tool_calls import load
 
 from energon_pack.chat import load_demo_tokenizer_raw
 from energon_pack.energon.convert import convert
-from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 HERE = Path(__file__).resolve().parent
@@ -26,30 +23,11 @@ LF = HERE / "data" / "llamafactory"
 RAW = load_demo_tokenizer_raw()
 
 
-def jpeg(w=40, h=28, seed=0) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG")
-    return buf.getvalue()
-
-
 def stream(out, preset="qwen3-vl", workers=2):
     """One finite pass: {key: (decoded ids, decoded supervised tokens)}, loader skips. (A worker whose
     whole share is skipped emits no batch, so its skips reach no batch's stats: it only warns.)"""
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=2048)
-    ds = get_train_dataset(str(out), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), task_encoder=te,
-                           packing_buffer_size=8, repeat=False)
-    tracker, segments = PackingStatsTracker(), {}
-    for b in get_loader(ds):
-        tracker.update(b["packing_stats"])
-        cu = b["cu_seqlens_q"].tolist()
-        for n, key in enumerate(b["__keys__"]):
-            ids = b["input_ids"][0, cu[n]:cu[n + 1]]
-            mask = b["loss_mask"][0, cu[n]:cu[n + 1] - 1].bool()  # position i trains token i + 1
-            assert mask.tolist() == (b["labels"][0, cu[n]:cu[n + 1] - 1] != -100).tolist()
-            segments[key] = (RAW.decode(ids.tolist(), skip_special_tokens=False),
-                             RAW.decode(ids[1:][mask].tolist(), skip_special_tokens=False))
-    return segments, dict(tracker.total.skips)
+    segments, skips = load(out, QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=2048), workers)
+    return {key: tuple(RAW.decode(x, skip_special_tokens=False) for x in pair) for key, pair in segments.items()}, skips
 
 
 def convert_and_stream(source, out, preset="qwen3-vl", samples_per_shard=3):
@@ -66,7 +44,7 @@ def plain_sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("plain")
     (root / "imgs").mkdir()
     for i in range(3):
-        (root / "imgs" / f"{i}.jpg").write_bytes(jpeg(32 + 8 * i, 28, i))
+        (root / "imgs" / f"{i}.jpg").write_bytes(image("JPEG", 32 + 8 * i, 28, i))
     llava = [{"id": f"l{i}", "image": f"imgs/{i}.jpg", "conversations": [
         {"from": "human", "value": f"<image>\nWhat is {i}?"}, {"from": "gpt", "value": f"Thing {i}."}]} for i in range(3)]
     (root / "llava.json").write_text(json.dumps(llava))
@@ -148,7 +126,7 @@ def _members(out, suffix):
 
 
 def test_mixed_bad_records_convert_skips_and_loader_skips_add_up(tmp_path):
-    (tmp_path / "a.jpg").write_bytes(jpeg())
+    (tmp_path / "a.jpg").write_bytes(image("JPEG"))
 
     def chat(q="Q", a="A", **extra):
         return {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}], **extra}
@@ -185,7 +163,7 @@ def test_mixed_bad_records_convert_skips_and_loader_skips_add_up(tmp_path):
 def test_missing_image_root_is_called_out_at_the_cli(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "media" / "imgs").mkdir(parents=True)
-    (tmp_path / "media" / "imgs" / "a.jpg").write_bytes(jpeg())
+    (tmp_path / "media" / "imgs" / "a.jpg").write_bytes(image("JPEG"))
     records = [{"image": "imgs/a.jpg", "conversations": [{"from": "human", "value": "<image>Q"},
                                                           {"from": "gpt", "value": "A"}]}] * 3
     src = tmp_path / "data" / "llava.json"

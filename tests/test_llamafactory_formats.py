@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.chat import load_demo_tokenizer_raw
 from energon_pack.chat.conversation import Message, normalize_conversation
 from energon_pack.energon import TextPackingTaskEncoder, prepare_jsonl
 from energon_pack.errors import SampleSkipped
-from energon_pack.packing import PackingStatsTracker
 from energon_pack.sft import JsonlSFTDataset
+from test_tool_calls import load
 
 transformers = pytest.importorskip("transformers")
 
@@ -148,18 +147,9 @@ def test_energon_text_path_takes_llamafactory_records_and_counts_unknown_roles(l
     path = tmp_path / "lf.jsonl"
     path.write_bytes(lf_jsonl.read_bytes())
     assert prepare_jsonl(path) == 7
-    ds = get_train_dataset(str(path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=2),
-                           task_encoder=TextPackingTaskEncoder(tokenizer="demo", format="chat", seq_length=1024),
-                           packing_buffer_size=4, repeat=False)
-    tracker, segments = PackingStatsTracker(), {}
-    for b in get_loader(ds):
-        tracker.update(b["packing_stats"])
-        cu = b["cu_seqlens_q"].tolist()
-        for n, key in enumerate(b["__keys__"]):
-            segments[key] = b["input_ids"][0, cu[n]:cu[n + 1]].tolist()
-    assert dict(tracker.total.skips) == {"unknown_role": 2} and len(segments) == 5
-    texts = [RAW.decode(ids, skip_special_tokens=False) for ids in segments.values()]
+    segments, skips = load(path, TextPackingTaskEncoder(tokenizer="demo", format="chat", seq_length=1024), workers=2)
+    assert skips == {"unknown_role": 2} and len(segments) == 5
+    texts = [RAW.decode(ids, skip_special_tokens=False) for ids, _ in segments.values()]
     assert RAW.decode(official_ids(OPENAI_0), skip_special_tokens=False) in texts
     assert not any("<|im_start|>bot" in t or "<|im_start|>function" in t or "<|im_start|>observation" in t
                    for t in texts)

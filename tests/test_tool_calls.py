@@ -56,8 +56,10 @@ def load(path, te, workers=0):
         cu = b["cu_seqlens_q"].tolist()
         for n, key in enumerate(b["__keys__"]):
             ids = b["input_ids"][0, cu[n]:cu[n + 1]]
-            # labels are shifted: token i+1 is trained where label i is set
-            trained = ids[1:][(b["labels"][0, cu[n]:cu[n + 1] - 1] != -100)]
+            # labels are shifted: token i+1 is trained where label i is set, and the loss mask says the same
+            set_ = b["labels"][0, cu[n]:cu[n + 1] - 1] != -100
+            assert b["loss_mask"][0, cu[n]:cu[n + 1] - 1].bool().tolist() == set_.tolist()
+            trained = ids[1:][set_]
             segments[key] = (ids.tolist(), trained.tolist())
     return segments, dict(tracker.total.skips)
 
