@@ -1,0 +1,327 @@
+"""Fuzz ``energon-pack convert`` with hostile records mixed with good ones, then stream its output.
+
+:func:`run_convert_fuzz` builds a tree (``src/`` with the JSONL file and ``imgs/``, ``images/`` as
+``--image-root``, ``outside/`` holding files that must never be read) and a shuffled JSONL mix of
+good records and hostile ones: paths (absolute outside, ``../``, ``file://`` incl. percent-encoded,
+symlinks out and in loops, NUL, surrogates, very long, folders, missing), encodings (lone
+surrogates, invalid UTF-8, a BOM, CR-only line ends, overlong strings, deep nesting), sizes (over
+``--max-media-mb``, empty, truncated, a header that lies) and special files (FIFO, socket, a
+character device, ``/dev/zero``, ``/dev/stdin``). Every record is labelled with its outcome: a
+convert skip with a reason, written then a loader skip with a reason, or kept. The real CLI runs in
+a subprocess (2 workers, timeout), then the real loader (Qwen2.5-VL encoder, 2 workers) streams the
+output. Figures: tracebacks, hangs, skips per reason wanted and counted, records written other
+than wanted (or twice), outside bytes found in shards, and ``written - delivered - loader skips``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from PIL import Image
+
+from .stress_resume import stress_out_dir
+
+TIMEOUT = 300
+MAX_MEDIA_MB = 1
+MARKER = b"OUTSIDE-SECRET-MARKER"
+PASSWD = b"root:x:0:0:stress:/root:/bin/sh\n"
+SCALE_SIZES = {"bounded": (1, 12), "full": (50, 1000)}  # (copies of every hostile case, good records)
+
+
+def _image(fmt: str, w: int, h: int, seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header states ``width`` x ``height`` over a few bytes of data (a header that lies)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def build_tree(root: Path) -> dict[str, Path]:
+    """The folders and files the records name (special files only where this system allows them)."""
+    src, imgs, outside = root / "src", root / "src" / "imgs", root / "outside"
+    for d in (imgs, outside):
+        d.mkdir(parents=True, exist_ok=True)
+    for i in range(4):
+        (imgs / f"ok{i}.jpg").write_bytes(_image("JPEG", 32 + 8 * i, 28, i))
+    (imgs / "ok.png").write_bytes(_image("PNG", 36, 30, 7))
+    (src / "top.png").write_bytes(_image("PNG", 30, 40, 8))  # in the source's folder, above --image-root
+    (outside / "secret.jpg").write_bytes(_image("JPEG", 44, 32, 9) + MARKER)
+    (outside / "passwd").write_bytes(PASSWD)
+    (imgs / "big.png").write_bytes(_image("PNG", 30, 20, 5) + bytes((MAX_MEDIA_MB << 20) + 4096))
+    (imgs / "empty.jpg").write_bytes(b"")
+    jpeg = _image("JPEG", 64, 64, 11)
+    (imgs / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (imgs / "lying.png").write_bytes(_png_claiming(60_000, 60_000))  # PIL's decompression-bomb limit
+    (imgs / "lying_large.png").write_bytes(_png_claiming(4000, 3000))  # under it: too many tokens for the width
+    (imgs / "lying_small.png").write_bytes(_png_claiming(300, 200))  # found when decoded
+    (imgs / "text.jpg").write_bytes(b"not an image\n" * 10_000)
+    (imgs / "garbage.jpg").write_bytes(b"\xff\xd8" + random.Random(3).randbytes(3000))
+    links = {"link_in.jpg": imgs / "ok0.jpg", "link_out.jpg": outside / "secret.jpg", "outdir": outside,
+             "loop_a.jpg": imgs / "loop_b.jpg", "loop_b.jpg": imgs / "loop_a.jpg", "zero.jpg": Path("/dev/zero")}
+    for name, target in links.items():
+        (imgs / name).symlink_to(target)
+    os.mkfifo(imgs / "pipe.jpg")
+    with socket.socket(socket.AF_UNIX) as s:  # a bound socket leaves its file behind
+        try:
+            s.bind(str(imgs / "sock.jpg"))
+        except OSError:  # path too long for AF_UNIX: the case is left out
+            pass
+    try:
+        os.mknod(imgs / "chardev.jpg", 0o600 | 0o020000, os.makedev(1, 5))  # /dev/zero's device, inside the root
+    except (OSError, AttributeError):  # not root: the case is left out
+        pass
+    return dict(src=src, imgs=imgs, outside=outside)
+
+
+# ---------------------------------------------------------------------------------------- records
+def _turns(q: str, n_images: int) -> list:
+    return [{"from": "human", "value": "<image>\n" * n_images + q}, {"from": "gpt", "value": "An answer."}]
+
+
+def _rec(image: Any = None, q: str = "What is shown?", **extra: Any) -> dict:
+    images = [] if image is None else image if isinstance(image, list) else [image]
+    return {**({"images": images} if images else {}), "conversations": _turns(q, len(images)), **extra}
+
+
+def _line(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"conversations": ' + _line(_turns("deep", 0)) + b', "meta": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def cases(t: dict[str, Path]) -> list[tuple[str, str, Callable[[], bytes], tuple]]:
+    """(name, category, JSONL line builder, outcome): ("convert", reason), ("loader", reason) or ("kept",)."""
+    src, imgs, out = t["src"], t["imgs"], t["outside"]  # relative paths resolve against imgs (--image-root)
+    secret = str(out / "secret.jpg")
+    big_uri = "data:image/png;base64," + __import__("base64").b64encode((imgs / "big.png").read_bytes()).decode()
+    good = _line(_rec(q="What is shown?"))  # text only: it stands alone as the first line too
+    path = lambda ref, reason, stage="convert": (lambda: _line(_rec(ref)), (stage, reason))  # noqa: E731
+    table = {
+        "paths": {
+            "absolute_outside": path(secret, "path_outside_root"),
+            "traversal": path("../../outside/secret.jpg", "path_outside_root"),
+            "traversal_in_absolute": path(f"{imgs}/../../outside/secret.jpg", "path_outside_root"),
+            "file_uri_outside": path("file://" + secret, "path_outside_root"),
+            "file_uri_percent_dotdot": path(f"file://{src}/%2E%2E/outside/secret.jpg", "missing_image"),  # not decoded
+            "file_uri_percent_slash": path("file://%2Fetc%2Fpasswd", "missing_image"),
+            "file_uri_host": path("file://localhost" + secret, "missing_image"),
+            "system_file": path(str(out / "passwd"), "path_outside_root"),
+            "symlink_out": path("link_out.jpg", "path_outside_root"),
+            "symlink_dir_out": path("outdir/secret.jpg", "path_outside_root"),
+            "symlink_loop": path("loop_a.jpg", "unreadable_image"),
+            "nul_in_path": path("ok0.jpg\x00.png", "bad_image_ref"),
+            "surrogate_escape_in_path": path("\udcff.jpg", "missing_image"),  # the byte 0xff: a valid file name
+            "lone_surrogate_in_path": path("\ud800.jpg", "bad_image_ref"),
+            "long_name": path("a" * 5000 + ".jpg", "unreadable_image"),
+            "long_path": path("d/" * 3000 + "a.jpg", "unreadable_image"),
+            "folder": path(str(imgs), "not_a_regular_file"),
+            "missing": path("nope.jpg", "missing_image"),
+            "remote": path("https://example.com/a.jpg", "remote_image"),
+            "not_a_string": path(12345, "bad_image_ref"),
+        },
+        "encodings": {
+            "lone_surrogate_text": (lambda: _line(_rec(q="bad \ud800 text")), ("convert", "invalid_text")),
+            "invalid_utf8": (lambda: good.replace(b"What is", b"What \xff\xfe is"), ("convert", "invalid_utf8")),
+            "overlong_utf8": (lambda: good.replace(b"What is", b"What \xc0\xaf is"), ("convert", "invalid_utf8")),
+            "bom_mid_file": (lambda: b"\xef\xbb\xbf" + good, ("kept",)),
+            "cr_only_line_ends": (lambda: good + b"\r" + good, ("convert", "invalid_json")),
+            "escaped_nul_text": (lambda: _line(_rec(q="nul \x00 here")), ("kept",)),
+            "overlong_string": (lambda: _line(_rec(q="word " * 20_000)), ("loader", "oversize")),
+            "overlong_key": (lambda: _line(_rec(**{"k" * 100_000: 1})), ("kept",)),
+            "deep_nesting_65": (lambda: _nested(65), ("convert", "invalid_json")),
+            "deep_nesting_100000": (lambda: _nested(100_000), ("convert", "invalid_json")),
+            "broken_json": (lambda: good[:-7], ("convert", "invalid_json")),
+            "not_an_object": (lambda: b'["a", 1]', ("convert", "bad_record")),
+        },
+        "sizes": {
+            "over_max_media_mb": path("big.png", "media_too_large"),
+            "data_uri_over_cap": path(big_uri, "media_too_large"),
+            "zero_bytes": path("empty.jpg", "not_an_image"),
+            "no_header": path("text.jpg", "not_an_image"),
+            "garbage_after_magic": path("garbage.jpg", "corrupt_image"),
+            "truncated_jpeg": path("truncated.jpg", "corrupt_image", "loader"),
+            "header_that_lies_bomb": path("lying.png", "corrupt_image"),
+            "header_that_lies": path("lying_small.png", "corrupt_image", "loader"),
+            "header_that_lies_large": path("lying_large.png", "oversize", "loader"),
+        },
+        "special files": {
+            "fifo": path("pipe.jpg", "not_a_regular_file"),
+            "socket": path("sock.jpg", "not_a_regular_file"),
+            "char_device_inside": path("chardev.jpg", "not_a_regular_file"),
+            "symlink_to_dev_zero": path("zero.jpg", "path_outside_root"),
+            "dev_zero": path("/dev/zero", "path_outside_root"),
+            "dev_stdin": path("/dev/stdin", "path_outside_root"),
+            "proc_environ": path("/proc/self/environ", "path_outside_root"),
+        },
+    }
+    present = {"socket": imgs / "sock.jpg", "char_device_inside": imgs / "chardev.jpg"}
+    rows = []
+    for category, named in table.items():
+        for name, (build, outcome) in named.items():
+            if name in present and not os.path.lexists(present[name]):
+                continue
+            rows.append((name, category, build, outcome))
+    return rows
+
+
+def good_records(t: dict[str, Path], n: int, rng: random.Random) -> list[bytes]:
+    """``n`` good JSONL lines: text only, paths relative to --image-root, absolute, file://, a symlink inside,
+    a file in the source's folder, two images."""
+    imgs, top = t["imgs"], str(t["src"] / "top.png")
+    refs = [None, "ok0.jpg", "ok.png", str(imgs / "ok2.jpg"), f"file://{imgs / 'ok3.jpg'}", "link_in.jpg", top,
+            ["ok1.jpg", top]]
+    return [_line(_rec(refs[i % len(refs)], q=f"Question {i} {rng.random():.6f}?")) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------- runs
+def first_line_probe(root: Path, table: list, good: bytes) -> dict[str, str]:
+    """Each line-level hostile case as the FIRST line of a two-line JSONL file (then a good line):
+    "ok" when convert writes the good record and counts one skip, else what happened."""
+    from energon_pack.energon.convert import convert
+
+    from .stress_resume import _Hang, hang_alarm
+
+    root.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for name, category, build, outcome in table:
+        if category != "encodings":
+            continue
+        (root / f"{name}.jsonl").write_bytes(build() + b"\n" + good + b"\n")
+        try:
+            with hang_alarm(60):
+                s = convert(root / f"{name}.jsonl", root / name, workers=0, progress=False, overwrite=True)
+            want = (1, 2) if outcome[0] != "convert" else (1, 1)
+            found[name] = "ok" if (s.written == want[1] and s.records == 2 and s.skipped_total == 2 - want[1]) \
+                else f"records {s.records}, written {s.written}, skipped {s.skipped}"
+        except _Hang:
+            found[name] = "hang"
+        except Exception as exc:  # noqa: BLE001 - the figure is what convert did
+            found[name] = f"{type(exc).__name__}: {exc}"[:240]
+    return found
+
+
+def _members(out: Path) -> tuple[Counter, bytes]:
+    """(records written per key, all member bytes) of a convert output."""
+    keys: Counter = Counter()
+    blob = io.BytesIO()
+    for shard in sorted(out.glob("data-*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                key, _, ext = m.name.partition(".")
+                keys[key] += ext == "json"
+                blob.write(tar.extractfile(m).read())
+    return keys, blob.getvalue()
+
+
+def _stream(out: Path, workers: int) -> tuple[Counter, Counter, str | None]:
+    """(keys delivered, loader skips by reason, crash) of one finite pass over the output."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from energon_pack.packing import PackingStatsTracker
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=2048)
+    ds = get_val_dataset(str(out), split_part="train", batch_size=1, task_encoder=te, packing_buffer_size=16,
+                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers))
+    tracker, keys = PackingStatsTracker(), Counter()
+    try:
+        for batch in get_loader(ds):
+            tracker.update(batch["packing_stats"])
+            keys.update(batch["__keys__"])
+    except Exception as exc:  # noqa: BLE001 - a crash is a figure
+        return keys, Counter(tracker.total.skips), f"{type(exc).__name__}: {exc}"[:500]
+    return keys, Counter(tracker.total.skips), None
+
+
+def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: int = 2) -> dict:
+    """Convert a shuffled mix of good and hostile records and stream the output; see the module docstring."""
+    out_dir = stress_out_dir(out_dir, scale)
+    copies, n_good = SCALE_SIZES[scale]
+    rng = random.Random(seed)
+    tree = build_tree(out_dir / "tree")
+    table = cases(tree)
+    items = [(line, ("good", "-", ("kept",))) for line in good_records(tree, n_good, rng)]
+    items += [(build(), (name, category, outcome)) for _ in range(copies) for name, category, build, outcome in table]
+    rng.shuffle(items)
+    items.sort(key=lambda item: item[1][0] != "good")  # a good first line: see first_line_failures
+    items[1:] = rng.sample(items[1:], len(items) - 1)
+    src = tree["src"] / "records.jsonl"
+    src.write_bytes(b"".join(line + b"\n" for line, _ in items))
+    labels = {f"{i:09d}": label for i, (_, label) in enumerate(items)}
+    want_written = {k for k, (_, _, o) in labels.items() if o[0] != "convert"}
+    want_delivered = {k for k, (_, _, o) in labels.items() if o[0] == "kept"}
+    want_convert = Counter(o[1] for _, _, o in labels.values() if o[0] == "convert")
+    want_loader = Counter(o[1] for _, _, o in labels.values() if o[0] == "loader")
+
+    result: dict[str, Any] = dict(scale=scale, records=len(items), hostile=len(items) - n_good, good=n_good,
+                                  cases=len(table), tracebacks=0, hangs=0, errors=[])
+    out = out_dir / "converted"
+    cmd = [sys.executable, "-m", "energon_pack.cli", "convert", str(src), str(out), "--image-root",
+           str(tree["imgs"]), "--workers", str(workers), "--no-progress", "--json", "--max-media-mb", str(MAX_MEDIA_MB),
+           "--samples-per-shard", str(max(50, len(items) // 4)), "--overwrite"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        result["hangs"] = 1
+        result["errors"].append(f"convert gave no answer in {TIMEOUT} s")
+        return result
+    result["convert_seconds"] = round(time.perf_counter() - t0, 2)
+    stderr = proc.stderr.decode(errors="replace")
+    if proc.returncode or "Traceback" in stderr:
+        result["tracebacks"] = 1
+        result["errors"].append(f"convert rc={proc.returncode}: {stderr[-1500:]}")
+        return result
+    summary = json.loads(proc.stdout)
+    written, blob = _members(out)
+    outside = [MARKER, PASSWD, (tree["outside"] / "secret.jpg").read_bytes()[:4096]]
+    counted = Counter(summary["skipped"])
+    result.update(
+        written=summary["written"], convert_skips=dict(sorted(counted.items())),
+        convert_skips_wanted=dict(sorted(want_convert.items())),
+        skip_reason_mismatches=sum(((counted - want_convert) + (want_convert - counted)).values()),
+        written_unwanted=len(set(written) - want_written), wanted_not_written=len(want_written - set(written)),
+        written_twice=sum(n > 1 for n in written.values()),
+        outside_bytes_in_shards=sum(b in blob for b in outside),
+        records_add_up=summary["written"] + sum(counted.values()) == summary["records"] == len(items),
+    )
+    delivered, loader_skips, crash = _stream(out, workers)
+    result.update(
+        delivered=sum(delivered.values()), loader_skips=dict(sorted(loader_skips.items())),
+        loader_skips_wanted=dict(sorted(want_loader.items())), loader_crash=crash,
+        delivered_twice=sum(n > 1 for n in delivered.values()),
+        delivered_unwritten=len(set(delivered) - set(written)),
+        delivered_unwanted=len(set(delivered) - want_delivered), wanted_not_delivered=len(want_delivered - set(delivered)),
+        written_unaccounted=summary["written"] - sum(delivered.values()) - sum(loader_skips.values()),
+        loader_reason_mismatches=sum(((loader_skips - want_loader) + (want_loader - loader_skips)).values()),
+        by_case={name: outcome[1] if len(outcome) > 1 else "kept" for name, _, _, outcome in table},
+        seconds=round(time.perf_counter() - t0, 2),
+    )
+    result["first_line"] = first_line_probe(out_dir / "first_line", table, good_records(tree, 1, rng)[0])
+    result["first_line_failures"] = sum(v != "ok" for v in result["first_line"].values())
+    (out_dir / "convert_fuzz.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
