@@ -1,9 +1,13 @@
 """``energon-pack stress [--full] [--out DIR]``: the reliability report.
 
-Runs the resume sweep and the coverage sweep, and, when their modules are present, the
-hostile-input fuzz (``stress_fuzz.run_fuzz``) and the memory bound (``stress_memory.run_memory``);
-prints one table against the target "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs,
-0 resume mismatches", writes ``stress_report.json`` and returns non-zero if any target is missed.
+Runs the resume sweep, the resume topology cases (another rank, world size, worker count or
+dataset, an edited state), the coverage sweep, and, when their modules are present, the
+hostile-input fuzz (``stress_fuzz.run_fuzz``), the convert fuzz (``stress_convert``) and the memory
+bound (``stress_memory.run_memory``); prints one table against the target "0 duplicated, 0 lost,
+0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted elsewhere, 0 outside
+bytes", writes ``stress_report.json`` and returns non-zero if any target is missed. Rows marked
+``info`` are counts; ``xfail`` rows are known bugs of code outside the stress tier (reported, not
+a missed target; the tier's strict xfail test fails once they are fixed).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-TARGET = "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches"
+TARGET = ("0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted "
+          "elsewhere, 0 outside bytes")
+INFO = ("cut points", "restore cases", "refused correctly", "records", "hostile records")
+KNOWN = ("hostile 1st line (xfail)",)
 FUZZ_SAMPLES = {"bounded": 600, "full": 10_000}
 
 
@@ -50,11 +57,30 @@ def rows_for(part: str, r: dict) -> list[tuple[str, Any]]:
                 ("crashes", r.get("crashes"))]
     if part == "memory":
         return [("within bound", r.get("within_bound"))]
+    if part == "topology":
+        return [("restore cases", r.get("cases")), ("refused correctly", r.get("refused_correctly")),
+                ("accepted silently", r.get("accepted_silently")), ("wrong error", r.get("wrong_error")),
+                ("hangs", r.get("hangs")), ("control mismatches", r.get("control_mismatches"))]
+    if part == "convert":
+        lost = None if r.get("wanted_not_written") is None else r["wanted_not_written"] + r.get("wanted_not_delivered", 0)
+        dup = None if r.get("written_twice") is None else r["written_twice"] + r.get("delivered_twice", 0)
+        return [("records", r.get("records")), ("hostile records", r.get("hostile")), ("crashes", r.get("crashes")),
+                ("hangs", r.get("hangs")), ("skip reason mismatch", r.get("skip_reason_mismatches")),
+                ("hostile written", r.get("written_unwanted")), ("lost", lost), ("duplicated", dup),
+                ("outside bytes", r.get("outside_bytes_in_shards")), ("uncounted", r.get("written_unaccounted")),
+                ("loader reason mismatch", r.get("loader_reason_mismatches")),
+                ("hostile 1st line (xfail)", r.get("first_line_failures"))]
     return []
 
 
 def _met(figure: str, value: Any) -> bool:
+    if figure in INFO or figure in KNOWN:
+        return True
     return value is True if figure == "within bound" else value == 0
+
+
+def _mark(figure: str, ok: bool) -> str:
+    return "info" if figure in INFO else "xfail" if figure in KNOWN else "yes" if ok else "NO"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,14 +94,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from .stress_coverage import run_coverage
     from .stress_resume import run_resume_sweep
+    from .stress_topology import run_topology
 
     parts: dict[str, Callable[[], dict]] = {
         "resume": lambda: run_resume_sweep(out / "resume", scale),
+        "topology": lambda: run_topology(out / "topology", scale),
         "coverage": lambda: run_coverage(out / "coverage", scale),
     }
     fuzz = _optional("stress_fuzz", "run_fuzz")
     if fuzz is not None:
         parts["fuzz"] = lambda: fuzz(out_dir=out / "fuzz", n_samples=FUZZ_SAMPLES[scale], seed=0, workers=2)
+    convert = _optional("stress_convert", "run_convert_fuzz")
+    if convert is not None:
+        parts["convert"] = lambda: convert(out / "convert", scale)
     memory = _optional("stress_memory", "run_memory")
     if memory is not None:
         parts["memory"] = lambda: memory(out_dir=out / "memory")
@@ -96,23 +127,25 @@ def main(argv: list[str] | None = None) -> int:
             table.append((name, figure, value, ok, seconds))
             if not ok:
                 report["missed"].append(f"{name}: {figure} = {value}")
+            if figure in KNOWN and value:
+                report.setdefault("known_bugs", []).append(f"{name}: {figure} = {value}")
         if name == "resume":
             table.append((name, "cut points", result.get("cut_points"), True, seconds))
-    for name in ("fuzz", "memory"):
+    for name in ("fuzz", "convert", "memory"):
         if name not in parts:
             report["parts"][name] = {"skipped": "module not installed"}
 
     print(f"\nenergon-pack stress ({scale}); target: {TARGET}\n")
-    print(f"{'part':<10} {'figure':<20} {'value':>10}  {'ok':<4} {'seconds':>8}")
+    print(f"{'part':<10} {'figure':<24} {'value':>10}  {'ok':<5} {'seconds':>8}")
     last = None
     for name, figure, value, ok, seconds in table:
-        print(f"{name if name != last else '':<10} {figure:<20} {str(value):>10}  {'yes' if ok else 'NO':<4} "
-              f"{seconds if name != last else '':>8.1f}" if name != last else
-              f"{'':<10} {figure:<20} {str(value):>10}  {'yes' if ok else 'NO':<4}")
+        head = f"{name if name != last else '':<10} {figure:<24} {str(value):>10}  {_mark(figure, ok):<5}"
+        print(f"{head} {seconds:>8.1f}" if name != last else head)
         last = name
     (out / "stress_report.json").write_text(json.dumps(report, indent=2, default=str))
     verdict = "all targets met" if not report["missed"] else "MISSED: " + "; ".join(report["missed"])
-    print(f"\n{verdict}\nwrote {out / 'stress_report.json'}")
+    known = "".join(f"\nknown bug (strict xfail in tests/stress): {k}" for k in report.get("known_bugs", []))
+    print(f"\n{verdict}{known}\nwrote {out / 'stress_report.json'}")
     return 0 if not report["missed"] else 1
 
 
