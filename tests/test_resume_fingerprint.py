@@ -139,13 +139,16 @@ def test_state_without_its_fingerprint_is_refused(shards):
 
 
 # ---------------------------------------------------------------- 12. another worker count
+@pytest.mark.parametrize("caller", ["ours", "energon"])
 @pytest.mark.parametrize("saved,restored", [(2, 0), (0, 2), (2, 4)])
-def test_another_worker_count_is_a_resume_config_error(shards, saved, restored):
+def test_another_worker_count_is_a_resume_config_error(shards, saved, restored, caller):
+    """Through ours and through Energon's own method (guarded once energon_pack.energon is imported)."""
     state, _ = state_after(loader(shards, workers=saved), 3)
+    ld = loader(shards, workers=restored)
     with pytest.raises(ResumeConfigError, match=rf"num_workers: the state was saved by a loader with "
                        rf"num_workers={saved}, this loader has num_workers={restored}.*Fix: restore with "
                        rf"num_workers={saved}") as err:
-        restore_state_rank(loader(shards, workers=restored), state)
+        restore_state_rank(ld, state) if caller == "ours" else ld.restore_state_rank(state)
     assert err.value.knob == "num_workers"
 
 

@@ -149,10 +149,12 @@ HANG = textwrap.dedent("""
 """)
 
 
-def test_save_state_after_iter_before_next_does_not_hang(shards, tmp_path):
+@pytest.mark.parametrize("caller", ["ours", "energon"])
+def test_save_state_after_iter_before_next_does_not_hang(shards, tmp_path, caller):
+    """Ours, and Energon's own method once energon_pack.energon is imported (it guards it)."""
     script = tmp_path / "hang.py"
     script.write_text(HANG)
-    out = subprocess.run([sys.executable, str(script), str(shards), "ours"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script), str(shards), caller], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK True" in out.stdout  # nothing read yet: the initial state, which restores to the same stream
 

@@ -10,11 +10,13 @@ are only started by the first ``next()`` (``_epoch_iter`` is a generator; ``Data
 runs inside it). ``save_state_rank`` then takes the "workers running" branch and calls
 ``_worker_command("get_checkpoint", ...)``, which puts a command on each worker's queue and
 blocks on ``result_queue.get()`` with no timeout: no worker exists to answer, so it waits forever.
+Importing ``energon_pack.energon`` makes Energon's own method safe too (:func:`guard_energon_save_state_rank`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Any, Callable, Dict, Optional
 
@@ -37,13 +39,53 @@ def save_state_rank(loader: Any):
     Before the workers start, the state is the one the loader would restore from (its initial
     or restored checkpoint), exactly what Energon returns before ``iter(loader)``.
     """
+    return _save_state_rank_unhung(loader, type(loader).save_state_rank)
+
+
+def _save_state_rank_unhung(loader: Any, save: Callable[[Any], Any]):
+    save = getattr(save, "__wrapped__", save)
     if getattr(loader, "num_workers", 0) > 0 and getattr(loader, "_has_workers", False) and not workers_started(loader):
         loader._has_workers = False
         try:
-            return loader.save_state_rank()
+            return save(loader)
         finally:
             loader._has_workers = True
-    return loader.save_state_rank()
+    return save(loader)
+
+
+def guard_energon_save_state_rank() -> None:
+    """Make Energon's own ``SavableDataLoader.save_state_rank`` the hang-safe one (users call it
+    directly; Bridge's checkpointing too). Idempotent; the state is Energon's, unchanged."""
+    from megatron.energon.savable_loader import SavableDataLoader
+
+    original = SavableDataLoader.save_state_rank
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def save_state_rank(self):
+        return _save_state_rank_unhung(self, original)
+
+    SavableDataLoader.save_state_rank = save_state_rank
+
+
+def guard_energon_restore_state_rank() -> None:
+    """Make Energon's own ``SavableDataLoader.restore_state_rank`` run :func:`check_restore` first for
+    loaders of our task encoders (a changed worker count is otherwise a bare AssertionError inside
+    Energon). Other loaders are untouched. Idempotent."""
+    from megatron.energon.savable_loader import SavableDataLoader
+
+    original = SavableDataLoader.restore_state_rank
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def restore_state_rank(self, state):
+        if _find_guard(self) is not None:
+            check_restore(self, state)
+        return original(self, state)
+
+    SavableDataLoader.restore_state_rank = restore_state_rank
 
 
 def worker_stats_from_state(state: Any) -> list[dict]:
@@ -218,17 +260,24 @@ def check_state(state: Any, fingerprint: dict) -> None:
 def restore_state_rank(loader: Any, state: Any) -> None:
     """``loader.restore_state_rank(state)`` with a :class:`ResumeConfigError` instead of Energon's bare
     ``AssertionError`` when the state was saved with another worker count, rank or world size."""
-    if state is not None:
-        parts = list(getattr(state, "worker_states", None) or [])
-        saved = len(parts) if parts and all(isinstance(p, SavableDatasetCheckpoint) for p in parts) else 0
-        current = getattr(loader, "num_workers", 0) or 0
-        if saved != current:
-            raise _worker_count_error(saved, current)
-        guard = _find_guard(loader)
-        if guard is not None:
-            for saved_guard in guard_states(state):
-                check_state(saved_guard, guard.fingerprint)
+    check_restore(loader, state)
     loader.restore_state_rank(state)
+
+
+def check_restore(loader: Any, state: Any) -> None:
+    """Refuse, before anything is restored, a state saved with another worker count, or (for a loader
+    of an energon_pack task encoder) another rank, world size, shard list, encoder or edited parts."""
+    if state is None:
+        return
+    parts = list(getattr(state, "worker_states", None) or [])
+    saved = len(parts) if parts and all(isinstance(p, SavableDatasetCheckpoint) for p in parts) else 0
+    current = getattr(loader, "num_workers", 0) or 0
+    if saved != current:
+        raise _worker_count_error(saved, current)
+    guard = _find_guard(loader)
+    if guard is not None:
+        for saved_guard in guard_states(state):
+            check_state(saved_guard, guard.fingerprint)
 
 
 def _find_guard(loader: Any) -> Optional[ResumeGuard]:
