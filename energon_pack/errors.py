@@ -3,10 +3,13 @@
 A sample that cannot be used raises :class:`SampleSkipped` with a short machine-readable
 ``reason`` (e.g. ``"corrupt_image"``); the loader layer counts it per reason and keeps going,
 so nothing is dropped silently. Configuration mistakes raise :class:`ConfigError` (a
-``ValueError``) naming the knob and the fix.
+``ValueError``) naming the knob and the fix. A loader whose every sample is skipped raises
+:class:`AllSkippedError` (reasons, counts, the likely fix) instead of yielding nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 def _rebuild_exception(cls: type, args: tuple, state: dict) -> BaseException:
@@ -43,3 +46,26 @@ class ConfigError(ValueError):
         self.fix = fix
 
     __reduce__ = _reduce_exception
+
+
+class AllSkippedError(RuntimeError):
+    """Every sample read was skipped, so nothing can be emitted (Energon workers, GPT-SFT sampler)."""
+
+
+#: skip reasons that mean "the records do not match the encoder / format"
+MISMATCH_REASONS = ("missing_field", "invalid_json", "no_assistant_turn", "empty_completion", "invalid_record")
+
+
+def skip_counts_text(skips: Mapping[str, int]) -> str:
+    """``"reason: n, ..."``, most frequent first (``"none"`` when empty)."""
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(skips.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def all_skipped_fix(skips: Mapping[str, int], *, too_long: str, mismatch: str) -> str:
+    """The likely fix for a run that skipped everything: ``too_long`` when samples did not fit,
+    ``mismatch`` when the records do not match (or nothing else explains it)."""
+    top = max(skips, key=skips.get) if skips else ""
+    hint = [too_long] if top in ("oversize", "too_long") or "oversize" in skips else []
+    if top in MISMATCH_REASONS or not hint:
+        hint.append(mismatch)
+    return "; or ".join(hint)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset, get_sample_restore_key
 
-from energon_pack.errors import ConfigError
+from energon_pack.errors import AllSkippedError, ConfigError, all_skipped_fix, skip_counts_text  # noqa: F401 (AllSkippedError: re-exported)
 
 log = logging.getLogger("energon_pack")
 
@@ -50,28 +50,18 @@ class ResumeConfigError(ConfigError):
             super().__init__(knob, problem, fix)
 
 
-class AllSkippedError(RuntimeError):
-    """A worker skipped every sample it read (so far) and can never emit a pack."""
-
-
 def skip_guard_limit(configured: Optional[int], buffer_size: int) -> int:
     return configured if configured is not None else max(SKIP_GUARD_MIN, 10 * buffer_size)
 
 
 def all_skipped_message(stats, worker: str, *, finished: bool) -> str:
-    reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(stats.skips.items(), key=lambda kv: -kv[1])) or "none"
     where = "its whole share of the finite stream" if finished else f"the first {stats.skipped} samples it read"
-    hint = []
-    top = max(stats.skips, key=stats.skips.get) if stats.skips else ""
-    if top in ("oversize", "too_long") or "oversize" in stats.skips:
-        hint.append("seq_length (the pack width) may be too small for these samples, or set overlength='truncate' (text)")
-    if top in ("missing_field", "invalid_json", "no_assistant_turn", "empty_completion", "invalid_record") or not hint:
-        hint.append("the records may not match the encoder: check the field names (prompt/completion, "
-                    "conversations/messages) and that this is the right task encoder for the dataset")
-    return (
-        f"{worker} skipped {where} and emitted 0 packs; skips by reason: {reasons}. "
-        f"Likely fix: {'; or '.join(hint)}."
-    )
+    fix = all_skipped_fix(
+        stats.skips,
+        too_long="seq_length (the pack width) may be too small for these samples, or set overlength='truncate' (text)",
+        mismatch="the records may not match the encoder: check the field names (prompt/completion, "
+                 "conversations/messages) and that this is the right task encoder for the dataset")
+    return f"{worker} skipped {where} and emitted 0 packs; skips by reason: {skip_counts_text(stats.skips)}. Likely fix: {fix}."
 
 
 def worker_name(worker_config) -> str:

@@ -6,16 +6,23 @@ that fits the width). Each sample becomes a :class:`ThdSegment` (labels shifted 
 static cu_seqlens. Synthetic padding samples (key :data:`PADDING_KEY`) always get an all-zero
 loss mask, whatever their target mask says; ``padding_segments`` counts them and
 ``real_tokens`` excludes them.
+
+Every batch carries ``packing_stats`` (the Energon batches' format, ``rank``/``worker`` None: one
+plan for all ranks): with ``sampler=`` its epoch plan (packs, fill, skips: the dataset's reasons
++ ``oversize``), else the dataset's skips alone; a worker process holds the snapshot taken when
+it started.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from ..packing import PackingStats
 from ..thd import ThdLayout, ThdSegment, build_thd_batch
 from .dataset import PADDING_KEY
 from .formats import Encoded
@@ -24,17 +31,34 @@ from .formats import Encoded
 class InBatchPacker:
     """``collate_fn`` for a DataLoader over :class:`JsonlSFTDataset` with a token-budget batch sampler."""
 
-    def __init__(self, layout: ThdLayout) -> None:
+    def __init__(self, layout: ThdLayout, *, sampler: Any = None, dataset: Any = None) -> None:
         if not isinstance(layout, ThdLayout):
             raise ConfigError("layout", f"expected a ThdLayout, got {type(layout).__name__}",
                               "use InBatchPacker.for_dataset(ds, width, ...) or pass ThdLayout(width=..., pad_token_id=...)")
         self.layout = layout
+        self.sampler, self.dataset = sampler, dataset  # where packing_stats come from (module docstring)
 
     @classmethod
-    def for_dataset(cls, dataset: Any, width: int, **layout_kw: Any) -> "InBatchPacker":
-        """Layout with the dataset tokenizer's pad id (``layout_kw``: pad_multiple, pad_to_max_length, ...)."""
+    def for_dataset(cls, dataset: Any, width: int, *, sampler: Any = None, **layout_kw: Any) -> "InBatchPacker":
+        """Layout with the dataset tokenizer's pad id (``layout_kw``: pad_multiple, pad_to_max_length, ...);
+        batches carry the dataset's skips, or ``sampler``'s whole plan stats."""
         layout_kw.setdefault("pad_token_id", dataset.pad_token_id)
-        return cls(ThdLayout(width=width, **layout_kw))
+        return cls(ThdLayout(width=width, **layout_kw), sampler=sampler, dataset=dataset)
+
+    def packing_stats(self) -> dict | None:
+        """What each batch carries as ``packing_stats`` (None without a sampler or dataset)."""
+        if "_snapshot" in self.__dict__:
+            return dict(self._snapshot)
+        if self.sampler is not None:
+            return {"rank": None, "worker": None, **self.sampler.stats.state_dict()}
+        if self.dataset is not None:  # the dataset's skips never change: counted once
+            self._snapshot = {"rank": None, "worker": None, **PackingStats(skips=Counter(self.dataset.skips)).state_dict()}
+            return dict(self._snapshot)
+        return None
+
+    def __getstate__(self) -> dict:
+        # a worker gets the stats snapshot, not the sampler's plan or a second copy of the dataset
+        return {**self.__dict__, "sampler": None, "dataset": None, "_snapshot": self.packing_stats()}
 
     def __call__(self, samples: Sequence[Encoded]) -> dict:
         if len(samples) == 0:
@@ -54,4 +78,5 @@ class InBatchPacker:
         pad_tokens = sum(len(seg) for seg in segments if seg.key == PADDING_KEY)
         batch["padding_segments"] = sum(seg.key == PADDING_KEY for seg in segments)
         batch["real_tokens"] -= pad_tokens
+        batch["packing_stats"] = self.packing_stats()
         return batch

@@ -85,6 +85,7 @@ class JsonlSFTDataset:
         self.path = self.index.path
         # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
         self.format = make_format(format, resolve_tokenizer(tokenizer, where="JsonlSFTDataset"), **format_kw)
+        self.format_name = format
         self.pad_token_id: int = self.format.tokenizer.pad_id
         self.max_length = max_length
         self.overlength = overlength
@@ -265,6 +266,18 @@ class JsonlSFTDataset:
         lengths = self.lengths
         codes = -1 - lengths[lengths < 0]
         return Counter({self._reasons[c]: int(n) for c, n in zip(*np.unique(codes, return_counts=True))})
+
+    def skip_example(self, reason: str) -> str | None:
+        """``"line N: detail"`` of the first line skipped for ``reason`` (None when there is none)."""
+        return next((detail or f"line {n}" for n, r, detail in self.skipped_lines if r == reason), None)
+
+    def mismatch_hint(self) -> str:
+        """What to check when the records do not match the format (for :class:`~energon_pack.errors.AllSkippedError`)."""
+        fields = (f" (it reads {self.format.prompt_field!r} / {self.format.completion_field!r}: rename with "
+                  "prompt_field= / completion_field=)" if isinstance(self.format, PromptCompletionFormat) else "")
+        return (f"the records may not match format={self.format_name!r}{fields}: compare the field names with the "
+                f"example, or use another format (one of {FORMATS}); `energon-pack inspect {self.path}` lists "
+                "the fields the records have")
 
     @property
     def skipped_lines(self) -> list[tuple[int, str, str]]:

@@ -8,7 +8,13 @@ goes to rank ``j % num_replicas``, so each rank gets whole micro-batches. Ranks 
 longest rank's step count get ``[PADDING_INDEX]`` micro-batches (one synthetic pad token with no
 loss, counted in ``padding_steps``): every rank runs the same number of steps, no real sample is
 duplicated. Lines that are unusable (negative length) or wider than the width are never
-yielded; the latter are counted in ``stats.skips["oversize"]``.
+yielded; the latter are counted in ``stats.skips["oversize"]``, the former under the dataset's
+reasons (built from a :class:`JsonlSFTDataset`; ``"unusable"`` from a bare lengths array), so
+``stats.samples + stats.skipped`` is the number of lines. When no line can be packed, an empty
+run is never silent: :class:`~energon_pack.errors.AllSkippedError` (reasons, counts, an example
+line, the likely fix) is raised by the constructor for a dataset, by ``len()`` and ``iter()`` for
+a bare lengths array (whose ``plan()`` / ``stats`` still answer, for inspection). ``iter()`` builds
+the epoch's plan at once, so a DataLoader's worker processes inherit it instead of each building it.
 
 ``state_dict(steps_consumed)`` / ``load_state_dict`` resume mid-epoch exactly: the plan is a
 pure function of (lengths, seed, epoch, config), so only the step is stored.
@@ -17,12 +23,13 @@ pure function of (lengths, seed, epoch, config), so only the step is stored.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import AllSkippedError, ConfigError, all_skipped_fix, skip_counts_text
 from ..packing import PackingStats, best_fit_decreasing
 from ..thd import aligned_length
 from .dataset import PADDING_INDEX
@@ -47,8 +54,8 @@ class TokenBudgetBatchSampler:
         num_replicas: int = 1,
         rank: int = 0,
     ) -> None:
-        lengths = getattr(lengths, "lengths", lengths)  # a JsonlSFTDataset or an array
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self._dataset = lengths if hasattr(lengths, "skipped_lines") else None  # a JsonlSFTDataset or an array
+        self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
         for knob, value in (("width", width), ("pad_multiple", pad_multiple), ("window", window), ("num_replicas", num_replicas)):
@@ -63,6 +70,16 @@ class TokenBudgetBatchSampler:
         self.width, self.pad_multiple, self.max_segments = width, pad_multiple, max_segments
         self.window, self.shuffle, self.seed = window, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
+        #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
+        self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
+        unnamed = int((self.lengths <= 0).sum()) - sum(self.skips.values())
+        if unnamed > 0:
+            self.skips["unusable"] += unnamed
+        over = int(self._oversize().sum())
+        if over:
+            self.skips[OVERSIZE] += over
+        if self._dataset is not None:
+            self._require_batches()
         self.epoch = 0
         self._start = 0  # first step of the next __iter__ (set by load_state_dict)
         self._yielded = 0
@@ -86,12 +103,8 @@ class TokenBudgetBatchSampler:
     def _build_plan(self, epoch: int) -> tuple[list[list[int]], PackingStats]:
         rng = np.random.default_rng([self.seed, epoch])
         spans = aligned_length(self.lengths, self.pad_multiple)
-        usable = self.lengths > 0
-        over = usable & (spans > self.width)
-        stats = PackingStats()
-        if over.any():
-            stats.record_skip(OVERSIZE, int(over.sum()))
-        order = np.flatnonzero(usable & ~over)
+        stats = PackingStats(skips=Counter(self.skips))
+        order = np.flatnonzero((self.lengths > 0) & (spans <= self.width))
         if self.shuffle:
             order = rng.permutation(order)
         capacity = (self.width,) if self.max_segments is None else (self.width, self.max_segments)
@@ -106,9 +119,34 @@ class TokenBudgetBatchSampler:
                 stats.record_pack([(int(self.lengths[i]),) for i in idx[group]], (self.width,))
         return plan, stats
 
+    def _oversize(self) -> np.ndarray:
+        return (self.lengths > 0) & (aligned_length(self.lengths, self.pad_multiple) > self.width)
+
+    def _require_batches(self) -> None:
+        if len(self.lengths) and sum(self.skips.values()) == len(self.lengths):
+            raise AllSkippedError(self._all_skipped_message())
+
+    def _all_skipped_message(self) -> str:
+        top = max(self.skips, key=self.skips.get)
+        if top == OVERSIZE:
+            i = int(np.flatnonzero(self._oversize())[0])
+            example = f"line {i + 1}: {self.lengths[i]} tokens > width {self.width}"
+        else:
+            example = self._dataset.skip_example(top) if self._dataset is not None else None
+        source = f" over {self._dataset.path}" if self._dataset is not None else ""
+        fix = all_skipped_fix(
+            self.skips, too_long=f"the width ({self.width}) or the dataset's max_length may be too small for these "
+                                  "lines, or set overlength='truncate' on the dataset",
+            mismatch=self._dataset.mismatch_hint() if self._dataset is not None else
+            "the records may not match the dataset's format: check its skipped_lines")
+        return (f"TokenBudgetBatchSampler{source}: all {len(self.lengths)} lines were skipped, so there is no batch; "
+                f"skips by reason: {skip_counts_text(self.skips)}."
+                + (f" Example ({top}): {example}." if example else "") + f" Likely fix: {fix}.")
+
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
         """Steps per rank this epoch (the same on every rank)."""
+        self._require_batches()
         return -(-len(self.plan()) // self.num_replicas)
 
     @property
@@ -117,6 +155,11 @@ class TokenBudgetBatchSampler:
         return sum(1 for s in range(len(self)) if s * self.num_replicas + self.rank >= len(self.plan()))
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._require_batches()
+        self.plan()  # now, in the process that calls iter(): before a DataLoader starts its workers
+        return self._steps()
+
+    def _steps(self) -> Iterator[list[int]]:
         plan, steps = self.plan(), len(self)
         start, self._start = self._start, 0
         self._yielded = start
