@@ -6,6 +6,8 @@ skips carry the loader's reason names; tool calls are in the loss under Qwen3-VL
 images missing without ``--image-root`` are called out in one line (the CLI, in a subprocess)."""
 
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +189,24 @@ def test_missing_image_root_is_called_out_at_the_cli(tmp_path):
     assert proc.returncode == 0 and "written 4, skipped 0" in proc.stdout and "hint" not in proc.stdout
     wrong = convert(src, tmp_path / "out3", image_root=tmp_path, progress=False, workers=0)
     assert wrong.skipped == {"missing_image": 3} and wrong.hints == []  # a given root: no hint to pass one
+
+
+def test_readme_llamafactory_blocks_run_as_written(tmp_path):
+    """The README's LLaMA-Factory commands and streaming snippet, on our files under LLaMA-Factory's names."""
+    readme = (HERE.parent / "README.md").read_text()
+    section = readme[readme.index("<!-- tested: tests/test_convert_loader_agree.py"):]
+    bash = section[section.index("```bash\n") + 8:section.index("```\n", section.index("```bash\n") + 8)]
+    python = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n") + 10)]
+    shutil.copy(LF / "alpaca_demo.json", tmp_path / "alpaca_en_demo.json")
+    shutil.copy(LF / "glaive_toolcall_demo.json", tmp_path / "glaive_toolcall_en_demo.json")
+    shutil.copytree(LF / "mllm_demo_data", tmp_path / "mllm_demo_data")
+    commands = [shlex.split(line.split("#")[0]) for line in bash.splitlines() if line.strip()]
+    assert [c[:2] for c in commands] == [["energon-pack", "convert"]] * 2
+    for command in commands:
+        proc = subprocess.run([sys.executable, "-m", "energon_pack.cli", *command[1:], "--no-progress"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and "skipped 0" in proc.stdout, proc.stderr
+    (tmp_path / "snippet.py").write_text(python)
+    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "<tool_call> tokens in the loss: 3"

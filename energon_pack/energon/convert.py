@@ -983,18 +983,26 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=_HelpFormatter,
-        description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL or Parquet VLM SFT data into "
-                    "Energon-prepared WebDataset shards (images keep their original bytes).",
-        epilog="skip reasons (counted in the summary, up to 3 examples each):\n"
+        description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL, LLaMA-Factory files (alpaca; ShareGPT\n"
+                    "with function_call / observation turns and a tools string) or Parquet VLM SFT data into\n"
+                    "Energon-prepared WebDataset shards (images keep their original bytes). Each written record has\n"
+                    "passed the loader's own structural checks, so the loader takes it.",
+        epilog="examples:\n"
+               "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
+               "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
+               "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n\n"
+               "skip reasons (counted in the summary, up to 3 examples each):\n"
                + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
     p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite)")
     p.add_argument("--image-root", default=None,
-                   help="folder that relative image paths resolve against (default: the source file's folder)")
+                   help="folder that relative image paths resolve against (default: the source file's folder; "
+                        "images missing there are called out in a hint line)")
     p.add_argument("--layout", choices=LAYOUTS, default="ours",
                    help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)")
-    p.add_argument("--format", choices=FORMATS, default="auto", help="input format (auto: detected from the content)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="input format (auto: detected from the content; alpaca: instruction + output records)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (0: in this process; defaults to the CPU count)")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="records per chunk; one shard per chunk")
     p.add_argument("--verify", choices=VERIFY_MODES, default="header",
