@@ -48,8 +48,8 @@ class JsonlSFTDataset:
     offline demo tokenizer (``None`` uses it too, with a ``DemoTokenizerWarning``).
     ``format_kw`` go to the format: ``prompt_field``, ``completion_field``, ``template``,
     ``separator``, ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for
-    prompt/completion; ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``
-    for chat. ``max_length`` (usually the pack width) applies ``overlength``: ``skip`` (counted),
+    prompt/completion; ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``,
+    ``train_newline_after_im_end`` (Megatron-Bridge's loss rule) for chat. ``max_length`` (usually the pack width) applies ``overlength``: ``skip`` (counted),
     ``truncate`` (keep the first ``max_length`` tokens) or ``error``.
     """
 
