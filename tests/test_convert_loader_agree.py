@@ -117,6 +117,26 @@ def test_llamafactory_mllm_messages(tmp_path):
     assert summary.format == "messages" and summary.written == 2 and summary.images == 3 and loader_skips == {}
 
 
+def test_alpaca_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pic = image("JPEG", 36, 30, 7)
+    rows = [{"instruction": "What is shown?", "input": "<image>", "output": "Noise.", "system": None, "history": [],
+             "images": [{"bytes": pic, "path": "a.jpg"}]},
+            {"instruction": "And now?", "input": "", "output": "Still noise.", "system": "Be brief.",
+             "history": [["Hi", "Hello."]], "images": []},
+            {"instruction": "No answer", "input": "", "output": None, "system": None, "history": [], "images": []}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "alpaca.parquet")
+    summary, segments, loader_skips = convert_and_stream(tmp_path / "alpaca.parquet", tmp_path / "out")
+    assert summary.detected.endswith("conversation column 'instruction', image column 'images' "
+                                     "(list<element: struct<bytes: binary, path: string>>))")
+    assert (summary.written, summary.images, summary.skipped, loader_skips) == (2, 1, {"no_assistant_turn": 1}, {})
+    texts = sorted(t for t, _ in segments.values())
+    assert texts[0].startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>")
+    assert "What is shown?\n<|vision_start|>" in texts[1]
+
+
 def _members(out, suffix):
     import tarfile
 
