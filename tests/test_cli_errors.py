@@ -271,7 +271,7 @@ def _cells(carry_fill: float, rounds_fill: float) -> list[CellResult]:
     def cell(mode, k, fill, pps):
         return CellResult(mode=mode, buffer=k, workers=2, packs=10, samples=100, real_tokens=0, slots=0, fill=fill,
                           samples_per_pack=10.0, packs_per_s=pps, samples_per_s=pps * 10, first_batch_s=0.4,
-                          peak_worker_rss_mb=900.0 + k)
+                          peak_worker_rss_mb=900.0 + k, real_tokens_per_s=pps * 8000 * fill)
     return [cell("carry", 4, 0.40, 20.0), cell("carry", 16, carry_fill, 12.0), cell("carry", 48, 0.995, 11.0),
             cell("rounds", 4, 0.30, 25.0), cell("rounds", 16, rounds_fill, 13.0), cell("rounds", 48, 0.93, 12.0)]
 
@@ -368,7 +368,10 @@ def test_plots_have_context_measured_ticks_zero_based_axes_target_and_recommende
     assert any("recommended K=16" in t and "0.5 fill points" in t for t in legend)
     tp = figs["throughput"]
     labels = [line.get_label() for a in tp.axes for line in a.get_lines()]
-    assert {"carry packs/s", "carry samples/s", "rounds packs/s", "rounds samples/s"} <= set(labels)
+    assert {"carry real tokens/s", "carry samples/s", "rounds real tokens/s", "rounds samples/s"} <= set(labels)
+    assert "real (non-pad) tokens/s" in tp.axes[0].get_ylabel()
+    assert [list(line.get_ydata()) for line in tp.axes[0].get_lines() if line.get_label() == "carry real tokens/s"] == [
+        [20.0 * 8000 * 0.40, 12.0 * 8000 * 0.991, 11.0 * 8000 * 0.995]]
     for fig in figs.values():
         plt.close(fig)
     written = plot(_cells(0.991, 0.6), tmp_path, context)
@@ -376,23 +379,50 @@ def test_plots_have_context_measured_ticks_zero_based_axes_target_and_recommende
                                               "buffer_throughput.png"]
 
 
-def test_sweep_prints_a_time_estimate_before_it_starts(tmp_path, capsys, monkeypatch):
+def test_sweep_estimates_the_time_left_from_the_first_cell_and_reports_each_cell(tmp_path, capsys, monkeypatch):
     from energon_pack.bench import buffer_sweep
 
-    calls = []
+    calls, reported = [], []
 
     def fake_cell(path, **kw):
         calls.append(capsys.readouterr().out)  # what was printed before this cell started
         return _cells(0.99, 0.9)[0]
 
     monkeypatch.setattr(buffer_sweep, "run_cell", fake_cell)
-    buffer_sweep.sweep(tmp_path, buffers=(4, 16, 64), packs=100, progress=False)
-    assert len(calls) == 6
-    assert "sweep: 6 cells (2 modes x 3 K) x 100 packs: about" in calls[0]
-    assert "first cell took" in calls[1] and "left" in calls[1]
-    est = buffer_sweep.estimate_seconds(6, 100)
-    assert est == pytest.approx(6 * (buffer_sweep.SECONDS_PER_CELL + 100 * buffer_sweep.SECONDS_PER_PACK_AT_8192))
-    assert buffer_sweep.estimate_seconds(6, None) is None
+    monkeypatch.setattr(buffer_sweep, "_wait_for_workers_to_exit", lambda: None)
+    buffer_sweep.sweep(tmp_path, buffers=(4, 16, 64), packs=100, progress=False,
+                       on_cell=lambda cells: reported.append(len(cells)))
+    assert len(calls) == 6 and reported == [1, 2, 3, 4, 5, 6]
+    assert "sweep: 6 cells (2 modes x 3 K) x 100 packs; the time left is estimated from the first cell" in calls[0]
+    assert "about" not in calls[0]  # no guess before anything was measured
+    assert "cell 1/6 done in" in calls[1] and "left (from the first cell's measured rate)" in calls[1]
+    # the first cell (K=4, 10 packs at 20/s, 200 samples/s, 2 workers) took 5 s: 0.45 s streaming, 4.55 s start-up
+    first = _cells(0.99, 0.9)[0]
+    assert buffer_sweep.estimate_seconds(first, 5.0, [4]) == pytest.approx(5.0)
+    assert buffer_sweep.estimate_seconds(first, 5.0, [4, 64]) == pytest.approx(10.0 + 60 * 2 / 200)
+
+
+def test_no_recommended_k_from_one_k_or_mostly_skipped_samples(tmp_path, capsys, monkeypatch):
+    from dataclasses import replace
+
+    from energon_pack.bench import buffer_sweep
+
+    one_k = [c for c in _cells(0.99, 0.9) if c.buffer == 16]
+    assert buffer_sweep.recommendation(one_k) == (None, "only K=16 was measured (carry): a recommendation compares "
+                                                        "several K (e.g. --buffers 1,8,64)")
+    oversize = [replace(c, skips={"oversize": 990}) for c in _cells(0.99, 0.9)]  # 100 samples delivered per cell
+    k, why = buffer_sweep.recommendation(oversize)
+    assert k is None and why == ("2970 of 3270 samples read were skipped (oversize 2970): too few were packed to choose "
+                             "K from; a wider --width fits the oversize ones")
+    assert buffer_sweep.recommended_k(oversize) is None
+    data = tmp_path / "d"
+    (data / ".nv-meta").mkdir(parents=True)
+    (data / ".nv-meta" / "dataset.yaml").write_text("x")
+    monkeypatch.setattr(buffer_sweep, "sweep", lambda path, **kw: oversize)
+    assert main(["bench", "--data", str(data), "--out-dir", str(tmp_path / "out"), "--no-plots", "--tokenizer", "demo"]) == 0
+    assert f"no recommended K: {why}" in capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "buffer_sizes.json").read_text())
+    assert result["recommended_k"] is None and result["recommendation"] == why and result["complete"] is True
 
 
 def test_one_tokenizer_loader_names_the_fix_for_bad_paths(tmp_path, capsys):

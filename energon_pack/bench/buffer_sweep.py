@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .loader_bench import CellResult, _wait_for_workers_to_exit, cells_to_json, format_cells, run_cell
 from .targets import check, format_target
@@ -21,26 +21,27 @@ DEFAULT_BUFFERS = (1, 4, 8, 16, 32, 64, 128, 256)
 MODES = ("carry", "rounds")
 
 
-# Documented time constants for the estimate printed before a sweep (measured on the 2-core dev
-# machine, 2 workers, width 8192, demo data: ~12 packs/s at K=64, ~50 at K=1; worker start-up and
-# first batch ~4 s per cell). A sweep refines the estimate from its first cell.
-SECONDS_PER_PACK_AT_8192 = 0.08
-SECONDS_PER_CELL = 4.0
 #: the fill reference line in the plots: the project's benchmark goal (>= 99% at K=64)
 FILL_TARGET = 0.99
 #: recommended K: the smallest measured K whose carry fill is within this of the best carry fill
 RECOMMEND_WITHIN = 0.005
-
-
-def estimate_seconds(cells: int, packs: int | None, seq_length: int = 8192) -> float | None:
-    """Rough wall time of ``cells`` cells of ``packs`` packs from the documented constants (None: full epochs)."""
-    if packs is None:
-        return None
-    return cells * (SECONDS_PER_CELL + packs * SECONDS_PER_PACK_AT_8192 * seq_length / 8192)
+#: no recommendation when more than this share of the samples read was skipped (oversize or otherwise)
+MAX_SKIPPED_SHARE = 0.5
 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def estimate_seconds(first: CellResult, took: float, rest: Sequence[int]) -> float:
+    """Wall time of cells at the buffer sizes ``rest``, from the first cell (``took`` seconds): its
+    start-up and streaming time each, plus filling the larger buffer (K - K1 samples per worker at
+    the measured samples/s)."""
+    rate = first.samples_per_s if first.samples_per_s == first.samples_per_s and first.samples_per_s > 0 else None
+    streaming = (first.packs - 1) / first.packs_per_s if first.packs > 1 and first.packs_per_s > 0 else 0.0
+    startup = max(took - streaming, 0.0)
+    fill = (lambda k: max(k - first.buffer, 0) * max(first.workers, 1) / rate) if rate else (lambda k: 0.0)
+    return sum(startup + streaming + fill(k) for k in rest)
 
 
 def sweep(
@@ -54,35 +55,61 @@ def sweep(
     preset: str = "qwen2.5-vl",
     progress: bool = True,
     tokenizer: Any = None,
+    on_cell: Callable[[list[CellResult]], None] | None = None,
 ) -> list[CellResult]:
-    """Every (mode, K) cell; prints a time estimate before it starts and a refined one after the first cell."""
+    """Every (mode, K) cell; ``on_cell(cells so far)`` after each; the time left is estimated from
+    the first cell's measured rate (:func:`estimate_seconds`) and printed after each cell."""
     plan = [(mode, k) for mode in modes for k in buffers]
-    guess = estimate_seconds(len(plan), packs, seq_length)
     print(f"sweep: {len(plan)} cells ({len(modes)} modes x {len(buffers)} K) x "
-          + (f"{packs} packs: about {_minutes(guess)} (estimate at ~{SECONDS_PER_PACK_AT_8192 * seq_length / 8192:.2f} s/pack "
-             f"+ {SECONDS_PER_CELL:.0f} s/cell; refined after the first cell)" if guess is not None
-             else "one full epoch each: the estimate follows the first cell"), flush=True)
-    cells = []
+          + (f"{packs} packs" if packs is not None else "one full epoch each")
+          + ("; the time left is estimated from the first cell" if len(plan) > 1 else ""), flush=True)
+    cells: list[CellResult] = []
+    first_took = 0.0
     for i, (mode, k) in enumerate(plan):
         start = time.perf_counter()
         cells.append(run_cell(path, mode=mode, buffer=k, workers=workers, packs=packs, seq_length=seq_length,
                               preset=preset, progress=progress, tokenizer=tokenizer))
-        if i == 0 and len(plan) > 1:
-            _wait_for_workers_to_exit()  # part of every later cell's cost
-            took = time.perf_counter() - start
-            print(f"first cell took {_minutes(took)}: about {_minutes(took * (len(plan) - 1))} left "
-                  f"(larger K take longer per pack)", flush=True)
+        if on_cell is not None:
+            on_cell(cells)
+        if i + 1 < len(plan):
+            if i == 0:
+                _wait_for_workers_to_exit()  # part of every later cell's cost
+                first_took = time.perf_counter() - start
+            left = estimate_seconds(cells[0], first_took, [k for _, k in plan[i + 1:]])
+            print(f"cell {i + 1}/{len(plan)} done" + (f" in {_minutes(first_took)}" if i == 0 else "")
+                  + f": about {_minutes(left)} left (from the first cell's measured rate)", flush=True)
     return cells
+
+
+def recommendation(cells: list[CellResult], mode: str = "carry", within: float = RECOMMEND_WITHIN) -> tuple[int | None, str]:
+    """(K, why): :func:`recommended_k`, or None and the reason the measurement cannot support one."""
+    rows = [c for c in cells if c.mode == mode] or [c for c in cells if c.mode == cells[0].mode]
+    if not rows:
+        return None, "no cell finished"
+    ks = sorted({c.buffer for c in rows})
+    if len(ks) < 2:
+        return None, (f"only K={ks[0]} was measured ({rows[0].mode}): a recommendation compares several K "
+                      f"(e.g. --buffers 1,8,64)")
+    skipped = sum(sum(c.skips.values()) for c in rows)
+    read = skipped + sum(c.samples for c in rows)
+    if read and skipped > MAX_SKIPPED_SHARE * read:
+        reasons: dict[str, int] = {}
+        for c in rows:
+            for reason, n in c.skips.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        top = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
+        fix = "; a wider --width fits the oversize ones" if max(reasons, key=reasons.get) == "oversize" else ""
+        return None, f"{skipped} of {read} samples read were skipped ({top}): too few were packed to choose K from{fix}"
+    best = max(c.fill for c in rows)
+    k = min(c.buffer for c in rows if c.fill >= best - within)
+    return k, f"the smallest measured K whose {rows[0].mode} fill is within {within * 100:g} points of the best"
 
 
 def recommended_k(cells: list[CellResult], mode: str = "carry", within: float = RECOMMEND_WITHIN) -> int | None:
     """The smallest measured K whose ``mode`` fill is within ``within`` (0.005 = 0.5 points) of that
-    mode's best fill; falls back to the first mode measured when ``mode`` was not."""
-    if not cells:
-        return None
-    rows = [c for c in cells if c.mode == mode] or [c for c in cells if c.mode == cells[0].mode]
-    best = max(c.fill for c in rows)
-    return min(c.buffer for c in rows if c.fill >= best - within)
+    mode's best fill (the first mode measured when ``mode`` was not); None when the measurement
+    cannot support one (:func:`recommendation` says why)."""
+    return recommendation(cells, mode, within)[0]
 
 
 def targets(cells: list[CellResult]) -> list[dict[str, Any]]:
@@ -173,7 +200,7 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
         fig.tight_layout()
         out[name] = fig
 
-    fig, ax = base("packs/s (solid)")
+    fig, ax = base("real (non-pad) tokens/s (solid)")
     ax2 = ax.twinx()
     ax2.set_ylabel("source samples/s (dashed)")
     top1 = top2 = 0.0
@@ -181,9 +208,9 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
         rows = sorted((c for c in cells if c.mode == mode), key=lambda c: c.buffer)
         xs = [c.buffer for c in rows]
         color = f"C{i}"
-        p = [c.packs_per_s for c in rows]
+        p = [c.real_tokens_per_s for c in rows]
         sm = [c.samples_per_s for c in rows]
-        ax.plot(xs, p, marker="o", color=color, label=f"{mode} packs/s")
+        ax.plot(xs, p, marker="o", color=color, label=f"{mode} real tokens/s")
         ax2.plot(xs, sm, marker="s", linestyle="--", color=color, label=f"{mode} samples/s")
         top1 = max([top1, *[v for v in p if v == v]])
         top2 = max([top2, *[v for v in sm if v == v]])
@@ -211,19 +238,28 @@ def plot(cells: list[CellResult], out_dir: Path, context: dict[str, Any] | None 
     return written
 
 
+def _write_json(path: Path, result: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
+
+
 def main(path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer_name: str | None = None,
          **kw: Any) -> dict[str, Any]:
+    """The sweep, its report and files; ``buffer_sizes.json`` is rewritten after every cell
+    (``"complete": false`` until the sweep ends), so an interrupted sweep keeps its finished cells."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cells = sweep(path, **kw)
+    json_path = out_dir / "buffer_sizes.json"
     context = {"dataset": str(path), "seq_length": kw.get("seq_length", 8192), "workers": kw.get("workers", 2),
                "packs": kw.get("packs", 200), "preset": kw.get("preset", "qwen2.5-vl"), "tokenizer": tokenizer_name}
-    rec = recommended_k(cells)
-    result = {"dataset": str(path), "context": context, "cells": cells_to_json(cells), "recommended_k": rec,
-              "targets": targets(cells)}
+    partial = {"dataset": str(path), "context": context, "complete": False}
+    cells = sweep(path, on_cell=lambda done: _write_json(json_path, {**partial, "cells": cells_to_json(done)}), **kw)
+    rec, why = recommendation(cells)
+    result = {"dataset": str(path), "context": context, "complete": True, "cells": cells_to_json(cells),
+              "recommended_k": rec, "recommendation": why, "targets": targets(cells)}
     print(format_cells(cells))
-    if rec is not None:
-        print(f"\nrecommended K = {rec}: the smallest measured K whose carry fill is within 0.5 points of the best")
+    print(f"\nrecommended K = {rec}: {why}" if rec is not None else f"\nno recommended K: {why}")
     if result["targets"]:
         print("\nproject benchmark targets (for information):")
     for t in result["targets"]:
@@ -234,7 +270,7 @@ def main(path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer
         except ImportError:
             plots = False
             print("matplotlib is not installed: no plots (pip install 'energon-pack[examples]')")
-    (out_dir / "buffer_sizes.json").write_text(json.dumps(result, indent=2))
+    _write_json(json_path, result)
     (out_dir / "buffer_sizes.md").write_text(markdown_table(cells) + "\n")
     print(f"\nwrote {out_dir}/buffer_sizes.json, buffer_sizes.md" + (", buffer_*.png" if plots else ""))
     return result

@@ -1,8 +1,8 @@
 """Measure packing through the real Energon savable loader: fill, throughput, latency, worker RSS.
 
 One *cell* streams one full epoch (or ``packs`` packed batches of a repeating stream) for one
-(packing mode, buffer size K) with W workers and records bin fill (real tokens / slots), samples per pack, packs/s and source
-samples/s, first-batch latency, peak RSS summed over all worker processes, and skips by
+(packing mode, buffer size K) with W workers and records bin fill (real tokens / slots), samples per pack, packs/s, source
+samples/s and real (non-pad) tokens/s, first-batch latency, peak RSS summed over all worker processes, and skips by
 reason. ``energon-pack demo`` runs two cells (carry vs rounds); ``energon-pack bench`` and
 ``examples/compare_buffer_sizes.py`` sweep K.
 """
@@ -70,6 +70,7 @@ class CellResult:
     first_batch_s: float
     peak_worker_rss_mb: float
     skips: dict = field(default_factory=dict)
+    real_tokens_per_s: float = float("nan")
 
 
 def _wait_for_workers_to_exit(timeout: float = 10.0) -> None:
@@ -111,7 +112,7 @@ def run_cell(
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers, seed_offset=seed),
         task_encoder=encoder, packing_buffer_size=buffer, repeat=packs is not None,
     )
-    samples = real = emitted = 0
+    samples = real = emitted = real_first = 0
     stats: dict[tuple, dict] = {}
     bar = None
     if progress:
@@ -126,11 +127,12 @@ def run_cell(
         after_first = start
         for batch in iterator:
             emitted += 1
+            samples += batch["num_segments"]
+            real += batch["real_tokens"]
             if first is None:
                 first = time.perf_counter() - start
                 after_first = time.perf_counter()
-            samples += batch["num_segments"]
-            real += batch["real_tokens"]
+                real_first = real
             s = batch["packing_stats"]
             if s is not None:
                 stats[(s["rank"], s["worker"])] = s
@@ -154,18 +156,19 @@ def run_cell(
         packs_per_s=per_s(rate_packs), samples_per_s=per_s(samples * rate_packs / emitted),
         first_batch_s=first or 0.0,
         peak_worker_rss_mb=(rss.peak_workers if workers else rss.peak_self) / 2**20,
-        skips=dict(sorted(skips.items())),
+        skips=dict(sorted(skips.items())), real_tokens_per_s=per_s(real - real_first),
     )
 
 
 def format_cells(cells: list[CellResult]) -> str:
     head = (f"{'mode':<7}{'K':>5}{'packs':>7}{'samples':>9}{'smp/pack':>9}{'fill':>8}{'real tok':>10}{'pad tok':>9}"
-            f"{'packs/s':>9}{'smp/s':>8}{'1st batch':>10}{'worker RSS':>11}  skips")
+            f"{'packs/s':>9}{'smp/s':>8}{'real tok/s':>11}{'1st batch':>10}{'worker RSS':>11}  skips")
     lines = [head, "-" * len(head)]
     for c in cells:
         lines.append(
             f"{c.mode:<7}{c.buffer:>5}{c.packs:>7}{c.samples:>9}{c.samples_per_pack:>9.1f}{c.fill * 100:>7.2f}%"
             f"{c.real_tokens:>10}{c.slots - c.real_tokens:>9}{c.packs_per_s:>9.2f}{c.samples_per_s:>8.1f}"
+            f"{c.real_tokens_per_s:>11.0f}"
             f"{c.first_batch_s:>9.2f}s{c.peak_worker_rss_mb:>9.0f}MB  "
             + (", ".join(f"{k}={v}" for k, v in c.skips.items()) or "-")
         )
