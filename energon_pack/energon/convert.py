@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from energon_pack.chat.conversation import alpaca_turns, check_conversation, normalize_conversation
+from energon_pack.chat.conversation import ALPACA_FIELDS, alpaca_turns, check_conversation, normalize_conversation
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
@@ -119,7 +119,6 @@ _IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", 
 #: PIL format -> member extension (an extension the loader's cooker recognises as an image).
 PIL_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tiff"}
 _CONVERSATION_KEYS = ("messages", "conversations", "conversation")
-_ALPACA_KEYS = ("instruction", "input", "output", "system", "history")
 _IMAGE_KEYS = ("images", "image")
 _VIDEO_KEYS = ("videos", "video")
 _IMAGE_PART_SOURCES = ("image", "image_url", "url", "path", "bytes")
@@ -624,7 +623,7 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
     conv_key, turns = _conversation_of(rec, ctx.shape)
     turns, part_sources = _split_image_parts(turns)
     refs = _image_refs(rec) or [s for s in part_sources if s is not None]
-    dropped = (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts", *(_ALPACA_KEYS if conv_key not in rec else ()))
+    dropped = (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts", *(ALPACA_FIELDS if conv_key not in rec else ()))
     doc = {k: v for k, v in rec.items() if k not in dropped}
     doc[conv_key] = turns
     try:
