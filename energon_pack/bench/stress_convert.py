@@ -1,16 +1,18 @@
 """Fuzz ``energon-pack convert`` with hostile records mixed with good ones, then stream its output.
 
-:func:`run_convert_fuzz` builds a tree (``src/`` with the JSONL file and ``imgs/``, ``images/`` as
-``--image-root``, ``outside/`` holding files that must never be read) and a shuffled JSONL mix of
-good records and hostile ones: paths (absolute outside, ``../``, ``file://`` incl. percent-encoded,
+:func:`run_convert_fuzz` builds a tree (``src/`` with the records and ``src/imgs/`` as
+``--image-root``, ``outside/`` holding files that must never be read) and a shuffled mix of good
+records and hostile ones: paths (absolute outside, ``../``, ``file://`` incl. percent-encoded,
 symlinks out and in loops, NUL, surrogates, very long, folders, missing), encodings (lone
 surrogates, invalid UTF-8, a BOM, CR-only line ends, overlong strings, deep nesting), sizes (over
-``--max-media-mb``, empty, truncated, a header that lies) and special files (FIFO, socket, a
+``--max-media-mb``, empty, truncated, headers that lie) and special files (FIFO, socket, a
 character device, ``/dev/zero``, ``/dev/stdin``). Every record is labelled with its outcome: a
-convert skip with a reason, written then a loader skip with a reason, or kept. The real CLI runs in
-a subprocess (2 workers, timeout) on the mix as JSONL and as a JSON array, then the real loader (Qwen2.5-VL encoder, 2 workers) streams the
-output. Figures: tracebacks, hangs, skips per reason wanted and counted, records written other
-than wanted (or twice), outside bytes found in shards, and ``written - delivered - loader skips``.
+convert skip with a reason, written then a loader skip with a reason, or kept. The real CLI runs
+in a subprocess (2 workers, timeout, stdin an open pipe) on the mix as JSONL and as a JSON array,
+and on devices with ``--allow-outside-paths``; the real loader (Qwen2.5-VL, 2 workers) streams
+each output. Figures: crashes, hangs, skips per reason wanted and counted, records written or
+delivered other than wanted (or twice), outside bytes in shards, ``written - delivered - loader
+skips``, and each line-level hostile record as a file's first line (:func:`first_line_probe`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ TIMEOUT = 300
 MAX_MEDIA_MB = 1
 MARKER = b"OUTSIDE-SECRET-MARKER"
 PASSWD = b"root:x:0:0:stress:/root:/bin/sh\n"
+#: special files read with --allow-outside-paths: refused by kind or header, never read whole or waited on
+DEVICES = [(name, (lambda p=p: _line(_rec(p))), ("convert", reason)) for name, p, reason in (
+    ("dev_zero", "/dev/zero", "not_a_regular_file"), ("dev_urandom", "/dev/urandom", "not_a_regular_file"),
+    ("dev_null", "/dev/null", "not_a_regular_file"), ("dev_full", "/dev/full", "not_a_regular_file"),
+    ("dev_shm_folder", "/dev/shm", "not_a_regular_file"),
+    ("dev_stdin_open_pipe", "/dev/stdin", "missing_image"),  # realpath: /proc/PID/fd/pipe:[N], no such file
+    ("proc_environ", "/proc/self/environ", "not_an_image"), ("proc_mem", "/proc/self/mem", "unreadable_image"))]
 ARRAY_OUTCOMES = {"bom_mid_file": ("convert", "invalid_json")}
 SCALE_SIZES = {"bounded": (1, 12), "full": (50, 1000)}  # (copies of every hostile case, good records)
 
@@ -277,10 +286,20 @@ def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: in
     in_array = [(line, (label[0], label[1], ARRAY_OUTCOMES.get(label[0], label[2]))) for line, label in items
                 if label[0] != "broken_json"]
     (tree["src"] / "records.json").write_bytes(b"[" + b",\n".join(line for line, _ in in_array) + b"]")
-    result: dict[str, Any] = dict(scale=scale, records=0, hostile=0, good=0, cases=len(table), containers={})
+    goods = [item for item in items if item[1][0] == "good"][: max(2, n_good // 4)]
+    allowed = (_line(_rec(str(tree["outside"] / "secret.jpg"))), ("outside_file_allowed", "paths", ("kept",)))
+    devices = goods[1:] + [allowed] + [(build(), (name, "special files", outcome)) for _ in range(copies)
+                                       for name, build, outcome in DEVICES]
+    devices = goods[:1] + rng.sample(devices, len(devices))
+    (tree["src"] / "devices.jsonl").write_bytes(b"".join(line + b"\n" for line, _ in devices))
+    result: dict[str, Any] = dict(scale=scale, records=0, hostile=0, good=0, cases=len(table) + len(DEVICES),
+                                  containers={})
     start = time.perf_counter()
-    for container, name, mix in (("jsonl", "records.jsonl", items), ("json array", "records.json", in_array)):
-        part = _convert_and_stream(tree, tree["src"] / name, out_dir / f"converted_{name.split('.')[1]}", mix, workers)
+    runs = (("jsonl", "records.jsonl", items, False), ("json array", "records.json", in_array, False),
+            ("devices, --allow-outside-paths", "devices.jsonl", devices, True))
+    for container, name, mix, allow in runs:
+        part = _convert_and_stream(tree, tree["src"] / name, out_dir / f"converted_{name.replace('.', '_')}", mix,
+                                   workers, allow)
         result["containers"][container] = part
         result["records"] += len(mix)
         result["good"] += sum(label[0] == "good" for _, label in mix)
@@ -294,6 +313,7 @@ def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: in
     for key in ("convert_skips", "convert_skips_wanted", "loader_skips", "loader_skips_wanted"):
         result[key] = dict(sorted(sum((Counter(p.get(key, {})) for p in result["containers"].values()), Counter()).items()))
     result["by_case"] = {name: outcome[1] if len(outcome) > 1 else "kept" for name, _, _, outcome in table}
+    result["by_case"].update({f"{name} (--allow-outside-paths)": outcome[1] for name, _, outcome in DEVICES})
     result["first_line"] = first_line_probe(out_dir / "first_line", table, good_records(tree, 1, rng)[0])
     result["first_line_failures"] = sum(v != "ok" for v in result["first_line"].values())
     result["seconds"] = round(time.perf_counter() - start, 2)
@@ -301,7 +321,28 @@ def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: in
     return result
 
 
-def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list, workers: int) -> dict:
+def _run_cli(cmd: list[str], out: Path) -> tuple[int | None, str, str]:
+    """(return code or None on a hang, stdout, stderr) of the CLI, its stdin an open pipe nobody writes to
+    (``/dev/stdin`` is then a FIFO that never ends); stdout/stderr go to files (no pipe to fill)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
+    with open(log.with_suffix(".out"), "wb+") as so, open(log.with_suffix(".err"), "wb+") as se:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=so, stderr=se)
+        try:
+            rc = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+        finally:
+            proc.stdin.close()
+        so.seek(0)
+        se.seek(0)
+        return rc, so.read().decode(errors="replace"), se.read().decode(errors="replace")
+
+
+def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list, workers: int,
+                        allow_outside: bool = False) -> dict:
     """The real CLI on ``src`` (whose records are ``items``, in order), then the loader on ``out``."""
     labels = {f"{i:09d}": label for i, (_, label) in enumerate(items)}
     want_written = {k for k, (_, _, o) in labels.items() if o[0] != "convert"}
@@ -311,19 +352,19 @@ def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list
     result: dict[str, Any] = dict(crashes=0, hangs=0, errors=[])
     cmd = [sys.executable, "-m", "energon_pack.cli", "convert", str(src), str(out), "--image-root",
            str(tree["imgs"]), "--workers", str(workers), "--no-progress", "--json", "--max-media-mb", str(MAX_MEDIA_MB),
-           "--samples-per-shard", str(max(50, len(items) // 4)), "--overwrite"]
+           "--samples-per-shard", str(max(50, len(items) // 4)), "--overwrite"] + ["--allow-outside-paths"] * allow_outside
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    rc, stdout, stderr = _run_cli(cmd, out)
+    if rc is None:
         return {**result, "hangs": 1, "errors": [f"{src.name}: convert gave no answer in {TIMEOUT} s"]}
     result["convert_seconds"] = round(time.perf_counter() - t0, 2)
-    stderr = proc.stderr.decode(errors="replace")
-    if proc.returncode or "Traceback" in stderr:
-        return {**result, "crashes": 1, "errors": [f"{src.name}: convert rc={proc.returncode}: {stderr[-1500:]}"]}
-    summary = json.loads(proc.stdout)
+    if rc or "Traceback" in stderr:
+        return {**result, "crashes": 1, "errors": [f"{src.name}: convert rc={rc}: {stderr[-1500:]}"]}
+    summary = json.loads(stdout)
     written, blob = _members(out)
-    outside = [MARKER, PASSWD, (tree["outside"] / "secret.jpg").read_bytes()[:4096]]
+    outside = [] if allow_outside else [MARKER, PASSWD, (tree["outside"] / "secret.jpg").read_bytes()[:4096]]
+    if allow_outside:  # the control: the byte check does see an outside file that was allowed in
+        result["outside_control_seen"] = MARKER in blob
     counted = Counter(summary["skipped"])
     delivered, loader_skips, crash = _stream(out, workers)
     result.update(
