@@ -985,7 +985,8 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL, LLaMA-Factory files (alpaca; ShareGPT\n"
                     "with function_call / observation turns and a tools string) or Parquet VLM SFT data into\n"
                     "Energon-prepared WebDataset shards (images keep their original bytes). Each written record has\n"
-                    "passed the loader's own structural checks, so the loader takes it.",
+                    "passed the loader's own structural checks; the loader's remaining skips depend on its settings\n"
+                    "(tokenizer, preset, limits) and are counted there.",
         epilog="examples:\n"
                "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
                "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
