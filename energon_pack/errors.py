@@ -61,10 +61,17 @@ def skip_counts_text(skips: Mapping[str, int]) -> str:
     return ", ".join(f"{reason}: {n}" for reason, n in sorted(skips.items(), key=lambda kv: -kv[1])) or "none"
 
 
+#: skip reasons whose fix does not depend on the encoder
+REASON_FIXES = {"tool_calls_unsupported": "the Qwen2-VL / Qwen2.5-VL templates have no tool handling: use the "
+                                          "qwen3-vl preset (--preset qwen3-vl; preset=\"qwen3-vl\") for tool-call data"}
+
+
 def all_skipped_fix(skips: Mapping[str, int], *, too_long: str, mismatch: str) -> str:
     """The likely fix for a run that skipped everything: ``too_long`` when samples did not fit,
     ``mismatch`` when the records do not match (or nothing else explains it)."""
     top = max(skips, key=skips.get) if skips else ""
+    if top in REASON_FIXES:
+        return REASON_FIXES[top]
     hint = [too_long] if top in ("oversize", "too_long") or "oversize" in skips else []
     if top in MISMATCH_REASONS or not hint:
         hint.append(mismatch)

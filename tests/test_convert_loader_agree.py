@@ -18,6 +18,7 @@ from test_tool_calls import load
 
 from energon_pack.chat import load_demo_tokenizer_raw
 from energon_pack.energon.convert import convert
+from energon_pack.errors import all_skipped_fix
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 HERE = Path(__file__).resolve().parent
@@ -93,6 +94,9 @@ def test_llamafactory_tool_calls_stream_with_the_calls_in_the_loss(tmp_path):
     # worker: with two, the worker holding only a tool chat emits no batch to carry its count)
     segments, loader_skips = stream(tmp_path / "out", "qwen2.5-vl", workers=1)
     assert loader_skips == {"tool_calls_unsupported": 2} and len(segments) == 1
+    # were they all tool chats, the all-skipped message names the preset that renders them
+    assert all_skipped_fix({"tool_calls_unsupported": 2}, too_long="", mismatch="").startswith(
+        "the Qwen2-VL / Qwen2.5-VL templates have no tool handling: use the qwen3-vl preset (--preset qwen3-vl")
 
 
 def test_alpaca_with_history_and_images(tmp_path):
