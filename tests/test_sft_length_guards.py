@@ -168,16 +168,43 @@ def test_a_line_too_long_by_its_bytes_is_skipped_untokenised_and_normal_lines_ar
     assert exact[2][2] == "line 2: 258 tokens > max_length 16" and exact[2][8] == "line 8: 220 tokens > max_length 16"
 
 
-def test_a_50_mb_line_stays_in_bounded_memory(tmp_path):
+def chat(user, assistant):
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+
+
+def test_a_chat_line_too_long_by_its_bytes_is_skipped_untokenised_after_the_formats_own_checks(tmp_path, monkeypatch):
+    # max_length 32 and 16 bytes a token: more than 512 bytes of message text is too long untokenised
+    monkeypatch.setattr(dataset_module, "BYTE_BOUND_MIN_BYTES", 0)
+    lines = [chat("Hi", "Hello!"), chat("Hi", "x" * 600), chat("Hi", "x" * 508), chat("Hi", " x" * 300),
+             {"messages": [{"role": "user", "content": "x" * 600}]}, chat("Hi", "x" * 600 + "<|im_end|>"),
+             chat("Hi", "<think>" + "x" * 600 + "</think>ok"), chat("x" * 600, "")]
+    path = write(tmp_path / "c.jsonl", lines)
+    lengths, reasons, details, _ = JsonlSFTDataset(path, TOK, max_length=32, format="chat").compute_lengths(workers=1)
+    assert [reasons[-1 - n] if n < 0 else n for n in lengths] == [
+        17, "too_long", "too_long", "too_long", "no_assistant_turn", "control_token_in_text", "too_long",
+        "empty_assistant_turn"]
+    assert details[2] == "line 2: at least 38 tokens (602 bytes of text, <= 16 bytes a token) > max_length 32"
+    assert details[3] == "line 3: 522 tokens > max_length 32"  # 510 bytes: the bound decides nothing: tokenised
+    assert details[4] == "line 4: at least 38 tokens (601 bytes of text, <= 16 bytes a token) > max_length 32"
+    assert "at least" not in details[7]  # only "ok" is sure to render (a template may drop the reasoning)
+    truncated = JsonlSFTDataset(path, TOK, max_length=32, format="chat", overlength="truncate")
+    assert truncated.lengths.tolist()[:2] == [17, 32]
+
+
+@pytest.mark.parametrize("format", ["prompt_completion", "chat"])
+def test_a_50_mb_line_stays_in_bounded_memory(tmp_path, format):
     """Before the byte bound this line took ~8 GB peak RSS (about 170 bytes a byte) to a too_long."""
     path = tmp_path / "big.jsonl"
+    good, big = GOOD, {"prompt": "Hi", "completion": "lorem ipsum " * 4_166_667}
+    if format == "chat":
+        good, big = chat(GOOD["prompt"], GOOD["completion"]), chat("Hi", big["completion"].strip())
     with open(path, "w") as f:
-        f.write(json.dumps(GOOD) + "\n" + json.dumps({"prompt": "Hi", "completion": "lorem ipsum " * 4_166_667}) + "\n")
+        f.write(json.dumps(good) + "\n" + json.dumps(big) + "\n")
     code = f"""
 import resource
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails here instead of eating the machine
 from energon_pack.sft.dataset import JsonlSFTDataset
-ds = JsonlSFTDataset({str(path)!r}, "demo", max_length=4096, length_workers=1)
+ds = JsonlSFTDataset({str(path)!r}, "demo", max_length=4096, length_workers=1, format={format!r})
 print(ds.lengths.tolist(), ds.skipped_lines)
 # VmHWM: this process image's own peak (ru_maxrss survives exec, so it would carry the forking pytest's RSS)
 print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) // 1024)
@@ -185,6 +212,6 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     result, peak_mib = out.stdout.splitlines()
-    assert result == ("[7, -1] [(2, 'too_long', 'line 2: at least 3125001 tokens (50000005 bytes of text, "
-                      "<= 16 bytes a token) > max_length 4096')]")
+    assert result.endswith("-1] [(2, 'too_long', 'line 2: at least 3125001 tokens (50000005 bytes of text, "
+                           "<= 16 bytes a token) > max_length 4096')]")
     assert int(peak_mib) < 1024

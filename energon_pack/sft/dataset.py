@@ -30,10 +30,10 @@ import numpy as np
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
 from ..thd import OVERLENGTH_POLICIES
-from .formats import FORMATS, Encoded, PromptCompletionFormat, make_format
+from .formats import FORMATS, ChatFormat, Encoded, PromptCompletionFormat, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
 from .length_pass import _literal_control_contents, default_workers, run_length_pass
-from .token_bound import backend, max_bytes_per_token
+from .token_bound import backend, chat_texts, max_bytes_per_token
 
 PADDING_INDEX = -1
 PADDING_KEY = "__padding__"
@@ -142,30 +142,43 @@ class JsonlSFTDataset:
 
     def _bytes_bound(self, record: Any) -> tuple[int, int, int] | None:
         """(at least this many tokens, text bytes, bytes a token stands for at most) when a
-        prompt/completion record's texts hold more UTF-8 bytes than ``max_length`` tokens stand
-        for (:mod:`.token_bound`), else None. A line the format would skip for another reason
-        first (empty completion, lone surrogate, typed control token) is left to it."""
-        fmt = self.format
-        if type(record) is not dict or not isinstance(fmt, PromptCompletionFormat):
+        record's texts hold more UTF-8 bytes than ``max_length`` tokens stand for
+        (:mod:`.token_bound`), else None. A line the format would skip for another reason first
+        (empty completion, lone surrogate, typed control token, no assistant turn) is left to it."""
+        texts = self._bounded_texts(record)
+        if texts is None:
             return None
-        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
-        if type(prompt) is not str or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
-            return None
-        per_token, contents = self._byte_bound
-        if not completion.strip():
-            return None
-        if fmt.strip_whitespace:
-            prompt, completion = prompt.strip(), completion.strip()
-        # the two texts the format tokenises (a control token may straddle template/separator and text)
-        texts = (fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion)
-        if any(c in text for text in texts for c in contents):
-            return None
+        per_token = self._byte_bound[0]
         try:
             n_bytes = sum(len(text.encode("utf-8")) for text in texts)
         except UnicodeEncodeError:
             return None
         at_least = -(-n_bytes // per_token)
         return (at_least, n_bytes, per_token) if at_least > self.max_length and n_bytes > BYTE_BOUND_MIN_BYTES else None
+
+    def _bounded_texts(self, record: Any) -> list[str] | None:
+        """Texts the format tokenises (prompt/completion) or renders at least (chat) when they may
+        be over-long by their bytes alone (:meth:`_byte_gate`), else None."""
+        fmt = self.format
+        if type(record) is not dict:
+            return None
+        if isinstance(fmt, ChatFormat):
+            if not self._byte_gate(1 << 62) or not self._byte_gate(_string_chars(record)):
+                return None
+            texts = chat_texts(record, self._byte_bound[1])
+            return texts if texts is not None and self._byte_gate(sum(map(len, texts))) else None
+        if not isinstance(fmt, PromptCompletionFormat):
+            return None
+        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
+        if type(prompt) is not str or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
+            return None
+        if not completion.strip():
+            return None
+        if fmt.strip_whitespace:
+            prompt, completion = prompt.strip(), completion.strip()
+        # the two texts the format tokenises (a control token may straddle template/separator and text)
+        texts = [fmt.template.format_map({"prompt": prompt, fmt.prompt_field: prompt}), fmt.separator + completion]
+        return None if any(c in text for text in texts for c in self._byte_bound[1]) else texts
 
     def _byte_gate(self, chars: int) -> bool:
         """Whether ``chars`` characters of prompt/completion text may hold more than
@@ -285,3 +298,17 @@ class JsonlSFTDataset:
         lengths = self.lengths
         bad = np.flatnonzero(lengths < 0)
         return [(int(i) + 1, self._reasons[-1 - int(lengths[i])], self._details.get(int(i) + 1, "")) for i in bad]
+
+
+def _string_chars(node: Any) -> int:
+    """Characters in every string of a parsed JSON record (iterative; a cheap upper bound on its text)."""
+    total, stack = 0, [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total

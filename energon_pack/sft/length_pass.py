@@ -421,7 +421,8 @@ def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> 
                 for i in range(chunk, end):
                     try:
                         rec = decode_json_record(ds.index.line(i))
-                        texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
+                        if ds._bytes_bound(rec) is None:  # else too long by its bytes: never tokenised
+                            texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
                         records.append(rec)
                     except SampleSkipped as exc:
                         records.append(exc)

@@ -64,3 +64,24 @@ def max_bytes_per_token(tokenizer: Any) -> int | None:
     longest = max(sum(1 if ch in alphabet else len(ch.encode("utf-8")) for ch in token) for token in vocab)
     added = (len(tok.content.encode("utf-8")) for tok in inner.get_added_tokens_decoder().values())
     return shrink * max([longest, *added])
+
+
+def chat_texts(record: Any, control_contents: tuple[str, ...]) -> list[str] | None:
+    """The message texts a chat record renders at least (each stripped, and after its last
+    ``</think>``: a template may drop either), or None when the chat format would skip the record
+    for another reason first (its shape, no assistant turn, media, tools, a typed control token)."""
+    from ..chat.conversation import normalize_conversation, place_media, require_assistant_turn
+    from ..errors import SampleSkipped
+
+    try:
+        messages = normalize_conversation(record)
+        require_assistant_turn(messages)
+        place_media(messages, 0, 0)
+    except SampleSkipped:
+        return None
+    if messages.uses_tools:
+        return None
+    texts = [payload for m in messages for kind, payload in m.parts if kind == "text"]
+    if any(c in text for text in texts for c in control_contents):
+        return None
+    return [text.rsplit("</think>", 1)[-1].strip() for text in texts]
