@@ -17,6 +17,7 @@ skips``, and each line-level hostile record as a file's first line (:func:`first
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -127,7 +128,7 @@ def cases(t: dict[str, Path]) -> list[tuple[str, str, Callable[[], bytes], tuple
     """(name, category, JSONL line builder, outcome): ("convert", reason), ("loader", reason) or ("kept",)."""
     src, imgs, out = t["src"], t["imgs"], t["outside"]  # relative paths resolve against imgs (--image-root)
     secret = str(out / "secret.jpg")
-    big_uri = "data:image/png;base64," + __import__("base64").b64encode((imgs / "big.png").read_bytes()).decode()
+    big_uri = "data:image/png;base64," + base64.b64encode((imgs / "big.png").read_bytes()).decode()
     good = _line(_rec(q="What is shown?"))  # text only: it stands alone as the first line too
     path = lambda ref, reason, stage="convert": (lambda: _line(_rec(ref)), (stage, reason))  # noqa: E731
     table = {
