@@ -9,9 +9,11 @@ what was already written (``bench`` writes each finished cell).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -442,7 +444,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     tokenizer, described = load_tokenizer(args.tokenizer)
     print(f"tokenizer: {described}", flush=True)
     fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
-    return inspect_main(path, format=args.format, tokenizer=tokenizer, progress=True,
+    return inspect_main(path, format=args.format, tokenizer=tokenizer, cli=True,
                         width=args.width, pad_multiple=args.pad_multiple, max_length=args.max_length,
                         json_out=args.json_out, **{k: v for k, v in fields.items() if v})
 
@@ -478,20 +480,55 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise CliError(f"unknown command {args.command!r}")
 
 
+#: library wording that names a Python knob -> the CLI flag that sets it (``bench`` / ``demo`` / ``inspect``)
+CLI_TERMS = (
+    ("seq_length (the pack width) may be too small for these samples, or set overlength='truncate' (text)",
+     "--width may be too small for these samples"),
+    ("the width ({w}) or the dataset's max_length may be too small for these lines, or set overlength='truncate' "
+     "on the dataset", "--width ({w}) or --max-length may be too small for these lines"),
+    ("Check the field names, seq_length and", "Check the field names, --width and"),
+    ("at or above skip_warn_rate", "at or above"),
+    (" (logged once per worker; PackingConfig.skip_warn_rate=None turns this off)", " (once per worker)"),
+)
+
+
+def cli_terms(text: str) -> str:
+    """``text`` with the Python knobs of :data:`CLI_TERMS` replaced by their flags."""
+    import re
+
+    for python, flag in CLI_TERMS:
+        pattern = re.escape(python).replace(re.escape("{w}"), r"(\d+)")
+        text = re.sub(pattern, lambda m: flag.replace("{w}", m.group(1)) if m.groups() else flag, text)
+    return text
+
+
+def _original_message(exc: BaseException) -> str:
+    """The message of ``exc``; for an error re-raised from a DataLoader worker (torch wraps it as
+    "Caught X in DataLoader worker process N. Original Traceback ..."), the worker's own message."""
+    text = str(exc)
+    if "Original Traceback (most recent call last):" not in text:
+        return text
+    name = type(exc).__name__
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        head, sep, rest = lines[i].partition(": ")
+        if sep and (head == name or head.endswith("." + name)):
+            return "\n".join([rest, *lines[i + 1:]])
+    return lines[-1]
+
+
 def _one_line(exc: BaseException) -> str:
     """A user-facing line for ``exc``, with the next step where we know it."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = cli_terms(" ".join(_original_message(exc).split())) or type(exc).__name__
     if text.startswith("Invalid dataset at"):
         return (f"{text}: not a prepared Energon dataset: run `energon-pack prepare DIR` for *.tar shards or "
                 f"`energon-pack convert SOURCE OUT` for JSON/JSONL/Parquet data")
     if text.startswith("No shards found in split part"):
         return (f"{text}: the dataset's split gives this part no shard: re-run `energon-pack prepare DIR --split "
                 f"TRAIN,VAL,TEST` (ratios of whole shards)")
-    if isinstance(exc, CliError):
-        return text
-    from energon_pack.errors import ConfigError
+    from energon_pack.errors import AllSkippedError, ConfigError
 
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (CliError, ConfigError, AllSkippedError)):
         return text
     return f"{type(exc).__name__}: {text} (run again with --debug for the traceback)"
 
@@ -591,7 +628,28 @@ def main(argv: list[str] | None = None) -> int:
         from energon_pack.env import CACHE_DIR_VARIABLE
 
         os.environ[CACHE_DIR_VARIABLE] = str(Path(args.cache_dir).expanduser().resolve())
-    return _interruptible(prog, lambda: _run(args, prog))
+    with _one_line_warnings(prog):
+        return _interruptible(prog, lambda: _run(args, prog))
+
+
+@contextlib.contextmanager
+def _one_line_warnings(prog: str) -> Iterator[None]:
+    """Library warnings as one line each (``PROG: warning: ...``, CLI flags for Python knobs); the
+    package logger's copy of the same message is not printed a second time."""
+    import logging
+    import warnings
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"{prog}: warning: {cli_terms(' '.join(str(message).split()))}", file=sys.stderr, flush=True)
+
+    logger, quiet, saved = logging.getLogger("energon_pack"), logging.NullHandler(), warnings.showwarning
+    logger.addHandler(quiet)
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
+        logger.removeHandler(quiet)
 
 
 def _run(args: argparse.Namespace, prog: str) -> int:
@@ -602,9 +660,9 @@ def _run(args: argparse.Namespace, prog: str) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
-        from energon_pack.errors import ConfigError
+        from energon_pack.errors import AllSkippedError, ConfigError
 
-        user_error = isinstance(exc, (CliError, ConfigError, FileNotFoundError, ValueError, OSError))
+        user_error = isinstance(exc, (CliError, ConfigError, AllSkippedError, FileNotFoundError, ValueError, OSError))
         return 2 if user_error or type(exc).__name__ == "EmptyDatasetError" else 1
 
 

@@ -6,20 +6,11 @@ by the file's identity, and reuses it on the next run."""
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
+from _cli_entry import energon_pack
 from energon_pack.env import cache_dir
 from energon_pack.sft.index import cache_key, cache_path, load_line_index
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def energon_pack(*args: str, env: dict) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).parent / "energon-pack"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "energon_pack.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
 def listing(folder: Path) -> dict[str, int]:

@@ -439,3 +439,54 @@ def test_one_tokenizer_loader_names_the_fix_for_bad_paths(tmp_path, capsys):
         assert err.value.knob == "tokenizer" and problem in str(err.value)
     assert main(["bench", "--tokenizer", str(bad)]) == 2
     assert "is not a tokenizers JSON file" in one_error_line(capsys.readouterr().err, "bench")
+
+
+# ----------------------------------------------------------------------------- issue 21 item 6
+def test_all_skipped_at_the_cli_is_one_line_exit_2_with_each_warning_once_and_cli_flags(demo_shards, tmp_path):
+    from _cli_entry import energon_pack
+
+    run = energon_pack("bench", "--data", str(demo_shards), "--buffers", "1,8", "--packs", "5", "--tokenizer", "demo",
+                       "--width", "64", "--out-dir", str(tmp_path / "out"), "--no-plots")
+    assert run.returncode == 2, run.stderr
+    lines = [line.strip() for line in run.stderr.replace("\r", "\n").splitlines()]
+    errors = [line for line in lines if line.startswith("energon-pack bench: error: ")]
+    warnings_ = [line for line in lines if line.startswith("energon-pack bench: warning: ")]
+    assert len(errors) == 1 and len(errors[0]) < 400, errors
+    assert "skipped the first" in errors[0] and "oversize" in errors[0] and "--width may be too small" in errors[0]
+    assert len(warnings_) == len(set(warnings_))  # each warning once (not also through the logger)
+    assert all("of the last" in w for w in warnings_)
+    other = [line for line in lines if line and not line.startswith(("energon-pack bench: ", "carry K=", "rounds K="))]
+    assert other == [], other
+    for noise in ("Traceback", "Caught AllSkippedError", "DataLoader worker", "seq_length", "skip_warn_rate",
+                  "PackingConfig", "overlength"):
+        assert noise not in run.stderr, noise
+
+
+def test_cli_terms_name_flags_and_worker_errors_show_their_own_message():
+    from energon_pack.cli import _one_line, cli_terms
+    from energon_pack.errors import AllSkippedError
+
+    text = ("TokenBudgetBatchSampler over d.jsonl: all 3 lines were skipped. Likely fix: the width (4096) or the "
+            "dataset's max_length may be too small for these lines, or set overlength='truncate' on the dataset.")
+    assert cli_terms(text).endswith("Likely fix: --width (4096) or --max-length may be too small for these lines.")
+    wrapped = AllSkippedError("Caught AllSkippedError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+                              "call last):\n  File \"x.py\", line 1, in f\n    raise AllSkippedError(m)\n"
+                              "energon_pack.errors.AllSkippedError: rank 0 worker 0 skipped the first 1000 samples")
+    assert _one_line(wrapped) == "rank 0 worker 0 skipped the first 1000 samples"
+
+
+# ----------------------------------------------------------------------------- issue 21 item 9
+def test_inspect_shows_a_progress_bar_for_a_large_file_and_names_flags_in_hints(tmp_path):
+    from _cli_entry import energon_pack
+    from energon_pack.sft.length_pass import RANGE_LINES
+
+    path = tmp_path / "big.jsonl"
+    lines = RANGE_LINES + 2000  # more than one range of lines: the pass reports as it goes
+    path.write_text("".join(json.dumps({"question": f"q {i}", "answer": "a"}) + "\n" for i in range(lines)))
+    run = energon_pack("inspect", str(path), "--tokenizer", "demo")
+    assert run.returncode == 1, run.stderr  # no usable line: every record lacks prompt/completion
+    assert "length pass:" in run.stderr and f"/{lines}" in run.stderr and "lines/s" in run.stderr
+    hint = [line for line in run.stdout.splitlines() if line.strip().startswith("hint:")]
+    assert len(hint) == 1 and "--prompt-field / --completion-field" in hint[0] and "prompt_field=" not in hint[0]
+    again = energon_pack("inspect", str(path), "--tokenizer", "demo")  # cached: nothing to measure, no bar
+    assert "length pass:" not in again.stderr and "(reused;" in again.stdout

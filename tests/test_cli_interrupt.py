@@ -7,18 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def energon_pack_command() -> list[str]:
-    script = Path(sys.executable).parent / "energon-pack"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "energon_pack.cli"]
+from _cli_entry import ROOT, energon_pack_command
 
 
 def live_members(pgid: int) -> list[int]:

@@ -60,7 +60,9 @@ def test_hint_chat_records_without_format_chat(tmp_path, capsys):
     report = inspect_jsonl(path, tokenizer="demo", width=64)
     assert report["skips"]["missing_field"]["count"] == 20
     assert report["hints"] == ["20 of 20 lines skip with missing_field: the records have the fields 'messages', 'id'; "
-                               "'messages' holds chat turns: use --format chat (format=\"chat\")"]
+                               "'messages' holds chat turns: use format=\"chat\""]
+    cli = inspect_jsonl(path, tokenizer="demo", width=64, cli=True)["hints"]  # energon-pack inspect: the flag
+    assert cli == [report["hints"][0].replace('format="chat"', "--format chat")]
     assert main(path, tokenizer="demo", width=64) == 1
     assert "  hint: 20 of 20 lines skip with missing_field" in capsys.readouterr().out
     fixed = inspect_jsonl(path, tokenizer="demo", format="chat", width=64)
@@ -71,14 +73,14 @@ def test_hint_prompt_completion_records_with_format_chat_and_renamed_fields(tmp_
     path = _write(tmp_path / "pc.jsonl", [GOOD] * 6)
     report = inspect_jsonl(path, tokenizer="demo", format="chat", width=64)
     assert report["hints"] == ["6 of 6 lines skip with bad_conversation: the records have the fields 'prompt', "
-                               "'completion'; they are prompt/completion records: use --format prompt_completion "
-                               "(format=\"prompt_completion\")"]
+                               "'completion'; they are prompt/completion records: use format=\"prompt_completion\""]
     path = _write(tmp_path / "qa.jsonl", [{"question": "Hi there", "answer": "Hello!"}] * 5 + [GOOD])
     report = inspect_jsonl(path, tokenizer="demo", width=64)
     assert report["hints"] == ["5 of 6 lines skip with missing_field: the records have the fields 'question', 'answer', "
                                "'prompt', 'completion', not the prompt field 'prompt' and completion field 'completion': "
-                               "name yours with --prompt-field / --completion-field (prompt_field=, completion_field=), "
-                               "or use --format chat for chat turns"]
+                               "name yours with prompt_field= / completion_field=, or use format=\"chat\" for chat turns"]
+    assert inspect_jsonl(path, tokenizer="demo", width=64, cli=True)["hints"][0].endswith(
+        "name yours with --prompt-field / --completion-field, or use --format chat for chat turns")
     assert inspect_jsonl(path, tokenizer="demo", width=64, prompt_field="question",
                          completion_field="answer")["skips"]["missing_field"]["count"] == 1
     # a minority of broken lines gives no hint
@@ -96,7 +98,8 @@ def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, caps
     assert report["hints"] == [
         f"the width 100 is below 9 of 10 usable samples (median length {L['p50']:.0f}, p99 {L['p99']:.0f}): they are "
         "never packed, and the fill above covers only the 1 that fit. Use a width of at least the p99 length, better "
-        f"several times the median (e.g. --width 2048)"]
+        f"several times the median (e.g. width=2048)"]
+    assert inspect_jsonl(path, tokenizer="demo", width=100, cli=True)["hints"][0].endswith("(e.g. --width 2048)")
     assert main(path, tokenizer="demo", width=100) == 0
     out = capsys.readouterr().out
     assert "baseline" not in out and "hint: the width 100 is below 9 of 10 usable samples" in out

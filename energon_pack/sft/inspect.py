@@ -71,7 +71,8 @@ def record_fields(ds: JsonlSFTDataset, limit: int = FIELD_SCAN_LINES) -> Counter
     return fields
 
 
-def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any]) -> str | None:
+def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any],
+                cli: bool) -> str | None:
     lines = report["lines"]
     reason = next((r for r in ("missing_field", "bad_conversation")
                    if lines and report["skips"].get(r, {}).get("count", 0) >= HINT_SHARE * lines), None)
@@ -83,18 +84,34 @@ def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format
     head = f"{n} of {lines} lines skip with {reason}: the records have the fields {scanned}"
     if format != "chat" and any(f in fields for f in CHAT_FIELDS):
         chat = next(f for f in CHAT_FIELDS if f in fields)
-        return f"{head}; {chat!r} holds chat turns: use --format chat (format=\"chat\")"
+        return f"{head}; {chat!r} holds chat turns: use {_knob(cli, 'chat')}"
     if format != "prompt_completion" and "prompt" in fields and "completion" in fields:
-        return f"{head}; they are prompt/completion records: use --format prompt_completion (format=\"prompt_completion\")"
+        return (f"{head}; they are prompt/completion records: use "
+                f"{_knob(cli, 'prompt_completion')}")
     if format == "prompt_completion":
         want = (format_kw.get("prompt_field") or "prompt", format_kw.get("completion_field") or "completion")
         return (f"{head}, not the prompt field {want[0]!r} and completion field {want[1]!r}: name yours with "
-                f"--prompt-field / --completion-field (prompt_field=, completion_field=), or use --format chat for chat turns")
-    return (f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use --format prompt_completion with "
-            f"--prompt-field / --completion-field for prompt/completion records")
+                f"{_knob(cli, 'fields')}, or use "
+                f"{_knob(cli, 'chat')} for chat turns")
+    return (f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use "
+            f"{_knob(cli, 'prompt_completion')} with "
+            f"{_knob(cli, 'fields')} for "
+            f"prompt/completion records")
 
 
-def _width_hint(report: dict[str, Any], width: int) -> str | None:
+#: a setting a hint names: (the ``energon-pack inspect`` flag, the keyword of :func:`inspect_jsonl`)
+KNOBS = {"chat": ("--format chat", 'format="chat"'),
+         "prompt_completion": ("--format prompt_completion", 'format="prompt_completion"'),
+         "fields": ("--prompt-field / --completion-field", "prompt_field= / completion_field="),
+         "width": ("--width ", "width=")}
+
+
+def _knob(cli: bool, name: str) -> str:
+    """How a hint names a setting: the CLI flag from ``energon-pack inspect``, else the keyword."""
+    return KNOBS[name][0 if cli else 1]
+
+
+def _width_hint(report: dict[str, Any], width: int, cli: bool) -> str | None:
     usable, over = report["usable"], report["packing"]["oversize"]
     if not usable or over < HINT_SHARE * usable:
         return None
@@ -102,7 +119,7 @@ def _width_hint(report: dict[str, Any], width: int) -> str | None:
     return (f"the width {width} is below {over} of {usable} usable samples (median length {L['p50']:.0f}, "
             f"p99 {L['p99']:.0f}): they are never packed, and the fill above covers only the "
             f"{usable - over} that fit. Use a width of at least the p99 length, better several times the median "
-            f"(e.g. --width {_suggest_width(L['p50'], L['p99'])})")
+            f"(e.g. {_knob(cli, 'width')}{_suggest_width(L['p50'], L['p99'])})")
 
 
 def _suggest_width(median: float, p99: float) -> int:
@@ -128,31 +145,43 @@ def _cache_entries(path: str | os.PathLike, cache_dir: Any) -> dict[str, int]:
             if p.suffix in (".npy", ".json")} if folder.is_dir() else {}
 
 
-def _progress_bar(lines: int) -> Any:
-    """A stderr progress callback for the length pass of a file with more than one range of lines."""
-    if lines <= length_pass.RANGE_LINES:
-        return None
-    from tqdm import tqdm
+class _ProgressBar:
+    """The length pass's progress on stderr, shown once a pass over more than one range of lines starts."""
 
-    return tqdm(total=lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False, mininterval=0.5)
+    def __init__(self, lines: int) -> None:
+        self.lines, self.bar = lines, None
+
+    def __call__(self, done: int) -> None:
+        if self.bar is None and self.lines > length_pass.RANGE_LINES:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False,
+                            mininterval=0.5)
+        if self.bar is not None:
+            self.bar.update(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion", width: int = 4096,
                   pad_multiple: int = 1, window: int = 4096, max_length: int | None = None, overlength: str = "skip",
-                  seed: int = 0, progress: bool = False, **format_kw: Any) -> dict[str, Any]:
+                  seed: int = 0, cli: bool = False, **format_kw: Any) -> dict[str, Any]:
     """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass.
 
     ``tokenizer``: ``"demo"``, a ``tokenizer.json`` path, a local HF folder or a tokenizer object;
     ``None`` uses the demo tokenizer with a ``DemoTokenizerWarning``. The report names it.
-    ``progress``: a progress bar on stderr while a large file's lengths are measured.
+    ``cli`` (``energon-pack inspect``): a progress bar on stderr while a large file's lengths are
+    measured, and hints that name the command's flags rather than the keywords.
     """
     from ..chat.tokenizer import describe_tokenizer
 
     tok = load_tokenizer(tokenizer, stacklevel=3)
     before = _cache_entries(path, format_kw.get("cache_dir"))
     ds = JsonlSFTDataset(path, tok, format, max_length=max_length, overlength=overlength, **format_kw)
-    bar = _progress_bar(len(ds)) if progress else None
-    with length_pass.progress(bar.update) if bar is not None else contextlib.nullcontext():
+    bar = _ProgressBar(len(ds)) if cli else None
+    with length_pass.progress(bar) if bar is not None else contextlib.nullcontext():
         lengths = np.asarray(ds.lengths, dtype=np.int64)
     if bar is not None:
         bar.close()
@@ -183,7 +212,7 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
         "baseline_concat": (best_baseline(fits, width, seed)
                             if len(fits) and oversize < HINT_SHARE * len(good) else None),
     }
-    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw), _width_hint(report, width)) if h]
+    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw, cli), _width_hint(report, width, cli)) if h]
     return report
 
 

@@ -44,7 +44,8 @@ RANGE_LINES = 8192  # and ranges of at most about this many lines, so no process
 # tcache: ~9% less tokenizer time, for ~2 s of start-up (importing energon_pack)
 FRESH_WORKERS_MIN_BYTES = 256 << 20
 FRESH_WORKER_TUNABLES = "glibc.malloc.tcache_count=1000"
-#: called with the lines each finished range held (``inspect``'s progress bar); None: silent
+#: called with 0 when a pass starts, then with the lines of each finished range (``inspect``'s
+#: progress bar); None: silent
 _progress: Callable[[int], None] | None = None
 
 
@@ -661,6 +662,7 @@ def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     pieces = min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES)))
     bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
     tasks = [(bounds[k], bounds[k + 1], batch) for k in range(pieces) if bounds[k + 1] > bounds[k]]
+    _done(None, 0)  # the pass has started
     if workers <= 1:  # serial in ranges, for the progress callback
         results = [_done(_length_range(ds, *task), task[1] - task[0]) for task in tasks]
     else:

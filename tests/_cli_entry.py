@@ -1,0 +1,19 @@
+"""The installed ``energon-pack`` console script (``python -m energon_pack.cli`` where it is not
+installed), for tests that run the CLI in a subprocess as a user does."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def energon_pack_command() -> list[str]:
+    script = Path(sys.executable).parent / "energon-pack"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "energon_pack.cli"]
+
+
+def energon_pack(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run ``energon-pack ARGS`` to the end (stdout and stderr captured as text)."""
+    return subprocess.run(energon_pack_command() + list(args), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, **kw)
