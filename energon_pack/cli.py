@@ -272,19 +272,23 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--out", default="bench_results/packing.json", help="JSON report path")
     bp.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
 
+    def jsonl_options(p: argparse.ArgumentParser) -> None:
+        """How a GPT-SFT JSONL file is read: format, tokenizer, width, length limit, field names."""
+        p.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
+        p.add_argument("--tokenizer", default=None,
+                       help="qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
+                            "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
+                            "default: qwen2.5-vl")
+        p.add_argument("--width", type=_positive_int, default=4096, help="pack width in tokens")
+        p.add_argument("--max-length", type=_positive_int, default=None, help="skip samples longer than this (default: no limit)")
+        p.add_argument("--prompt-field", default=None, help="prompt field name (default: the format's own, e.g. prompt/input)")
+        p.add_argument("--completion-field", default=None,
+                       help="completion field name (default: the format's own, e.g. completion/output)")
+
     ins = add("inspect", "counts, length percentiles, skips by reason and packing fill of a JSONL file")
     ins.add_argument("path", help="a prompt/completion or chat JSONL file")
-    ins.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
-    ins.add_argument("--tokenizer", default=None,
-                     help="qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
-                          "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
-                          "default: qwen2.5-vl")
-    ins.add_argument("--width", type=_positive_int, default=4096, help="pack width in tokens")
+    jsonl_options(ins)
     ins.add_argument("--pad-multiple", type=_positive_int, default=1, help="align every sample to this multiple")
-    ins.add_argument("--max-length", type=_positive_int, default=None, help="skip samples longer than this (default: no limit)")
-    ins.add_argument("--prompt-field", default=None, help="prompt field name (default: the format's own, e.g. prompt/input)")
-    ins.add_argument("--completion-field", default=None,
-                     help="completion field name (default: the format's own, e.g. completion/output)")
     ins.add_argument("--json-out", default=None, help="also write the report as JSON to this path (default: not written)")
 
     st = add("stress", "reliability report: resume sweep, coverage, fuzz, memory (exit 1 on a missed target)")
@@ -300,10 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--out", default="bench_results/pixel.json", help="JSON report path")
     bp.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
 
-    bs = add("bench-sft", "JSONL index build vs wc -l, lazy getitem samples/s, in-batch fill")
-    bs.add_argument("--size-mb", type=_positive_int, default=1024, help="size of the generated JSONL for the index benchmark")
+    bs = add("bench-sft", "GPT-SFT JSONL path: index build vs wc -l, length pass, lazy getitem samples/s, in-batch fill "
+             "(on --data FILE.jsonl, else on generated prompt/completion files)")
+    bs.add_argument("--data", default=None, help="your JSONL file (only read); default: generated prompt/completion files")
+    jsonl_options(bs)
+    bs.add_argument("--samples", type=_positive_int, default=5000, help="lines read in random order for the getitem rate")
+    bs.add_argument("--size-mb", type=_positive_int, default=1024,
+                    help="size of the generated JSONL for the index benchmark (without --data)")
     bs.add_argument("--out", default="bench_results/sft.json", help="JSON report path")
-    bs.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
+    bs.add_argument("--check", action="store_true",
+                    help="print the project's targets for the generated-data run and exit 1 when one is missed")
     return parser
 
 
@@ -415,11 +425,35 @@ def _targets_exit(targets: list[dict], check: bool, formatter: Any = None) -> in
     return 0
 
 
+def _field_kw(args: argparse.Namespace) -> dict[str, Any]:
+    """``--prompt-field`` / ``--completion-field`` as dataset keywords (only those given)."""
+    fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
+    return {k: v for k, v in fields.items() if v}
+
+
+def _jsonl_file(spec: str) -> Path:
+    path = Path(spec)
+    if not path.is_file():
+        raise CliError(f"{path} is not a file: pass a JSONL file" + (" (a folder was given)" if path.is_dir() else ""))
+    return path
+
+
 def run_bench_sft(args: argparse.Namespace) -> int:
     from energon_pack.bench import sft_bench
 
-    result = sft_bench.main(args.out, size_mb=args.size_mb)
-    return _targets_exit(result["targets"], args.check)
+    if args.data is None:
+        if args.tokenizer is not None or args.format != "prompt_completion" or _field_kw(args):
+            raise CliError("--tokenizer, --format and the field names apply to --data FILE.jsonl (the generated "
+                           "prompt/completion files use the real Qwen2.5-VL tokenizer)")
+        result = sft_bench.main(args.out, size_mb=args.size_mb, getitem_samples=args.samples, check=args.check)
+        return _targets_exit(result["targets"], args.check) if args.check else 0
+    path = _jsonl_file(args.data)
+    tokenizer, described = load_tokenizer(args.tokenizer)
+    sft_bench.main(args.out, data=path, tokenizer=tokenizer, tokenizer_name=described, format=args.format,
+                   width=args.width, getitem_samples=args.samples, max_length=args.max_length, **_field_kw(args))
+    if args.check:
+        print("--check: the project's targets are set on generated data; there are none to grade on --data")
+    return 0
 
 
 def run_bench_pixels(args: argparse.Namespace) -> int:
@@ -438,15 +472,12 @@ def run_bench_pixels(args: argparse.Namespace) -> int:
 def run_inspect(args: argparse.Namespace) -> int:
     from energon_pack.sft.inspect import main as inspect_main
 
-    path = Path(args.path)
-    if not path.is_file():
-        raise CliError(f"{path} is not a file: pass a JSONL file" + (" (a folder was given)" if path.is_dir() else ""))
+    path = _jsonl_file(args.path)
     tokenizer, described = load_tokenizer(args.tokenizer)
     print(f"tokenizer: {described}", flush=True)
-    fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
     return inspect_main(path, format=args.format, tokenizer=tokenizer, cli=True,
                         width=args.width, pad_multiple=args.pad_multiple, max_length=args.max_length,
-                        json_out=args.json_out, **{k: v for k, v in fields.items() if v})
+                        json_out=args.json_out, **_field_kw(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

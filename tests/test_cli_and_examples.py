@@ -43,9 +43,10 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
     cells = result["cells"]
     assert [(c["mode"], c["buffer"]) for c in cells] == [("carry", 4), ("carry", 16), ("rounds", 4), ("rounds", 16)]
     fields = {"mode", "buffer", "workers", "packs", "samples", "real_tokens", "slots", "fill", "samples_per_pack",
-              "packs_per_s", "samples_per_s", "first_batch_s", "peak_worker_rss_mb", "skips"}
+              "packs_per_s", "samples_per_s", "first_batch_s", "peak_worker_rss_mb", "skips", "real_tokens_per_s"}
     for c in cells:
         assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
+        assert c["real_tokens_per_s"] > 0
     assert {t["target"] for t in result["targets"]} == {"carry fill >= rounds fill at K=4",
                                                          "carry fill >= rounds fill at K=16"}
     assert result["recommended_k"] in (4, 16)

@@ -306,16 +306,45 @@ def test_bench_reports_a_missed_target_and_exits_0_unless_check(tmp_path, capsys
     assert result["recommended_k"] == 48 and result["context"]["preset"] == "qwen3-vl"
 
 
-def test_bench_sft_exits_0_on_a_missed_target_unless_check(tmp_path, capsys, monkeypatch):
+def test_bench_sft_grades_targets_only_with_check(tmp_path, capsys, monkeypatch):
     from energon_pack.bench import sft_bench
 
     monkeypatch.setitem(sft_bench.TARGETS, "getitem_per_s", 1e12)  # a target no machine meets
     out = tmp_path / "sft.json"
-    assert main(["bench-sft", "--size-mb", "1", "--out", str(out)]) == 0
+    assert main(["bench-sft", "--size-mb", "1", "--samples", "200", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tokenizer: qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)" in printed
-    assert "missed" in printed and "for information" in printed
-    assert main(["bench-sft", "--size-mb", "1", "--out", str(out), "--check"]) == 1
+    assert "missed" not in printed and "target" not in printed  # no self-grading without --check
+    assert main(["bench-sft", "--size-mb", "1", "--samples", "200", "--out", str(out), "--check"]) == 1
+    printed = capsys.readouterr()
+    assert "lazy __getitem__ samples/s" in printed.out and "missed" in printed.out and "targets missed" in printed.err
+    assert main(["bench-sft", "--tokenizer", "demo"]) == 2
+    assert "apply to --data FILE.jsonl" in one_error_line(capsys.readouterr().err, "bench-sft")
+
+
+@pytest.mark.parametrize("fmt", ["prompt_completion", "chat"])
+def test_bench_sft_runs_on_the_users_jsonl(tmp_path, fmt):
+    from _cli_entry import energon_pack
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "train.jsonl"
+    rows = ([{"prompt": f"question {i}", "completion": "answer " * (i % 40 + 1)} for i in range(400)] if fmt == "prompt_completion"
+            else [{"messages": [{"role": "user", "content": f"question {i}"},
+                                {"role": "assistant", "content": "answer " * (i % 40 + 1)}]} for i in range(400)])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sft.json"
+    run = energon_pack("bench-sft", "--data", str(path), "--tokenizer", "demo", "--format", fmt, "--width", "512",
+                       "--samples", "300", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert [p.name for p in data.iterdir()] == ["train.jsonl"]  # only read: no cache beside it
+    result = json.loads(out.read_text())
+    d = result["data"]
+    assert result["targets"] == [] and d["format"] == fmt and d["index"]["lines"] == 400
+    assert d["length_pass"]["usable"] == 400 and d["getitem"]["samples"] == 300 and d["getitem"]["per_s"] > 0
+    assert d["fill"]["width"] == 512 and d["fill"]["fill"] > d["fill"]["baseline"]["fill"]
+    assert f"{path} ({fmt}), width 512" in run.stdout and "getitem:" in run.stdout and "fill @512" in run.stdout
+    assert "target" not in run.stdout and "missed" not in run.stdout
 
 
 def test_bench_pixels_reports_every_path_and_grades_only_with_check(tmp_path, capsys):

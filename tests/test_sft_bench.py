@@ -10,5 +10,6 @@ def test_sft_bench_tiny(tmp_path, capsys):
     assert [t["name"] for t in result["targets"]] == ["index build / wc -l", "lazy __getitem__ samples/s", "in-batch fill @4096"]
     assert result["index"]["lines"] > 0 and result["fill"]["fill"] > result["fill"]["baseline"]["fill"]
     assert json.loads((tmp_path / "sft.json").read_text())["getitem"]["samples"] == 100
-    assert "index build" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "index: 1 MiB" in printed and "target" not in printed  # graded only with check=True
     assert [p.name for p in tmp_path.iterdir()] == ["sft.json"]  # generated files removed

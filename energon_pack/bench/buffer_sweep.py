@@ -129,11 +129,13 @@ def targets(cells: list[CellResult]) -> list[dict[str, Any]]:
 
 
 def markdown_table(cells: list[CellResult]) -> str:
-    lines = ["| mode | K | packs | samples/pack | fill | packs/s | samples/s | first batch (s) | peak worker RSS (MB) | skipped |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| mode | K | packs | samples/pack | fill | packs/s | samples/s | real tokens/s | first batch (s) | "
+             "peak worker RSS (MB) | skipped |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         lines.append(f"| {c.mode} | {c.buffer} | {c.packs} | {c.samples_per_pack:.1f} | {c.fill * 100:.2f}% | "
-                     f"{c.packs_per_s:.2f} | {c.samples_per_s:.1f} | {c.first_batch_s:.2f} | {c.peak_worker_rss_mb:.0f} | "
+                     f"{c.packs_per_s:.2f} | {c.samples_per_s:.1f} | {c.real_tokens_per_s:.0f} | {c.first_batch_s:.2f} | "
+                     f"{c.peak_worker_rss_mb:.0f} | "
                      f"{sum(c.skips.values())} |")
     return "\n".join(lines)
 
