@@ -523,13 +523,25 @@ CLI_TERMS = (
 )
 
 
-def cli_terms(text: str) -> str:
-    """``text`` with the Python knobs of :data:`CLI_TERMS` replaced by their flags."""
+#: a knob named in a ConfigError -> its flag (``width`` only where it is named as a knob: ``width:``, ``width=``)
+CLI_FLAGS = {"seq_length": "--width", "pad_multiple": "--pad-multiple", "max_length": "--max-length",
+             "prompt_field": "--prompt-field", "completion_field": "--completion-field", "width": "--width"}
+#: ``packing_buffer_size`` per command
+BUFFER_FLAGS = {"bench": "--buffers", "demo": "--buffer"}
+
+
+def cli_terms(text: str, command: str | None = None) -> str:
+    """``text`` with the Python knobs of :data:`CLI_TERMS` and :data:`CLI_FLAGS` (and
+    ``packing_buffer_size`` for ``command``) replaced by the CLI's flags."""
     import re
 
     for python, flag in CLI_TERMS:
         pattern = re.escape(python).replace(re.escape("{w}"), r"(\d+)")
         text = re.sub(pattern, lambda m: flag.replace("{w}", m.group(1)) if m.groups() else flag, text)
+    flags = {**CLI_FLAGS, **({"packing_buffer_size": BUFFER_FLAGS[command]} if command in BUFFER_FLAGS else {})}
+    for knob, flag in flags.items():
+        after = r"(?=\s*(?::|=|>=))" if knob == "width" else r"(?![\w-])"
+        text = re.sub(rf"(?<![\w-]){knob}{after}", flag, text)
     return text
 
 
@@ -548,9 +560,9 @@ def _original_message(exc: BaseException) -> str:
     return lines[-1]
 
 
-def _one_line(exc: BaseException) -> str:
-    """A user-facing line for ``exc``, with the next step where we know it."""
-    text = cli_terms(" ".join(_original_message(exc).split())) or type(exc).__name__
+def _one_line(exc: BaseException, command: str | None = None) -> str:
+    """A user-facing line for ``exc``, with the next step where we know it (flags of ``command``)."""
+    text = cli_terms(" ".join(_original_message(exc).split()), command) or type(exc).__name__
     if text.startswith("Invalid dataset at"):
         return (f"{text}: not a prepared Energon dataset: run `energon-pack prepare DIR` for *.tar shards or "
                 f"`energon-pack convert SOURCE OUT` for JSON/JSONL/Parquet data")
@@ -671,7 +683,8 @@ def _one_line_warnings(prog: str) -> Iterator[None]:
     import warnings
 
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        print(f"{prog}: warning: {cli_terms(' '.join(str(message).split()))}", file=sys.stderr, flush=True)
+        print(f"{prog}: warning: {cli_terms(' '.join(str(message).split()), prog.split()[-1])}", file=sys.stderr,
+              flush=True)
 
     logger, quiet, saved = logging.getLogger("energon_pack"), logging.NullHandler(), warnings.showwarning
     logger.addHandler(quiet)
@@ -690,7 +703,7 @@ def _run(args: argparse.Namespace, prog: str) -> int:
     except Exception as exc:
         if getattr(args, "debug", False):
             raise
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc, args.command)}", file=sys.stderr)
         from energon_pack.errors import AllSkippedError, ConfigError
 
         user_error = isinstance(exc, (CliError, ConfigError, AllSkippedError, FileNotFoundError, ValueError, OSError))

@@ -504,6 +504,19 @@ def test_cli_terms_name_flags_and_worker_errors_show_their_own_message():
     assert _one_line(wrapped) == "rank 0 worker 0 skipped the first 1000 samples"
 
 
+def test_config_errors_at_the_cli_name_the_flags(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    assert main(["inspect", str(data), "--tokenizer", "demo", "--width", "100", "--pad-multiple", "64"]) == 2
+    line = one_error_line(capsys.readouterr().err, "inspect")
+    assert line.endswith("error: --width: 100 is not divisible by --pad-multiple 64. Fix: use a multiple of --pad-multiple")
+    from energon_pack.cli import cli_terms
+
+    text = "seq_length: 16 is below the shortest possible sample. Fix: use seq_length >= 25; a good width is 4096"
+    assert cli_terms(text, "bench") == "--width: 16 is below the shortest possible sample. Fix: use --width >= 25; a good width is 4096"
+    assert cli_terms("pass packing_buffer_size=K (e.g. 64)", "demo") == "pass --buffer=K (e.g. 64)"
+
+
 # ----------------------------------------------------------------------------- issue 21 item 9
 def test_inspect_shows_a_progress_bar_for_a_large_file_and_names_flags_in_hints(tmp_path):
     from _cli_entry import energon_pack
