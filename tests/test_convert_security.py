@@ -310,3 +310,26 @@ def test_a_deep_record_in_a_json_object_never_reaches_the_workers(tree, tmp_path
     s = convert(src / "data.json", tmp_path / "out", workers=2, progress=False)
     assert (s.records, s.written, s.skipped) == (3, 2, {"invalid_json": 1})
     assert s.examples["invalid_json"] == ["record 1: nested too deeply (> 64 levels)"]
+
+
+@pytest.mark.parametrize("first", [b"{broken", b"\xff\xfe{}", b"[1, 2]", b"[" * 100_000 + b"]" * 100_000,
+                                   b'{"messages": "' + b"x" * (2 << 20) + b'"}', b"not json at all"],
+                         ids=["broken", "not-utf8", "array", "deep", "over-1-MiB", "text"])
+def test_a_hostile_first_line_is_one_counted_skip_not_the_files_verdict(tree, tmp_path, first):
+    """The container is decided from the lines that parse, never from the first line alone."""
+    src, _, _ = tree
+    good = json.dumps(rec("imgs/ok.jpg")).encode()
+    (src / "first.jsonl").write_bytes(first + b"\n" + good + b"\n" + good + b"\n")
+    s = convert(src / "first.jsonl", tmp_path / "out", workers=0, progress=False)
+    assert (s.records, s.written, s.skipped_total) == (3, 2, 1)
+
+
+def test_pretty_printed_documents_are_still_read_as_json(tree, tmp_path):
+    src, _, _ = tree
+    records = [rec("imgs/ok.jpg")] * 3
+    (src / "pretty.json").write_text(json.dumps({"data": records}, indent=2))
+    (src / "array.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]")
+    (src / "one.json").write_text("[\n" + json.dumps(records[0]) + "\n]")
+    for name in ("pretty.json", "array.json", "one.json"):
+        s = convert(src / name, tmp_path / name, workers=0, progress=False)
+        assert (s.written, s.skipped_total) == (3 if name != "one.json" else 1, 0), name

@@ -220,15 +220,11 @@ def _open_source(path: Path, format: str) -> _Source:
     if format == "parquet":
         raise ConfigError("format", f"{path} is not a Parquet file (no PAR1 magic)", "use --format auto")
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if text[:1] == b"[":
-        container = "json"
-    elif text[:1] == b"{":
-        first = head.split(b"\n", 1)[0]
-        try:
-            json.loads(first.decode("utf-8").lstrip("\ufeff"))
-            container = "jsonl"
-        except (ValueError, UnicodeDecodeError):
-            container = "json"  # a pretty-printed object: read it whole below
+    # JSONL when lines parse as objects on their own (a hostile first line must not decide the file)
+    if _jsonl_by_lines(path):
+        container = "jsonl"
+    elif text[:1] in (b"[", b"{"):
+        container = "json"  # an array (streamed) or a pretty-printed object (read whole below)
     else:
         raise ConfigError("format", f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
                           "pass a JSON array, a JSONL file or Parquet")
@@ -239,6 +235,33 @@ def _open_source(path: Path, format: str) -> _Source:
     how = "auto-detected" if format == "auto" else "as given"
     kind = f"JSON array of {len(data)} records" if data is not None else "JSON array" if streamed else "JSONL"
     return _Source([path], container, shape, f"{shape} ({kind}, {how})", None if data is None else len(data), data=data)
+
+
+def _jsonl_by_lines(path: Path, max_lines: int = 200, max_bytes: int = 1 << 20) -> bool:
+    """Whether the file reads as JSONL: among its first ``max_lines`` non-empty lines some parse as
+    JSON objects on their own, and the first line parses or at least half of them do (a pretty-printed
+    document has at most a few such lines). A hostile first line does not decide it; lines over
+    ``max_bytes`` count as lines that do not parse, unread."""
+    first, objects, lines = False, 0, 0
+    with open(path, "rb") as f:
+        while lines < max_lines:
+            line = f.readline(max_bytes)
+            if not line:
+                break
+            if not line.strip():
+                continue
+            lines += 1
+            if not line.endswith(b"\n") and len(line) == max_bytes:
+                while (rest := f.readline(max_bytes)) and not rest.endswith(b"\n"):
+                    pass  # an over-long line: skip it
+                continue
+            try:
+                value = json.loads(line.decode("utf-8").lstrip("\ufeff"))
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                continue
+            first |= lines == 1
+            objects += isinstance(value, dict)
+    return objects > 0 and (first or 2 * objects >= lines)
 
 
 def _peek_json_array(path: Path, n: int = 200) -> list:
