@@ -36,9 +36,5 @@ def test_convert_fuzz_counts_every_hostile_record_and_reads_nothing_outside(repo
 
 
 @pytest.mark.stress
-@pytest.mark.xfail(strict=True, reason="convert.py bug: a JSONL file's container is decided from its first line "
-                   "(read from the first 64 KiB): a first line that is not valid JSON, not UTF-8, over 64 KiB or an "
-                   "array makes the whole file a ConfigError (100,000-deep: RecursionError traceback) instead of one "
-                   "counted skip")
 def test_a_hostile_first_line_is_one_counted_skip(report):
     assert report["first_line_failures"] == 0, report["first_line"]
