@@ -667,11 +667,11 @@ def main(argv: list[str] | None = None) -> int:
         return _interruptible("energon-pack convert", lambda: convert_main(argv[1:]))
     args = build_parser().parse_args(argv)
     prog = f"energon-pack {args.command}"
-    if getattr(args, "cache_dir", None):  # through the environment, so worker processes follow it
-        from energon_pack.env import CACHE_DIR_VARIABLE
+    with contextlib.ExitStack() as scope, _one_line_warnings(prog):
+        if getattr(args, "cache_dir", None):  # through the environment, so worker processes follow it
+            from energon_pack.env import CACHE_DIR_VARIABLE, environ_set
 
-        os.environ[CACHE_DIR_VARIABLE] = str(Path(args.cache_dir).expanduser().resolve())
-    with _one_line_warnings(prog):
+            scope.enter_context(environ_set(CACHE_DIR_VARIABLE, str(Path(args.cache_dir).expanduser().resolve())))
         return _interruptible(prog, lambda: _run(args, prog))
 
 

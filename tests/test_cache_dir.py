@@ -79,3 +79,14 @@ def test_cache_folder_defaults_and_key_follow_the_file_identity(tmp_path, monkey
     other.mkdir()
     (other / "d.jsonl").write_text('{"a": 1}\n')  # the same name elsewhere: its own entry
     assert cache_path(other / "d.jsonl", ".idx.npy") != cache_path(path, ".idx.npy")
+
+
+def test_cache_dir_flag_is_scoped_to_the_command(tmp_path, monkeypatch):
+    from energon_pack.cli import main
+
+    monkeypatch.setenv("ENERGON_PACK_CACHE_DIR", str(tmp_path / "before"))
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "completion": "a"}) + "\n")
+    assert main(["inspect", str(path), "--tokenizer", "demo", "--cache-dir", str(tmp_path / "flag")]) == 0
+    assert len(list((tmp_path / "flag" / "jsonl").iterdir())) == 4
+    assert os.environ["ENERGON_PACK_CACHE_DIR"] == str(tmp_path / "before")  # restored after the command
