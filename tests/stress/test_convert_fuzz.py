@@ -37,4 +37,5 @@ def test_convert_fuzz_counts_every_hostile_record_and_reads_nothing_outside(repo
 
 @pytest.mark.stress
 def test_a_hostile_first_line_is_one_counted_skip(report):
+    """Each line-level hostile record as a JSONL file's first line: one skip, the next line written."""
     assert report["first_line_failures"] == 0, report["first_line"]
