@@ -347,6 +347,15 @@ def test_bench_sft_runs_on_the_users_jsonl(tmp_path, fmt):
     assert "target" not in run.stdout and "missed" not in run.stdout
 
 
+def test_bench_sft_on_a_file_with_no_usable_line_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "pc.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "completion": "a"}) + "\n")
+    assert main(["bench-sft", "--data", str(path), "--tokenizer", "demo", "--format", "chat",
+                 "--out", str(tmp_path / "o.json")]) == 2
+    line = one_error_line(capsys.readouterr().err, "bench-sft")
+    assert "all 1 lines were skipped (bad_conversation: 1)" in line and f"energon-pack inspect {path} --format chat" in line
+
+
 def test_bench_pixels_reports_every_path_and_grades_only_with_check(tmp_path, capsys):
     out = tmp_path / "pixel.json"
     args = ["bench-pixels", "--images", "3", "--rounds", "1", "--loader-packs", "0", "--no-draft", "--out", str(out)]

@@ -24,6 +24,7 @@ from energon_pack.bench.mixes import lognormal_text
 from energon_pack.chat.qwen_vocab import describe_qwen_version, load_qwen_tokenizer_raw
 from energon_pack.chat.tokenizer import QwenTokenizer
 from energon_pack.env import environ_set
+from energon_pack.errors import AllSkippedError, skip_counts_text
 from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.index import cache_path, load_line_index
 from energon_pack.sft.inspect import best_baseline
@@ -236,8 +237,12 @@ def bench_data(path: str | Path, tokenizer: Any, *, format: str = "prompt_comple
         ds = make()
         lengths = np.asarray(ds.lengths)
         pass_s = time.perf_counter() - start
-        getitem = getitem_timings(make, getitem_samples)
         usable = lengths[lengths > 0]
+        if not len(usable):
+            raise AllSkippedError(f"{path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}), so "
+                                  f"there is nothing to measure: `energon-pack inspect {path} --format {format}` "
+                                  f"names the likely fix")
+        getitem = getitem_timings(make, getitem_samples)
         length_pass = {"lines": len(lengths), "usable": int(len(usable)), "skips": dict(ds.skips), "seconds": pass_s,
                        "lines_per_s": len(lengths) / pass_s, "tokens_per_s": float(usable.sum()) / pass_s}
         fill = fill_timings(lengths.astype(np.int64), width)
@@ -287,6 +292,9 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
               + (f"; skips {lp['skips']}" if lp["skips"] else ""))
         _print_getitem(d["getitem"])
         _print_fill(d["fill"])
+        if d["fill"]["oversize"] * 2 > lp["usable"]:
+            print(f"note: {d['fill']['oversize']} of {lp['usable']} usable samples are longer than the width "
+                  f"{width}, so the fill covers only those that fit: `energon-pack inspect {data}` suggests a width")
         _write(out, result)
         return result
     print(f"tokenizer: {describe_qwen_version(TOKENIZER)}; synthetic prompt/completion "
