@@ -6,11 +6,12 @@ rank of the same world size, the same rank of another world size, another worker
 dataset with a shard added, removed or resized (re-prepared), or the state itself edited (open
 bins removed, a packing counter or the reader's position changed). Each restore goes through
 :func:`energon_pack.energon.restore_state_rank` ("ours") and through Energon's own
-``loader.restore_state_rank`` followed by ``next()`` ("energon"; not for another worker count,
-where Energon's bare ``AssertionError`` is documented). A ``ConfigError`` whose message names the
-change is "refused correctly"; no error is "accepted silently", another error or message is
-"wrong error", a call past the alarm a hang. The positive control restores the unchanged loader
-through ours and must yield exactly the remaining packs.
+``loader.restore_state_rank`` ("energon"; not for another worker count, where Energon's bare
+``AssertionError`` is documented), then the rest of the epoch is read. A ``ConfigError`` whose
+message names the change is "refused correctly" (``refused_after_packs``: Energon's path refused
+only after packs of workers that started clean); no error is "accepted silently", another error
+or message "wrong error", a call past the alarm a hang. The positive control restores the
+unchanged loader by each path and must yield exactly the remaining packs.
 """
 
 from __future__ import annotations
@@ -188,20 +189,22 @@ def run_cell(cell: dict, rank: int, data: dict[str, Path]) -> dict:
                 if outcome == "refused_correctly" and packs:
                     figures["refused_after_packs"] += 1
                 rows.append(dict(cut=cut, change=change, path=path, outcome=outcome, detail=detail, packs=packs))
-        figures["controls"] += 1
-        try:
-            with hang_alarm(CASE_SECONDS * 2):
-                loader = make(own)()
-                restore_state_rank(loader, _roundtrip(states[cut]))
-                rest = list(loader)
-                close(loader)
-            want = reference[cut:]
-            bad = len(rest) != len(want) or any(batch_difference(a, b) is not None for a, b in zip(rest, want))
-            detail = f"{len(rest)} packs, {len(want)} wanted" if bad else ""
-        except Exception as exc:  # noqa: BLE001 - _Hang included: the control failed
-            bad, detail = True, f"{type(exc).__name__}: {exc}"[:300]
-        figures["control_mismatches"] += bad
-        rows.append(dict(cut=cut, change="none (control)", path="ours", outcome="mismatch" if bad else "exact", detail=detail))
+        for path in cell["paths"]:
+            figures["controls"] += 1
+            try:
+                with hang_alarm(CASE_SECONDS * 2):
+                    loader = make(own)()
+                    (restore_state_rank if path == "ours" else type(loader).restore_state_rank)(loader, _roundtrip(states[cut]))
+                    rest = list(loader)
+                    close(loader)
+                want = reference[cut:]
+                bad = len(rest) != len(want) or any(batch_difference(a, b) is not None for a, b in zip(rest, want))
+                detail = f"{len(rest)} packs, {len(want)} wanted" if bad else ""
+            except Exception as exc:  # noqa: BLE001 - _Hang included: the control failed
+                bad, detail = True, f"{type(exc).__name__}: {exc}"[:300]
+            figures["control_mismatches"] += bad
+            rows.append(dict(cut=cut, change="none (control)", path=path, outcome="mismatch" if bad else "exact",
+                             detail=detail))
     return {**figures, "rows": rows}
 
 
