@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def jsonl_options(p: argparse.ArgumentParser) -> None:
         """How a GPT-SFT JSONL file is read: format, tokenizer, width, length limit, field names."""
-        p.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
+        from energon_pack.sft.formats import FORMATS
+
+        p.add_argument("--format", default="prompt_completion", choices=FORMATS, help="record format")
         p.add_argument("--tokenizer", default=None,
                        help="qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
                             "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
