@@ -1,0 +1,323 @@
+"""Offline GPT-SFT packs in Megatron-Bridge's packed Parquet format, from a JSONL of any size.
+
+Bridge's runtime (``GPTSFTPackedParquetDataset``) reads rows of three list columns:
+``input_ids`` (each sample's full token ids back to back, its last token included: the runtime
+drops it from the input and uses it as the last label), ``loss_mask`` (int8, already rolled:
+``loss_mask[i]`` = token ``i + 1`` is supervised) and ``seq_start_id`` (each sample's start).
+A sample of ``n`` tokens takes ``aligned(n - 1, pad_seq_to_mult)`` runtime positions; with
+``pad_seq_to_mult > 1`` it is stored padded with the EOS id (Bridge finds the logical length as
+the last non-EOS token) to that length plus one. The packing-metadata JSON beside it
+(``{seq_length}_metadata.jsonl``: a list of dicts) carries Bridge's keys, which
+``pad_cu_seqlens`` requires, and ours under ``"energon_pack"`` (alignment, topology, seed, ...).
+
+Memory stays bounded: the length pass (cached, parallel) gives per-line lengths without keeping
+tokens, best-fit-decreasing packs the lengths, then worker processes tokenize the packs one row
+group at a time, written in order (same inputs and seed -> the same bytes, whatever ``workers``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AllSkippedError, ConfigError, SampleSkipped, skip_counts_text
+from ..packing import best_fit_decreasing
+from ..records import decode_json_record
+from ..thd import alignment_multiple
+from .dataset import JsonlSFTDataset
+from ..chat import ENDOFTEXT
+from .formats import Encoded, tokenizer_fingerprint
+from .index import file_changed_error, file_fingerprint, file_identity
+from .length_pass import _BatchMemo, _format_texts, _recorder, _with_tokenizer
+
+ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
+METADATA_VERSION = 1
+SPLITS = ("training", "validation", "test")
+
+
+def parquet_schema():
+    """The schema Bridge's own ``write_packed_parquet`` produces (ids and starts inferred as int64)."""
+    import pyarrow as pa
+
+    return pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
+                      ("seq_start_id", pa.list_(pa.int64()))])
+
+
+def output_paths(out_dir: str | os.PathLike, seq_length: int, split: str = "training") -> tuple[Path, Path]:
+    """(packs, metadata) named as Bridge's GPT-SFT builder names them in its pack folder."""
+    out = Path(out_dir)
+    return out / f"{split}_{seq_length}.idx.parquet", out / f"{seq_length}_metadata.jsonl"
+
+
+def bridge_eos_id(fmt: Any) -> int:
+    """The id Bridge's runtime treats as EOS/padding: the format's EOS, else the tokenizer's, else <|endoftext|>."""
+    eos = getattr(fmt, "eos_id", None)
+    if isinstance(eos, int):
+        return eos
+    tok = fmt.tokenizer
+    eos = getattr(getattr(tok, "inner", tok), "eos_token_id", None)
+    if isinstance(eos, int):
+        return eos
+    eos = tok.token_to_id(ENDOFTEXT)
+    if not isinstance(eos, int):
+        raise ConfigError("eos_id", "the tokenizer has no eos_token_id nor <|endoftext|>",
+                          "pass eos_id= (--eos-id): the id Bridge's tokenizer reports as eos_id")
+    return eos
+
+
+def runtime_lengths(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """Runtime positions per usable line (``aligned(n - 1, multiple)``); 0 for an unusable line."""
+    n = np.maximum(lengths.astype(np.int64) - 1, 0)
+    return np.where(lengths > 0, -(-n // multiple) * multiple, 0)
+
+
+def plan_packs(lengths: np.ndarray, seq_length: int, multiple: int, seed: int) -> list[list[int]]:
+    """Line numbers (0-based) per pack: best-fit-decreasing over the runtime lengths, packs in a
+    seeded order, lines ascending inside a pack."""
+    usable = np.flatnonzero(lengths > 0)
+    costs = runtime_lengths(lengths[usable], multiple)
+    groups = best_fit_decreasing(costs.reshape(-1, 1), (seq_length,), on_oversize="skip").groups
+    order = np.random.default_rng(seed).permutation(len(groups))
+    return [sorted(int(usable[k]) for k in groups[g]) for g in order]
+
+
+def encode_lines(ds: JsonlSFTDataset, lines: list[int]) -> list[Encoded]:
+    """``ds.encode_line(i)`` for each line, with the texts batch-tokenised first (same ids)."""
+    memo = _BatchMemo(ds.format.tokenizer)
+    if memo.batch_encode is None:
+        return [ds.encode_line(i) for i in lines]
+    recorder, recorded = _recorder(ds.format.tokenizer)
+    recorder_fmt = _with_tokenizer(ds.format, recorder)
+    records, texts = [], []
+    for i in lines:
+        try:
+            rec = decode_json_record(ds.index.line(i))
+            texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
+        except SampleSkipped as exc:
+            rec = exc
+        records.append(rec)
+    memo.prefetch(texts)
+    fmt = _with_tokenizer(ds.format, memo.tokenizer)
+    return [ds._finish_line(i, rec, fmt) for i, rec in zip(lines, records)]
+
+
+def pack_rows(ds: JsonlSFTDataset, packs: list[list[int]], multiple: int, eos_id: int) -> dict[str, Any]:
+    """One row group: flat columns + row offsets, and counts (tokens, supervised, Bridge-dropped)."""
+    flat = [i for pack in packs for i in pack]
+    encoded = dict(zip(flat, encode_lines(ds, flat)))
+    ids_parts, mask_parts, starts, row_offsets, start_offsets = [], [], [], [0], [0]
+    real = supervised = eos_dropped = 0
+    for pack in packs:
+        pos = 0
+        for i in pack:
+            enc = encoded[i]
+            n = len(enc)
+            if n != int(ds.lengths[i]):
+                raise file_changed_error(ds.path, f"line {i + 1} has {n} tokens, {int(ds.lengths[i])} in the length pass",
+                                         during="pack-offline")
+            stored = int(runtime_lengths(np.asarray([n]), multiple)[0]) + 1
+            ids = np.full(stored, eos_id, dtype=np.int64)
+            ids[:n] = enc.input_ids
+            loss = np.zeros(stored, dtype=np.int8)
+            loss[: n - 1] = enc.target_mask[1:]
+            ids_parts.append(ids)
+            mask_parts.append(loss)
+            starts.append(pos)
+            pos += stored
+            real += n - 1
+            supervised += int(loss.sum())
+            eos_dropped += int(loss[: n - 1][enc.input_ids[: n - 1] == eos_id].sum())
+        row_offsets.append(row_offsets[-1] + pos)
+        start_offsets.append(len(starts))
+    return {"input_ids": np.concatenate(ids_parts), "loss_mask": np.concatenate(mask_parts),
+            "seq_start_id": np.asarray(starts, dtype=np.int64), "row_offsets": np.asarray(row_offsets, dtype=np.int32),
+            "start_offsets": np.asarray(start_offsets, dtype=np.int32), "real": real, "supervised": supervised,
+            "eos_dropped": eos_dropped}
+
+
+def _table(rows: dict[str, Any]):
+    import pyarrow as pa
+
+    def column(values: np.ndarray, offsets: np.ndarray, kind: Any):
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, kind))
+
+    return pa.Table.from_arrays(
+        [column(rows["input_ids"], rows["row_offsets"], pa.int64()), column(rows["loss_mask"], rows["row_offsets"], pa.int8()),
+         column(rows["seq_start_id"], rows["start_offsets"], pa.int64())], schema=parquet_schema())
+
+
+_WORKER: tuple | None = None
+
+
+def _init_worker(ds: JsonlSFTDataset, multiple: int, eos_id: int) -> None:
+    global _WORKER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = (ds, multiple, eos_id)
+
+
+def _worker_rows(packs: list[list[int]]) -> dict[str, Any]:
+    ds, multiple, eos_id = _WORKER
+    return pack_rows(ds, packs, multiple, eos_id)
+
+
+def _row_groups(ds: JsonlSFTDataset, chunks: list, multiple: int, eos_id: int, workers: int):
+    """Row groups in order: in this process, or from ``workers`` forked processes (at most
+    2 x workers groups in flight)."""
+    if workers <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            yield pack_rows(ds, chunk, multiple, eos_id)
+        return
+    from collections import deque
+
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(ds, multiple, eos_id)) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_worker_rows, (chunk,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+@dataclass
+class OfflinePackSummary:
+    """What ``pack_offline`` wrote and skipped."""
+
+    packs_path: str
+    metadata_path: str
+    lines: int
+    samples: int
+    packs: int
+    skips: dict[str, int]
+    real_tokens: int
+    supervised_tokens: int
+    fill: float  # runtime positions (alignment included) / capacity: Bridge's packing_efficiency
+    real_fill: float  # real runtime tokens / capacity
+    seconds: dict[str, float] = field(default_factory=dict)
+    bridge_metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"{self.packs} packs of {self.samples} samples from {self.lines} lines, fill {self.fill * 100:.2f}%; "
+                f"skipped: {skip_counts_text(self.skips)}\n  {self.packs_path}\n  {self.metadata_path}")
+
+
+def _write_metadata(path: Path, entry: dict[str, Any], split: str) -> None:
+    """Bridge's metadata list with this split's entry replaced (Bridge appends one dict per split)."""
+    try:
+        entries = json.loads(path.read_text())
+        if not isinstance(entries, list):
+            raise ConfigError("out", f"{path} is not a packing-metadata list", "use a fresh output folder")
+    except FileNotFoundError:
+        entries = []
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("energon_pack", {}).get("split") == split)]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(entries + [entry], indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def pack_offline(
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    seq_length: int,
+    tokenizer: Any,
+    format: str = "prompt_completion",
+    pad_seq_to_mult: int | None = None,
+    cp: int = 1,
+    tp: int = 1,
+    sp: bool = False,
+    seed: int = 0,
+    workers: int | None = None,
+    split: str = "training",
+    eos_id: int | None = None,
+    overlength: str = "skip",
+    cache_dir: str | os.PathLike | None = None,
+    row_group_size: int = ROW_GROUP_SIZE,
+    **format_kw: Any,
+) -> OfflinePackSummary:
+    """Pack a GPT-SFT JSONL into ``OUT/{split}_{seq_length}.idx.parquet`` + ``OUT/{seq_length}_metadata.jsonl``.
+
+    ``pad_seq_to_mult`` defaults to ``alignment_multiple(cp, tp, sp)``; an explicit value must be a
+    multiple of it, and ``seq_length`` a multiple of the result. ``workers`` processes tokenize
+    (default: the usable cores). A line that cannot be used is a counted skip (``summary.skips``).
+    """
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("pyarrow", "pack-offline writes Parquet and needs pyarrow",
+                          "pip install 'energon-pack[convert]' (or pyarrow>=14)") from None
+    rule = alignment_multiple(cp, tp, sp)
+    multiple = rule if pad_seq_to_mult is None else pad_seq_to_mult
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1 or multiple % rule:
+        raise ConfigError("pad_seq_to_mult", f"{pad_seq_to_mult!r} does not satisfy cp={cp}, tp={tp}, sp={sp} (needs a "
+                          f"multiple of {rule})", f"leave it unset (it is then {rule}) or use a multiple of {rule}")
+    if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 2 or seq_length % multiple:
+        raise ConfigError("seq_length", f"{seq_length!r} is not a multiple of pad_seq_to_mult {multiple}",
+                          f"use a multiple of {multiple}, e.g. {max(multiple, seq_length // multiple * multiple)}")
+    if split not in SPLITS:
+        raise ConfigError("split", f"unknown split {split!r}", f"use one of {SPLITS}")
+    if row_group_size < 1:
+        raise ConfigError("row_group_size", f"must be >= 1, got {row_group_size!r}", f"use {ROW_GROUP_SIZE}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length + 1, overlength=overlength,
+                         cache_dir=cache_dir, length_workers=workers, **format_kw)
+    workers = cores if workers is None else workers
+    eos = bridge_eos_id(ds.format) if eos_id is None else eos_id
+    identity = file_identity(ds.path)
+    lengths = ds.lengths
+    t1 = time.perf_counter()
+    packs = plan_packs(lengths, seq_length, multiple, seed)
+    if not packs:
+        raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}); "
+                              f"{ds.mismatch_hint()}")
+    t2 = time.perf_counter()
+    packs_path, meta_path = output_paths(out_dir, seq_length, split)
+    packs_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = packs_path.with_name(packs_path.name + ".tmp")
+    chunks = [packs[k : k + row_group_size] for k in range(0, len(packs), row_group_size)]
+    real = supervised = eos_dropped = 0
+    with pq.ParquetWriter(str(tmp), parquet_schema()) as writer:
+        for rows in _row_groups(ds, chunks, multiple, eos, max(1, min(workers, len(chunks)))):
+            writer.write_table(_table(rows), row_group_size=row_group_size)
+            real, supervised, eos_dropped = real + rows["real"], supervised + rows["supervised"], eos_dropped + rows["eos_dropped"]
+    if file_identity(ds.path) != identity:
+        tmp.unlink()
+        raise file_changed_error(ds.path, "changed while its packs were written", during="pack-offline")
+    os.replace(tmp, packs_path)
+    t3 = time.perf_counter()
+
+    runtime = runtime_lengths(lengths, multiple)
+    packed = [int(runtime[p].sum()) for p in packs]
+    samples = sum(len(p) for p in packs)
+    bridge = {  # Bridge's create_packing_strategy keys, same definitions
+        "dataset_max_seqlen": int(runtime.max()), "max_samples_per_bin": max(len(p) for p in packs),
+        "packing_factor": round(samples / len(packs), 2), "packing_efficiency": round(sum(packed) / len(packs) / seq_length * 100, 2),
+        "pack_size": seq_length, "min_packed_seqlen": min(packed),
+    }
+    ours = {
+        "version": METADATA_VERSION, "split": split, "file": packs_path.name, "source": file_fingerprint(ds.path),
+        "format": format, "format_fingerprint": ds.format.fingerprint(), "tokenizer": tokenizer_fingerprint(ds.format.tokenizer),
+        "eos_id": eos, "seed": seed, "seq_length": seq_length, "pad_seq_to_mult": multiple,
+        "topology": {"cp": cp, "tp": tp, "sp": bool(sp), "alignment_multiple": rule}, "packer": "best_fit_decreasing",
+        "overlength": overlength, "lines": len(lengths), "samples": samples, "packs": len(packs),
+        "skips": dict(ds.skips), "real_tokens": real, "supervised_tokens": supervised,
+        "supervised_eos_inputs": eos_dropped,  # Bridge's collate zeroes the loss where the input token is eos_id
+    }
+    _write_metadata(meta_path, {**bridge, "energon_pack": ours}, split)
+    return OfflinePackSummary(
+        str(packs_path), str(meta_path), len(lengths), samples, len(packs), dict(ds.skips), real, supervised,
+        sum(packed) / (len(packs) * seq_length), real / (len(packs) * seq_length),
+        {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)}, bridge)
