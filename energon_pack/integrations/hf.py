@@ -59,6 +59,8 @@ import torch
 import torch.nn.functional as F
 
 from energon_pack.errors import ConfigError
+from energon_pack.qwen_vl.static_visual import (STATIC_GRID_KEY, STATIC_MAX_FRAME_KEY, STATIC_PIXELS_KEY,
+                                                pad_segments, static_segment_count)
 from energon_pack.thd import IGNORE_INDEX, VISION_PRESET_KEY, vision_preset_record
 
 __all__ = [
@@ -75,6 +77,8 @@ __all__ = [
     "packed_forward",
     "packed_loss",
     "register_varlen_attention",
+    "static_vision_kwargs",
+    "use_static_visual",
     "use_varlen_attention",
     "varlen_attention_forward",
     "vision_precompute_keys",
@@ -435,7 +439,11 @@ def hf_forward_kwargs(
                           f"use one of {_VL_MODEL_TYPES} (or a text-only LLM)")
     if config is not None:
         check_vision_preset(batch, config, preset=preset)
-    has_visual = any(batch.get(k) is not None for k in _VISUAL_FORWARD_KEYS)
+    static = batch.get(STATIC_PIXELS_KEY) is not None
+    if static and (config is None or not _is_vision_language(config) or not hasattr(model, "register_forward_pre_hook")):
+        raise ConfigError("model", "a static-visual batch (visual_pixel_values) needs the Qwen-VL model that runs it",
+                          "pass model= (hf_forward_kwargs / packed_forward)")
+    has_visual = static or any(batch.get(k) is not None for k in _VISUAL_FORWARD_KEYS)
     mrope = batch.get("mrope_position_ids")
 
     if vision_language:
@@ -482,15 +490,19 @@ def hf_forward_kwargs(
         "max_length_q": int(batch["max_seqlen_q"]),
         "max_length_k": int(batch["max_seqlen_kv"]),
     }
-    for key in _VISUAL_FORWARD_KEYS:
+    for key in _VISUAL_FORWARD_KEYS if not static else ():
         if batch.get(key) is not None:
             kwargs[key] = batch[key]
-    if batch.get("second_per_grid_ts") is not None:
+    if static:
+        kwargs[_STATIC_KWARG] = static_vision_kwargs(batch, model)
+        use_static_visual(model)
+    elif batch.get("second_per_grid_ts") is not None:
         params = _forward_params(model) if model is not None and hasattr(model, "forward") else None
         if params is None or "second_per_grid_ts" in params:
             kwargs["second_per_grid_ts"] = batch["second_per_grid_ts"]
     if config is not None and vision_language and has_visual:
-        kwargs.update(vision_precomputed_kwargs(batch, config))
+        if not static:
+            kwargs.update(vision_precomputed_kwargs(batch, config))
         guard_vision_towers(model)
     if device is not None:
         moved: dict[int, Any] = {}  # a tensor passed under two names stays one object on the device
@@ -503,16 +515,145 @@ def hf_forward_kwargs(
             return moved[id(v)]
 
         kwargs = {k: to_device(v) for k, v in kwargs.items()}
+        if static:
+            kwargs[_STATIC_KWARG] = {k: to_device(v) for k, v in kwargs[_STATIC_KWARG].items()}
+    pixels = kwargs[_STATIC_KWARG] if static else kwargs
     for key in ("pixel_values", "pixel_values_videos"):
-        if isinstance(kwargs.get(key), torch.Tensor) and kwargs[key].dtype == torch.uint8:
+        if isinstance(pixels.get(key), torch.Tensor) and pixels[key].dtype == torch.uint8:
             if preset is None:
                 raise ConfigError("pixel_dtype", f"{key} is uint8 and would reach the vision tower as raw 0..255 values",
                                   "pass preset=task_encoder.preset (normalised on the device), or use pixel_dtype "
                                   "'float32' / 'bfloat16'")
             from energon_pack.qwen_vl.vision import normalize_pixels
 
-            kwargs[key] = normalize_pixels(kwargs[key], preset)
+            pixels[key] = normalize_pixels(pixels[key], preset)
     return kwargs
+
+
+# --------------------------------------------------------------------------------- static visual rows
+#: The forward kwarg that carries a static pack's vision input to :func:`use_static_visual`'s hook.
+_STATIC_KWARG = "energon_static_visual"
+_STATIC_HOOKED = "_energon_pack_static_visual"
+
+
+def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """The vision tower's inputs for a static pack (:mod:`energon_pack.qwen_vl.static_visual`), every
+    tensor of a fixed shape: the padded pixel rows, a grid of fixed length, and HF's own precomputed
+    positions / cu_seqlens / window index (``transformers.vision_utils``) for the real media followed by
+    the padding, cut into its own segments; cu_seqlens of ``budget / merge**2 + 1`` entries and
+    max_seqlen pinned (the preset's largest frame; Qwen2.5-VL windows: the window size)."""
+    config = _config_of(model)
+    vision = config.vision_config
+    keys = vision_precompute_keys(config.model_type)
+    modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    interp = hasattr(modeling, "get_vision_interpolation_indices_and_weights") and config.model_type == "qwen3_vl"
+    if not {"position_ids", "cu_seqlens", "max_seqlen"} <= keys:
+        raise ConfigError("static_visual", f"this transformers release's {config.model_type} vision tower takes no "
+                          "precomputed positions/cu_seqlens, so its shapes cannot be pinned",
+                          "use transformers >= 5.12, or build the encoder with static_visual=False")
+    from transformers import vision_utils as vu
+
+    merge = vision.spatial_merge_size
+    unit = merge * merge
+    pixels, grid = batch[STATIC_PIXELS_KEY], batch[STATIC_GRID_KEY].detach().cpu()
+    budget = pixels.shape[0]
+    n_real = int(grid.prod(-1).sum())
+    max_frame = int(batch[STATIC_MAX_FRAME_KEY])
+    window = "window_index" in keys
+    window_rows = (vision.window_size // vision.patch_size) ** 2 if window else max_frame
+    chunk = min(max_frame, window_rows)
+    real = len(grid) > 0
+    pos = vu.get_vision_position_ids(grid, merge) if real else torch.zeros((0, 2), dtype=torch.int64)
+    size = static_segment_count(budget, merge)
+    fixed_grid = torch.zeros((size, 3), dtype=torch.int64)
+    fixed_grid[: len(grid)] = grid
+    out: dict[str, Any] = {
+        "pixel_values": pixels, "grid_thw": fixed_grid,
+        "position_ids": torch.cat([pos, pos.new_zeros((budget - n_real, pos.shape[1]))]),
+        "cu_seqlens": pad_segments(vu.get_vision_cu_seqlens(grid) if real else torch.zeros(1), budget, chunk, merge),
+        "max_seqlen": max_frame,
+    }
+    if window:
+        index, cu_window = (vu.get_vision_window_index(grid, spatial_merge_size=merge, window_size=vision.window_size,
+                                                       patch_size=vision.patch_size) if real
+                            else (torch.zeros(0, dtype=torch.int64), torch.zeros(1)))
+        out.update(window_index=torch.cat([index, torch.arange(n_real // unit, budget // unit)]),
+                   cu_window_seqlens=pad_segments(cu_window, budget, chunk, merge), max_window_seqlen=window_rows)
+    if interp:
+        visual = _visual_tower(model)
+        taps = (4 if visual.interpolation_mode == "bilinear" else 16)
+        if real:
+            idx, w = vu.get_vision_interpolation_indices_and_weights(
+                grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
+                align_corners=visual.interpolation_align_corners, spatial_merge_size=merge)
+        else:
+            idx, w = torch.zeros((0, taps), dtype=torch.int64), torch.zeros((0, taps))
+        out.update(interp_indices=torch.cat([idx, idx.new_zeros((budget - n_real, idx.shape[1]))]),
+                   interp_weights=torch.cat([w, w.new_zeros((budget - n_real, w.shape[1]))]))
+    return out
+
+
+def _visual_tower(model: Any) -> Any:
+    base = getattr(model, "model", model)
+    return getattr(base, "visual", None) or getattr(model, "visual")
+
+
+def _deepstack_full_width(self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
+                          visual_embeds: torch.Tensor) -> torch.Tensor:
+    """Qwen3-VL's deepstack add with row-wide features (zero off the visual tokens): the same sums on
+    the visual tokens, ``h + 0`` elsewhere, and no data-dependent shape."""
+    if visual_embeds.dim() == hidden_states.dim():
+        return hidden_states + visual_embeds.to(hidden_states.dtype)
+    return type(self)._deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds)
+
+
+def _static_visual_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook: run the vision tower on the static rows and place its features by one
+    ``masked_scatter`` over the image and video tokens (real media first, in token order; the padding's
+    features are never read, so they get a zero gradient); the model then gets ``inputs_embeds``."""
+    vis = kwargs.pop(_STATIC_KWARG, None)
+    if vis is None:
+        return None
+    vis = dict(vis)
+    config = _config_of(module)
+    visual = _visual_tower(module)
+    pixels = vis.pop("pixel_values").to(next(visual.parameters()).dtype)
+    out = visual(pixels, grid_thw=vis.pop("grid_thw"), **vis)
+    feats = out.pooler_output if hasattr(out, "pooler_output") else (out[0] if isinstance(out, tuple) else out)
+    ids = kwargs["input_ids"]
+    embeds = module.get_input_embeddings()(ids)
+    mask = ((ids == config.image_token_id) | (ids == config.video_token_id)).unsqueeze(-1).expand_as(embeds)
+    kwargs.update(input_ids=None, inputs_embeds=embeds.masked_scatter(mask, feats.to(embeds.dtype)))
+    deepstack = getattr(out, "deepstack_features", None)
+    if deepstack:
+        text = getattr(module, "model", module).language_model
+        text._energon_deepstack = (mask[..., 0], [torch.zeros_like(embeds).masked_scatter(mask, f.to(embeds.dtype))
+                                                  for f in deepstack])
+    return args, kwargs
+
+
+def _deepstack_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    stash = module.__dict__.pop("_energon_deepstack", None)
+    if stash is None:
+        return None
+    kwargs.update(visual_pos_masks=stash[0], deepstack_visual_embeds=stash[1])
+    return args, kwargs
+
+
+def use_static_visual(model: Any) -> None:
+    """Let ``model`` (a HF Qwen-VL model) take static packs: a forward pre-hook reads the
+    ``energon_static_visual`` kwarg :func:`hf_forward_kwargs` adds (idempotent; Qwen3-VL's deepstack
+    features go to the text model as row-wide tensors)."""
+    import types
+
+    if getattr(model, _STATIC_HOOKED, False):
+        return
+    model.register_forward_pre_hook(_static_visual_hook, with_kwargs=True)
+    text = getattr(getattr(model, "model", model), "language_model", None)
+    if text is not None and hasattr(text, "_deepstack_process"):
+        text.register_forward_pre_hook(_deepstack_hook, with_kwargs=True)
+        text._deepstack_process = types.MethodType(_deepstack_full_width, text)
+    setattr(model, _STATIC_HOOKED, True)
 
 
 _PRECOMPUTE_KEYS: dict[str, frozenset[str]] = {}

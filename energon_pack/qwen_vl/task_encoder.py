@@ -35,6 +35,7 @@ from energon_pack.chat import ChatConfig
 from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat
 from .mrope import mrope_position_ids
 from .presets import VisionPreset, get_preset
+from .static_visual import static_visual_rows
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
@@ -50,6 +51,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         preset: str | VisionPreset = "qwen2.5-vl",
         chat: ChatConfig | None = None,
         config: PackingConfig | None = None,
+        static_visual: bool = False,
         **config_overrides: Any,
     ) -> None:
         super().__init__()
@@ -57,6 +59,13 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         if config.overlength == "truncate":
             raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
         self.preset = get_preset(preset)
+        #: pad every pack's patch rows to max_patches_per_pack (:mod:`energon_pack.qwen_vl.static_visual`)
+        self.static_visual = bool(static_visual)
+        unit = self.preset.merge_size ** 2
+        if self.static_visual and (config.max_patches_per_pack is None or config.max_patches_per_pack % unit):
+            raise ConfigError("static_visual", f"needs a patch budget max_patches_per_pack that is a multiple of {unit}, "
+                              f"got {config.max_patches_per_pack!r}",
+                              "set max_patches_per_pack (e.g. the budget `energon-pack bench --visual-budget` recommends)")
         # None: the preset's own model tokenizer (the real Qwen-VL vocabulary, built offline); a preset of
         # another name has no known tokenizer, so None then warns and uses the demo one (DemoTokenizerWarning)
         self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__,
@@ -92,6 +101,12 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         """The THD row, with the record of this encoder's preset under ``vision_preset``."""
         batch = super().batch(samples)
         batch[VISION_PRESET_KEY] = vision_preset_record(self.preset)
+        if self.static_visual:
+            p, special = self.preset, self.tokenizer.special
+            batch = static_visual_rows(
+                batch, self.packing.max_patches_per_pack, image_pad=special.image_pad, video_pad=special.video_pad,
+                merge=p.merge_size, max_frame_patches=max(p.max_pixels, p.video_max_pixels) // p.patch_size ** 2,
+                row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=V._TORCH_DTYPES[p.pixel_dtype])
         return batch
 
     def _video_meta(self, frames: list) -> VideoMeta:

@@ -1,0 +1,100 @@
+"""Static-shape visual rows: every pack's patch rows (images and videos) in one tensor of a fixed budget.
+
+With ``static_visual=True`` the task encoder replaces a pack's ``pixel_values`` / ``pixel_values_videos``
+by ``visual_pixel_values`` [budget, C*tp*p*p]: the rows of every image and video *in the order their
+tokens appear in the row* (so one ``masked_scatter`` over the image and video tokens places them), then
+zero rows up to the budget (``max_patches_per_pack``). ``visual_grid_thw`` lists the real media in the
+same order. The padding is a separate stretch of the vision tower's input: it is cut into its own
+attention segments (:func:`pad_segments`), its features are never scattered into the LLM row, so it
+changes no real token's output and gets no gradient but zero. The consumer (HF:
+:mod:`energon_pack.integrations.hf`) builds fixed-length vision cu_seqlens from these keys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Batch keys of a static pack's vision input (the contract's pixel keys are None then).
+STATIC_PIXELS_KEY = "visual_pixel_values"
+STATIC_GRID_KEY = "visual_grid_thw"
+#: The longest attention segment a frame of this preset can be (patches), pinned as the tower's max_seqlen.
+STATIC_MAX_FRAME_KEY = "visual_max_frame_patches"
+
+__all__ = ["STATIC_GRID_KEY", "STATIC_MAX_FRAME_KEY", "STATIC_PIXELS_KEY", "media_in_token_order",
+           "pad_segments", "static_visual_rows", "static_segment_count"]
+
+
+def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | None, video_grid: torch.Tensor | None,
+                         image_pad: int, video_pad: int, merge: int) -> list[tuple[str, int]]:
+    """``[("image" | "video", index)]`` in the order the media's tokens appear in ``input_ids``.
+
+    Walks the image/video pad tokens: the kind of the next one says which list's next item comes, and
+    that item's ``t*h*w / merge**2`` tokens are consumed (a Qwen3-VL video's frames are several runs)."""
+    ids = input_ids.reshape(-1)
+    kinds = ids[(ids == image_pad) | (ids == video_pad)] == video_pad
+    grids = {False: image_grid, True: video_grid}
+    nxt = {False: 0, True: 0}
+    order, pos, total = [], 0, int(kinds.numel())
+    while pos < total:
+        kind = bool(kinds[pos])
+        grid = grids[kind]
+        if grid is None or nxt[kind] >= len(grid):
+            raise ValueError(f"more {'video' if kind else 'image'} tokens than {'video' if kind else 'image'}_grid_thw entries")
+        order.append(("video" if kind else "image", nxt[kind]))
+        pos += int(grid[nxt[kind]].prod()) // (merge * merge)
+        nxt[kind] += 1
+    for kind, grid in grids.items():
+        if grid is not None and nxt[kind] != len(grid):
+            raise ValueError("visual tokens and *_grid_thw entries disagree")
+    return order
+
+
+def static_visual_rows(batch: dict, budget: int, *, image_pad: int, video_pad: int, merge: int,
+                       max_frame_patches: int, row_width: int, dtype: torch.dtype) -> dict:
+    """``batch`` with its pixel rows moved into ``visual_pixel_values`` [budget, row] (token order, zero
+    padded) and ``visual_grid_thw`` (real media, same order); ``pixel_values`` / ``pixel_values_videos``
+    become None. Raises when the rows exceed ``budget`` (the packer's patch budget prevents it)."""
+    image_grid, video_grid = batch.get("image_grid_thw"), batch.get("video_grid_thw")
+    sources = {"image": batch.get("pixel_values"), "video": batch.get("pixel_values_videos")}
+    starts = {kind: _row_starts(grid) for kind, grid in (("image", image_grid), ("video", video_grid))}
+    order = media_in_token_order(batch["input_ids"], image_grid, video_grid, image_pad, video_pad, merge)
+    used = sum(int(starts[k][-1]) for k in starts if starts[k] is not None)
+    if used > budget:
+        raise ValueError(f"{used} patch rows exceed the static budget {budget} (max_patches_per_pack)")
+    out = torch.zeros((budget, row_width), dtype=dtype)
+    grids, at = [], 0
+    for kind, i in order:
+        lo, hi = int(starts[kind][i]), int(starts[kind][i + 1])
+        out[at: at + hi - lo] = sources[kind][lo:hi]
+        at += hi - lo
+        grids.append((image_grid if kind == "image" else video_grid)[i])
+    batch = dict(batch)
+    batch.update({"pixel_values": None, "pixel_values_videos": None, STATIC_PIXELS_KEY: out,
+                  STATIC_GRID_KEY: torch.stack(grids).to(torch.int64) if grids else torch.zeros((0, 3), dtype=torch.int64),
+                  STATIC_MAX_FRAME_KEY: int(min(budget, max_frame_patches))})
+    return batch
+
+
+def _row_starts(grid: torch.Tensor | None) -> torch.Tensor | None:
+    if grid is None:
+        return None
+    return torch.cat([torch.zeros(1, dtype=torch.int64), grid.to(torch.int64).prod(-1).cumsum(0)])
+
+
+def static_segment_count(budget: int, merge: int) -> int:
+    """Entries of a static vision cu_seqlens: every segment (a frame, a window, a padding chunk) holds at
+    least one merged token (``merge**2`` rows), so a budget of B rows has at most ``B / merge**2``."""
+    return budget // (merge * merge) + 1
+
+
+def pad_segments(cu: torch.Tensor, budget: int, chunk: int, merge: int) -> torch.Tensor:
+    """``cu`` (real boundaries) + the padding rows cut into chunks of at most ``chunk`` rows (multiples
+    of ``merge**2``), then repeated last values up to :func:`static_segment_count` entries."""
+    cu = [int(v) for v in cu.tolist()] or [0]
+    step = max(merge * merge, chunk // (merge * merge) * merge * merge)
+    while cu[-1] < budget:
+        cu.append(min(budget, cu[-1] + step))
+    size = static_segment_count(budget, merge)
+    if len(cu) > size:
+        raise ValueError(f"{len(cu) - 1} vision segments exceed the static count {size - 1}")
+    return torch.tensor(cu + [cu[-1]] * (size - len(cu)), dtype=torch.int32)

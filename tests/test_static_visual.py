@@ -1,0 +1,98 @@
+"""Static-shape packs (``static_visual=True``): padded patch rows and fixed-length vision cu_seqlens change
+no real token's logits or any gradient; Qwen2-VL / Qwen2.5-VL / Qwen3-VL, images and videos."""
+
+import copy
+
+import pytest
+import torch
+from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+from energon_pack.errors import ConfigError
+from energon_pack.integrations import hf as H
+from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.qwen_vl.static_visual import STATIC_GRID_KEY, STATIC_PIXELS_KEY, pad_segments, static_segment_count
+from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+from _hf_helpers import PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
+from test_integration_hf import shards  # noqa: F401  (the module fixture: images, videos, text)
+
+pytest.importorskip("transformers")
+
+BUDGET = 512
+TOL = 1e-5
+
+
+def _packs(root, preset, **kw):
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=192, cp=2, pad_to_max_length=True,
+                                  pad_cu_seqlens=True, max_segments=8, max_patches_per_pack=BUDGET, **kw)
+    ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=8, repeat=False)
+    return list(get_loader(ds)), te
+
+
+@pytest.fixture(scope="module", params=list(PRESETS))
+def static_setup(request, shards):  # noqa: F811
+    name = request.param
+    preset = small_preset(name)
+    dynamic, _ = _packs(shards, preset)
+    static, te = _packs(shards, preset, static_visual=True)
+    return name, load_demo_tokenizer(), dynamic, static, te
+
+
+def test_static_packs_have_fixed_shapes_and_the_same_members(static_setup):
+    name, tok, dynamic, static, te = static_setup
+    assert [b["__keys__"] for b in dynamic] == [b["__keys__"] for b in static]
+    model = tiny_model(name, tok)
+    shapes = set()
+    for b in static:
+        assert b["pixel_values"] is None and b["pixel_values_videos"] is None
+        kw = H.static_vision_kwargs(b, model)
+        shapes.add(tuple((k, tuple(v.shape) if isinstance(v, torch.Tensor) else v) for k, v in sorted(kw.items())))
+        assert b[STATIC_PIXELS_KEY].shape[0] == BUDGET
+        assert tuple(b["cu_seqlens_q_padded"].shape) == (9,)
+    assert len(shapes) == 1, shapes  # every tensor the tower sees has one shape, every int one value
+    assert any(len(b[STATIC_GRID_KEY]) >= 2 for b in static)
+
+
+def test_static_packed_logits_and_grads_equal_each_sample_alone(static_setup):
+    name, tok, dynamic, static, te = static_setup
+    ref = tiny_model(name, tok)
+    packed = copy.deepcopy(ref)
+    H.use_varlen_attention(packed)
+    saw_video = False
+    for dyn, batch in zip(dynamic, static):
+        segments = split_pack(dyn, tok.special.image_pad, tok.special.video_pad)
+        saw_video |= dyn["video_grid_thw"] is not None
+        packed.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        out = H.packed_forward(packed, batch)
+        loss, _ = H.packed_loss(out.logits, batch)
+        loss.backward()
+        alone = []
+        for seg in segments:
+            logits = alone_forward(ref, seg)
+            H.packed_loss(logits, seg)[0].backward()
+            alone.append(logits.detach())
+        diff = max_seg_diff(out.logits.detach(), alone, segments)
+        assert diff <= TOL, f"{name}: static packed vs alone logits differ by {diff}"
+        grads = dict(packed.named_parameters())
+        for pname, p in ref.named_parameters():
+            g_ref = p.grad if p.grad is not None else torch.zeros_like(p)
+            g = grads[pname].grad if grads[pname].grad is not None else torch.zeros_like(p)
+            assert torch.isfinite(g).all()
+            assert torch.allclose(g, g_ref, rtol=1e-5, atol=1e-5), f"{name}: grad of {pname} differs"
+    assert saw_video
+
+
+def test_pad_segments_are_fixed_length_and_chunked():
+    cu = pad_segments(torch.tensor([0, 16, 48]), 128, 32, 2)
+    assert cu.tolist()[:6] == [0, 16, 48, 80, 112, 128] and len(cu) == static_segment_count(128, 2) == 33
+    assert (cu.diff() <= 32).all()
+
+
+def test_static_visual_needs_a_patch_budget():
+    with pytest.raises(ConfigError, match="static_visual"):
+        QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256)
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=510)
