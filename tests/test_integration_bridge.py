@@ -506,3 +506,79 @@ def test_uint8_pixels_are_refused_for_bridge(packs25):
                mrope_position_ids=None, image_grid_thw=batch["visual_inputs"].image_grid_thw)
     with pytest.raises(ConfigError, match="pixel_dtype"):
         B.to_bridge_batch(raw)
+
+
+# ------------------------------------------------------------------------------ CUDA graphs on static packs
+@pytest.fixture(scope="module")
+def te_static():
+    return B.BridgeQwenVLPackingTaskEncoder(tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, cp=2, tp=4,
+                                           sp=True, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=64,
+                                           max_patches_per_pack=8192)
+
+
+# NVIDIA's packed-path settings (Bridge ConfigContainer.validate, offline packing): per-layer TE graphs of
+# attention and MLP, TE graphs with no scope, the Megatron-Core whole-layer graph, and vision graphs with a budget
+STATIC_GRAPH_SETTINGS = [
+    dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn", "mlp"]),
+    dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=None),
+    dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=["mlp"]),
+    dict(enable_cuda_graph=True),
+    dict(vision_cuda_graph_impl="transformer_engine", max_vision_cuda_graph_seq_length=8192),
+]
+
+
+@pytest.mark.parametrize("settings", STATIC_GRAPH_SETTINGS)
+def test_cuda_graphs_accepted_on_static_packs_and_refused_on_dynamic_ones(te_static, te_cp2, settings):
+    cfg = good_cfg()
+    for k, v in settings.items():
+        setattr(cfg.model, k, v)
+    B.check_bridge_config(cfg, te_static)
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, te_cp2)
+    assert "cuda_graph" in err.value.knob
+
+
+def test_cuda_graph_checks_name_what_is_not_static(te_cp2):
+    width_only = B.BridgeQwenVLPackingTaskEncoder(tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, cp=2,
+                                                  tp=4, sp=True, pad_to_max_length=True, max_patches_per_pack=8192)
+    cfg = good_cfg()
+    cfg.model.cuda_graph_impl, cfg.model.cuda_graph_scope = "transformer_engine", ["attn"]
+    with pytest.raises(ConfigError, match="pad_cu_seqlens"):
+        B.check_bridge_config(cfg, width_only)
+    cfg.model.cuda_graph_scope = ["mlp"]  # no packed attention in the graph: a static width is enough
+    B.check_bridge_config(cfg, width_only)
+    cfg.model.cuda_graph_impl, cfg.model.cuda_graph_scope = "full_iteration", None
+    with pytest.raises(ConfigError, match="full iteration"):
+        B.check_bridge_config(cfg, width_only)
+    cfg = good_cfg()
+    cfg.model.vision_cuda_graph_impl, cfg.model.max_vision_cuda_graph_seq_length = "transformer_engine", 4096
+    with pytest.raises(ConfigError, match="max_vision_cuda_graph_seq_length"):
+        B.check_bridge_config(cfg, width_only)  # budget 8192 > 4096
+
+
+def test_bridge_step_runs_on_static_packs(bridge_dataset, cpu_cuda, monkeypatch, tmp_path):
+    """Bridge's own get_batch on fixed-width packs with static cu_seqlens: one shape for every pack."""
+    load_bridge()
+    vlm_step = bridge_module("training.vlm_step")
+    psu = bridge_module("training.utils.packed_seq_utils")
+    monkeypatch.setattr(vlm_step, "is_pp_first_stage", lambda pp: True)
+    monkeypatch.setattr(vlm_step, "is_pp_last_stage", lambda pp: True)
+    te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
+                                          pad_to_max_length=True, pad_cu_seqlens=True, max_segments=8,
+                                          max_patches_per_pack=4096)
+    batches = stream(bridge_dataset, te, **B.bridge_dataset_kwargs(bridge_dataset, config_dir=tmp_path))
+    shapes = set()
+    for b in batches:
+        tokens, labels, loss_mask, attn, pos, packed, visual = vlm_step.get_batch(iter([b]), SimpleNamespace(dataset=SimpleNamespace()),
+                                                                                pg_collection=SimpleNamespace(pp=None))
+        params = psu.get_packed_seq_params(packed)
+        shapes.add((tuple(tokens.shape), tuple(params.cu_seqlens_q_padded.shape), params.max_seqlen_q))
+        assert visual.pixel_values is not None
+    assert len(batches) >= 2 and shapes == {((1, 1024), (9,), 1024)}
+    static = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024, cp=2, tp=2, sp=True,
+                                              max_patches_per_pack=4096, static_visual=True)
+    cfg = good_cfg()
+    cfg.model.tensor_model_parallel_size = 2
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, static, allow_demo_tokenizer=True)
+    assert "task_encoder static_visual" in err.value.knob

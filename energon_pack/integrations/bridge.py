@@ -142,6 +142,10 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
         raise ValueError(f"not a packed THD batch: missing {missing}")
     if batch["input_ids"].dim() != 2 or batch["input_ids"].shape[0] != 1:
         raise ValueError(f"Bridge's packed VLM step needs one THD row [1, T], got {tuple(batch['input_ids'].shape)}")
+    if batch.get("visual_pixel_values") is not None:
+        raise ConfigError("static_visual", "the batch holds static (padded, token-ordered) vision rows; Bridge's vision "
+                          "models read pixel_values/grid_thw and pad for their own CUDA graphs",
+                          "build the encoder with static_visual=False")
     for key in ("pixel_values", "pixel_values_videos"):
         pixels = batch.get(key)
         if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
@@ -428,7 +432,7 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
     fine, Bridge then uses ``train.micro_batch_size``), per-token loss
     (``model.calculate_per_token_loss=True``: otherwise each pack's loss is divided by its own
     token count and packs are reweighted), ``ddp.average_in_collective=False``, no pipeline
-    parallelism, no MTP, no CUDA graphs, MoE EP overlap and ``delay_wgrad_compute`` off (model and
+    parallelism, no MTP, CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and ``delay_wgrad_compute`` off (model and
     ``comm_overlap``), no Qwen3-VL DistTrain, and, with a task encoder, CP/TP/SP/eval-CP equal to
     the encoder's (same alignment multiple), ``model.seq_length`` >= the pack width, a fixed width
     when EP > 1 (Bridge forces one), and a real tokenizer: the demo tokenizer is refused unless
@@ -459,12 +463,6 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
     mtp = _get(cfg, "model.mtp_num_layers", None) or 0
     if mtp > 0:
         bad("model.mtp_num_layers", f"is {mtp}; MTP is not supported with packed sequences", "set model.mtp_num_layers=None")
-    for knob in ("model.cuda_graph_impl", "model.vision_cuda_graph_impl"):
-        value = _get(cfg, knob, None)
-        if value not in (None, "none"):
-            bad(knob, f"is {value!r}; CUDA graphs need static shapes, packs vary", f"set {knob}='none'")
-    if _get(cfg, "model.enable_cuda_graph", False) is True:
-        bad("model.enable_cuda_graph", "is True", "set model.enable_cuda_graph=False")
     for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
         for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
             if _get(cfg, f"{owner}.{name}", False) is True:
@@ -524,10 +522,14 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
         if seq_length is not None and seq_length < packing.seq_length:
             bad("model.seq_length", f"is {seq_length}, below the pack width {packing.seq_length}",
                 f"set model.seq_length>={packing.seq_length} or build the encoder with seq_length={seq_length}")
+        if getattr(task_encoder, "static_visual", False):
+            bad("task_encoder static_visual", "is True; Bridge's vision models read pixel_values/grid_thw and pad for "
+                "their own CUDA graphs", "build the encoder with static_visual=False (keep max_patches_per_pack)")
         ep = _get(cfg, "model.expert_model_parallel_size", 1) or 1
         if ep > 1 and not packing.pad_to_max_length:
             bad("task_encoder pad_to_max_length", f"is False with expert_model_parallel_size={ep}; Bridge needs fixed-width rows then",
                 "build the encoder with pad_to_max_length=True")
+    _check_cuda_graphs(cfg, packing, bad)
     if len(errors) == 1:
         raise errors[0]
     if errors:
@@ -535,6 +537,49 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
                           "change each setting as listed")
         err.errors = errors
         raise err
+
+
+def _names(value: Any) -> list[str]:
+    """Scope/module names of a Bridge CUDA-graph knob (enum members, strings, or lists of them)."""
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple, set)) else [value]
+    return [str(getattr(v, "name", v)).split(".")[-1] for v in items]
+
+
+def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], None]) -> None:
+    """Bridge's CUDA graphs on our packs, as its packed-path validation has them (``ConfigContainer.validate``,
+    offline packing): every training graph needs a fixed width (``pad_to_max_length``); graphs that capture
+    packed attention (``cuda_graph_impl='transformer_engine'`` with no scope or one naming ``attn``, a whole
+    layer via ``enable_cuda_graph``, or full iteration) also need static cu_seqlens (``pad_cu_seqlens`` +
+    ``max_segments``). A full-iteration graph would hold the vision input, which varies: refused.
+    ``vision_cuda_graph_impl``: Bridge pads the vision sequence to ``max_vision_cuda_graph_seq_length``, so a
+    patch budget (``max_patches_per_pack``) no larger than it is needed. Dynamic packs: every graph refused."""
+    impl = _get(cfg, "model.cuda_graph_impl", None) or "none"
+    scopes = _names(_get(cfg, "model.cuda_graph_scope", None)) + _names(_get(cfg, "model.cuda_graph_modules", None))
+    layer_graph = _get(cfg, "model.enable_cuda_graph", False) is True
+    full = impl == "full_iteration" or any(n.startswith("full") for n in scopes)
+    wants = impl != "none" or layer_graph
+    static_width = packing is not None and packing.pad_to_max_length
+    static_cu = static_width and packing.pad_cu_seqlens
+    knob = "model.cuda_graph_impl" if impl != "none" else "model.enable_cuda_graph"
+    if wants and not static_width:
+        bad(knob, f"is {impl if impl != 'none' else True!r}; CUDA graphs need static shapes, packs vary in width",
+            "build the encoder with pad_to_max_length=True, pad_cu_seqlens=True and max_segments (or set it to 'none')")
+    elif full:
+        bad(knob, "captures the full iteration, whose vision input varies from pack to pack",
+            "use cuda_graph_impl='transformer_engine' with cuda_graph_scope ['attn', 'mlp'] (per-layer graphs)")
+    elif wants and not static_cu and (layer_graph or impl == "local" or not scopes or "attn" in scopes):
+        bad(knob, "captures packed attention, whose cu_seqlens vary in length", "build the encoder with "
+            "pad_cu_seqlens=True and max_segments (static cu_seqlens), or cuda_graph_scope without 'attn'")
+    vision = _get(cfg, "model.vision_cuda_graph_impl", None) or "none"
+    if vision != "none":
+        limit = _get(cfg, "model.max_vision_cuda_graph_seq_length", None)
+        budget = getattr(packing, "max_patches_per_pack", None) if packing is not None else None
+        if budget is None or limit is None or budget > limit:
+            bad("model.vision_cuda_graph_impl", f"is {vision!r}, but the vision input of a pack ({budget} patches at most) "
+                f"is not known to fit max_vision_cuda_graph_seq_length={limit}",
+                "build the encoder with max_patches_per_pack and set model.max_vision_cuda_graph_seq_length >= it")
 
 
 # ---------------------------------------------------------------------------------- dataset provider
