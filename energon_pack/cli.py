@@ -105,13 +105,13 @@ def load_tokenizer(spec: str | None, default: str = "qwen2.5-vl") -> tuple[Any, 
     """(tokenizer, description) for ``--tokenizer``: None -> the real tokenizer named ``default`` (a
     Qwen-VL name, built offline); ``demo`` -> the shipped demo tokenizer; a Qwen-VL name, a
     ``tokenizer.json`` file or a local Hugging Face folder otherwise. Never downloads."""
-    from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
+    from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer, qwen_vocab_version
     from energon_pack.chat.tokenizer import load_tokenizer as load
 
     tok = load(spec or default, where="--tokenizer")
     if is_demo_tokenizer(tok):
         return tok, f"demo tokenizer ({tok.inner.get_vocab_size()} tokens; lengths are not your model's)"
-    if getattr(tok, "_energon_pack_qwen_vocab", None) is not None:
+    if qwen_vocab_version(tok) is not None:
         return tok, describe_tokenizer(tok)
     size = tok.get_vocab_size() if hasattr(tok, "get_vocab_size") else len(tok)
     return tok, f"{spec} ({size} tokens)"
@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "convert", add_help=False,
-        help="your LLaVA/ShareGPT/OpenAI-messages JSON(L) or Parquet -> prepared Energon shards (see convert --help)")
+        help="your LLaVA/ShareGPT/OpenAI-messages/LLaMA-Factory (alpaca, tool calls) JSON(L) or Parquet -> prepared "
+             "Energon shards (see convert --help)")
 
     prep = add("prepare", "energon prepare, non-interactive: a folder of *.tar shards or a .jsonl file")
     prep.add_argument("dir", help="shard folder (indexed as a CrudeWebdataset) or a .jsonl file")

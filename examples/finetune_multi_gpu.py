@@ -67,10 +67,11 @@ def vocab_size(tokenizer: Any, multiple: int = 64) -> int:
     """Embedding rows: the real Qwen-VL models' 151,936 for their tokenizer (Qwen2-VL-2B, Qwen2.5-VL-3B,
     Qwen3-VL-4B); for any other tokenizer its size rounded up to ``multiple``."""
     from energon_pack.chat import QWEN_VL_VOCAB_ROWS
+    from energon_pack.chat.tokenizer import qwen_vocab_version
 
     inner = tokenizer.inner
     n = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner)
-    if getattr(tokenizer, "_energon_pack_qwen_vocab", None) is not None:
+    if qwen_vocab_version(tokenizer) is not None:
         assert n <= QWEN_VL_VOCAB_ROWS, n
         return QWEN_VL_VOCAB_ROWS
     return int(math.ceil(n / multiple) * multiple)

@@ -70,12 +70,17 @@ def is_demo_tokenizer(tokenizer: Any) -> bool:
     return False
 
 
+def qwen_vocab_version(tokenizer: Any) -> str | None:
+    """The Qwen-VL version (``qwen2-vl`` ...) whose real vocabulary this tokenizer is, else None."""
+    return getattr(tokenizer, "_energon_pack_qwen_vocab", None)
+
+
 def describe_tokenizer(tokenizer: Any) -> str:
     """A short human name: ``demo (...)``, ``qwen2.5-vl (Qwen's ... BPE ..., offline)``, the HF
     ``name_or_path``, or the class name."""
     if is_demo_tokenizer(tokenizer):
         return "demo (the 773-token offline demo tokenizer, not a real vocabulary)"
-    version = getattr(tokenizer, "_energon_pack_qwen_vocab", None)
+    version = qwen_vocab_version(tokenizer)
     if version is not None:
         from .qwen_vocab import describe_qwen_version
 
