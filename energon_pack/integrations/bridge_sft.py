@@ -1,0 +1,409 @@
+"""Megatron-Bridge's GPT step over our GPT-SFT JSONL packs, and the GPT-SFT configuration check.
+
+Bridge's GPT step (``megatron.bridge.training.gpt_step.get_batch``) reads ``tokens``,
+``labels``, ``loss_mask``, ``position_ids``, ``attention_mask`` (only when the dataset provides
+one), the packed keys ``cu_seqlens_q``/``cu_seqlens_kv`` and their ``_padded`` variants (device),
+``max_seqlen_q``/``max_seqlen_kv`` (host) and, on Bridge's main branch, ``padding_mask``; every
+other key becomes None. :func:`to_gpt_batch` gives our THD row those names. Labels keep our shift
+(each segment keeps its last token, whose label is -100 and loss 0) where Bridge's packed SFT
+collate drops that token instead: the supervised (input token, label) pairs, the loss mask's ones
+and so the token count Bridge's loss divides by are the same.
+
+:func:`make_bridge_sft_dataset_provider` is a ``ConfigContainer.dataset`` whose train split is a
+map-style dataset of *packs*: item ``i`` is the i-th pack of the token-budget plan
+(:class:`~energon_pack.sft.TokenBudgetBatchSampler`, epochs back to back, each with its own seeded
+order). Bridge's own samplers (``dataloader_type`` "single" or "cyclic") deal the pack indices to
+the data-parallel ranks, so one Bridge "sample" is one pack and ``consumed_train_samples`` (what
+Bridge checkpoints) resumes the stream exactly with no extra state. With
+``train.micro_batch_size`` k > 1 the collate lays the k packs' samples out as one THD row (Bridge's
+in-batch packing shape: one row per micro-batch, up to k times the width).
+
+:func:`check_gpt_sft_config` holds the packing rules of the GPT-SFT routes (this in-batch one and
+offline packs) as one function of plain values, so an offline packer can call it with the
+packing-metadata dict it wrote; :func:`check_bridge_sft_config` reads them from a Bridge config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
+from ..thd import ThdLayout, alignment_multiple
+
+__all__ = [
+    "GPT_BATCH_KEYS",
+    "PACK_TOPOLOGY_KEYS",
+    "SFTPackDataset",
+    "check_bridge_sft_config",
+    "check_gpt_sft_config",
+    "make_bridge_sft_dataset_provider",
+    "pack_topology_record",
+    "to_gpt_batch",
+]
+
+#: What :func:`to_gpt_batch` emits for Bridge's GPT step (statistics keys ride along; the step drops them).
+GPT_BATCH_KEYS = (
+    "tokens", "labels", "loss_mask", "position_ids", "attention_mask", "cu_seqlens_q", "cu_seqlens_kv",
+    "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv", "padding_mask", "total_tokens",
+)
+_STAT_KEYS = ("real_tokens", "supervised_tokens", "num_segments", "padding_segments", "packing_stats", "__keys__")
+
+#: Keys a packing-metadata entry records so a later config can be compared with what the packs were built for.
+PACK_TOPOLOGY_KEYS = ("packed_sequence_size", "pad_seq_to_mult", "context_parallel_size",
+                      "tensor_model_parallel_size", "sequence_parallel")
+DATALOADER_TYPES = ("single", "cyclic")
+ROUTES = ("in_batch", "offline")
+
+
+# ---------------------------------------------------------------------------------- the batch
+def to_gpt_batch(batch: dict) -> dict:
+    """Our THD row (README "The batch contract") -> the dict Bridge's GPT step reads (no copies)."""
+    missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
+    if missing:
+        raise ValueError(f"not a packed THD batch: missing {missing}")
+    out = {"tokens": batch["input_ids"], "attention_mask": None}
+    out.update({k: batch[k] for k in GPT_BATCH_KEYS if k in batch and k not in out})
+    out.update({k: batch[k] for k in _STAT_KEYS if k in batch})
+    return out
+
+
+# ---------------------------------------------------------------------------------- the pack dataset
+class SFTPackDataset:
+    """Map-style dataset of packs for Bridge's samplers: item ``i`` is the sample list of pack ``i``.
+
+    Packs are the token-budget plan of ``sampler`` (built with one replica: Bridge deals the
+    indices to ranks), epoch after epoch until ``num_samples`` packs exist (at least one epoch).
+    A negative index (Bridge's padding of a last global batch) is one padding sample, zero loss.
+    ``collate_fn`` turns a micro-batch of packs into one GPT-step batch.
+    """
+
+    def __init__(self, dataset: JsonlSFTDataset, sampler: TokenBudgetBatchSampler, layout: ThdLayout,
+                 num_samples: int = 0) -> None:
+        if sampler.num_replicas != 1:
+            raise ConfigError("sampler", "must plan for one replica: Bridge's sampler deals packs to the ranks",
+                              "build TokenBudgetBatchSampler(..., num_replicas=1, rank=0)")
+        if layout.width != sampler.width or layout.pad_multiple != sampler.pad_multiple:
+            raise ConfigError("layout", f"width/pad_multiple {layout.width}/{layout.pad_multiple} differ from the "
+                              f"sampler's {sampler.width}/{sampler.pad_multiple}", "build both with the same values")
+        self.dataset, self.sampler, self.layout = dataset, sampler, layout
+        self._flat: list[np.ndarray] = []  # per epoch: the samples of its packs back to back
+        self._offsets: list[np.ndarray] = []  # per epoch: where each pack starts in _flat (plus the end)
+        self._first = [0]  # global index of each epoch's first pack (plus the end)
+        while self._first[-1] < max(int(num_samples), 1):
+            self._add_epoch()
+        self._packers: dict[int, InBatchPacker] = {}
+
+    def _add_epoch(self) -> None:
+        plan = self.sampler.plan(len(self._flat))
+        if not plan:
+            raise ConfigError("dataset", "the plan has no pack", "check the dataset's skips (energon-pack inspect)")
+        self._flat.append(np.fromiter((i for pack in plan for i in pack), dtype=np.int64))
+        self._offsets.append(np.cumsum([0] + [len(p) for p in plan], dtype=np.int64))
+        self._first.append(self._first[-1] + len(plan))
+
+    @property
+    def epochs(self) -> int:
+        """Epochs of the plan this dataset spans."""
+        return len(self._flat)
+
+    def __len__(self) -> int:
+        return self._first[-1]
+
+    def pack_indices(self, i: int) -> list[int]:
+        """Dataset line indices of pack ``i`` (``[PADDING_INDEX]`` for a negative ``i``)."""
+        i = int(i)
+        if i < 0:
+            return [PADDING_INDEX]
+        if i >= len(self):
+            raise IndexError(f"pack {i} out of range for {len(self)} packs")
+        epoch = int(np.searchsorted(self._first, i, side="right")) - 1
+        j = i - self._first[epoch]
+        start, stop = self._offsets[epoch][j], self._offsets[epoch][j + 1]
+        return self._flat[epoch][start:stop].tolist()
+
+    def __getitem__(self, i: int) -> list:
+        return [self.dataset[k] for k in self.pack_indices(i)]
+
+    def packer(self, packs: int) -> InBatchPacker:
+        """The collate for ``packs`` packs in one row (width and segment budget scaled by ``packs``)."""
+        if packs not in self._packers:
+            scaled = self.layout.max_segments and self.layout.max_segments * packs
+            layout = dataclasses.replace(self.layout, width=self.layout.width * packs, max_segments=scaled)
+            self._packers[packs] = InBatchPacker(layout, sampler=self.sampler)
+        return self._packers[packs]
+
+    def collate_fn(self, items: Sequence[list]) -> dict:
+        """A micro-batch of packs (Bridge's sampler: ``micro_batch_size`` of them) -> one GPT-step THD row."""
+        return to_gpt_batch(self.packer(len(items))([s for pack in items for s in pack]))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_packers": {}}
+
+
+def build_sft_pack_dataset(path: str, tokenizer: Any, *, seq_length: int, format: str = "prompt_completion",
+                           pad_seq_to_mult: int = 1, pad_to_max_length: bool = False, pad_cu_seqlens: bool = False,
+                           max_segments: Optional[int] = None, num_samples: int = 0, seed: int = 1234,
+                           shuffle: bool = True, window: int = 4096, overlength: str = "skip",
+                           cache_dir: Optional[str] = None, format_kw: Optional[Mapping] = None) -> SFTPackDataset:
+    """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`."""
+    ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length, overlength=overlength, cache_dir=cache_dir,
+                         **dict(format_kw or {}))
+    sampler = TokenBudgetBatchSampler(ds, seq_length, pad_multiple=pad_seq_to_mult, max_segments=max_segments,
+                                      window=window, shuffle=shuffle, seed=seed)
+    layout = ThdLayout(width=seq_length, pad_multiple=pad_seq_to_mult, pad_to_max_length=pad_to_max_length,
+                       pad_cu_seqlens=pad_cu_seqlens, max_segments=max_segments, pad_token_id=ds.pad_token_id)
+    return SFTPackDataset(ds, sampler, layout, num_samples)
+
+
+# ---------------------------------------------------------------------------------- the check
+def pack_topology_record(*, packed_sequence_size: int, context_parallel_size: int = 1,
+                         tensor_model_parallel_size: int = 1, sequence_parallel: bool = False) -> dict:
+    """What packs record of the topology they were built for (:data:`PACK_TOPOLOGY_KEYS`)."""
+    return {"packed_sequence_size": int(packed_sequence_size),
+            "pad_seq_to_mult": alignment_multiple(context_parallel_size, tensor_model_parallel_size, sequence_parallel),
+            "context_parallel_size": int(context_parallel_size),
+            "tensor_model_parallel_size": int(tensor_model_parallel_size), "sequence_parallel": bool(sequence_parallel)}
+
+
+def _recorded_topology(metadata: Any) -> dict:
+    """The :data:`PACK_TOPOLOGY_KEYS` a metadata dict, or Bridge's list of per-file dicts, records."""
+    entries = metadata if isinstance(metadata, (list, tuple)) else [metadata]
+    found: dict = {}
+    for entry in entries:
+        if isinstance(entry, Mapping):
+            found.update({k: entry[k] for k in PACK_TOPOLOGY_KEYS if k in entry})
+    return found
+
+
+def _raise_all(errors: list[ConfigError]) -> None:
+    """One ConfigError naming every wrong knob (``.errors`` lists them); nothing when empty."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        err = ConfigError(", ".join(e.knob for e in errors), f"{len(errors)} settings are wrong:\n  "
+                          + "\n  ".join(str(e) for e in errors), "change each setting as listed")
+        err.errors = errors
+        raise err
+
+
+def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size: int, data_parallel_size: int,
+                         model_seq_length: int, dataset_seq_length: int, packed_sequence_size: Optional[int] = None,
+                         context_parallel_size: int = 1, tensor_model_parallel_size: int = 1,
+                         sequence_parallel: bool = False, pad_seq_to_mult: Optional[int] = None,
+                         pad_to_max_length: bool = False, pad_cu_seqlens: bool = False, cuda_graphs: bool = False,
+                         max_segments: Optional[int] = None, packing_metadata: Any = None) -> None:
+    """The GPT-SFT packing rules; raises one :class:`ConfigError` naming every wrong knob.
+
+    ``route``: ``"in_batch"`` (our lazy JSONL provider) or ``"offline"`` (packs on disk, with
+    ``packing_metadata`` the dict or Bridge-style list it recorded). Rules: MBS 1 for offline packs;
+    ``global_batch_size`` a multiple of ``micro_batch_size * data_parallel_size`` (so GBS >= DP);
+    ``model_seq_length == dataset_seq_length == packed_sequence_size``; ``pad_seq_to_mult`` equal
+    to ``lcm(2*CP if CP > 1, CP*TP if SP and TP > 1)`` and dividing the width; ``pad_cu_seqlens``
+    needs ``pad_to_max_length`` and (offline) the metadata or (in-batch) ``max_segments``; CUDA
+    graphs need all of them; and metadata recording another topology means re-packing into a
+    fresh output root.
+    """
+    if route not in ROUTES:
+        raise ConfigError("route", f"unknown route {route!r}", f"use one of {ROUTES}")
+    errors: list[ConfigError] = []
+
+    def bad(knob: str, problem: str, fix: str) -> None:
+        errors.append(ConfigError(knob, problem, fix))
+
+    mbs, gbs, dp = micro_batch_size, global_batch_size, data_parallel_size
+    if route == "offline" and mbs != 1:
+        bad("train.micro_batch_size", f"is {mbs}; an offline pack is one micro-batch",
+            f"set train.micro_batch_size=1 and global_batch_size={gbs // max(mbs, 1)} (in packs)")
+    if gbs < dp or gbs % (mbs * dp):
+        bad("train.global_batch_size", f"is {gbs}; it must be a positive multiple of micro_batch_size x "
+            f"data_parallel_size = {mbs} x {dp}", f"set train.global_batch_size to a multiple of {mbs * dp}")
+    if model_seq_length != dataset_seq_length:
+        bad("model.seq_length", f"is {model_seq_length} but dataset.seq_length is {dataset_seq_length}",
+            f"set both to the pack width ({dataset_seq_length})")
+    if packed_sequence_size is not None and packed_sequence_size != dataset_seq_length:
+        bad("packed_sequence_size", f"is {packed_sequence_size} but dataset.seq_length is {dataset_seq_length}",
+            f"pack with packed_sequence_size={dataset_seq_length} into a fresh output root")
+    cp, tp, sp = context_parallel_size, tensor_model_parallel_size, bool(sequence_parallel)
+    want = alignment_multiple(cp, tp, sp)
+    if pad_seq_to_mult is not None and pad_seq_to_mult != want:
+        bad("pad_seq_to_mult", f"is {pad_seq_to_mult}; CP={cp}, TP={tp}, SP={sp} need lcm(2*CP if CP > 1, "
+            f"CP*TP if SP and TP > 1) = {want}", f"set pad_seq_to_mult={want} and re-pack into a fresh output root")
+    if dataset_seq_length % want:
+        bad("dataset.seq_length", f"{dataset_seq_length} is not divisible by the alignment {want}",
+            f"use a multiple of {want}")
+    static_cu = "a packing-metadata JSON" if route == "offline" else "max_segments"
+    has_static_cu = packing_metadata is not None if route == "offline" else max_segments is not None
+    if (cuda_graphs or pad_cu_seqlens) and not pad_to_max_length:
+        bad("pad_to_max_length", "is False; " + ("CUDA graphs need" if cuda_graphs else "pad_cu_seqlens needs")
+            + " a fixed width", "set pad_to_max_length=True")
+    if cuda_graphs and not pad_cu_seqlens:
+        bad("pad_cu_seqlens", "is False; CUDA graphs need static cu_seqlens shapes", "set pad_cu_seqlens=True")
+    if (cuda_graphs or pad_cu_seqlens) and not has_static_cu:
+        bad("packing_metadata" if route == "offline" else "max_segments",
+            f"is missing; static cu_seqlens are sized from {static_cu}",
+            "write the packing-metadata JSON beside the packs" if route == "offline" else "set max_segments")
+    recorded = _recorded_topology(packing_metadata) if packing_metadata is not None else {}
+    current = pack_topology_record(packed_sequence_size=dataset_seq_length, context_parallel_size=cp,
+                                   tensor_model_parallel_size=tp, sequence_parallel=sp)
+    changed = [f"{k} {recorded[k]!r} -> {current[k]!r}" for k in PACK_TOPOLOGY_KEYS
+               if k in recorded and recorded[k] != current[k]]
+    if changed:
+        bad("packing_metadata", "the packs were built for another configuration (" + ", ".join(changed) + ")",
+            "re-pack for the current settings into a fresh output root")
+    _raise_all(errors)
+
+
+_MISSING = object()
+
+
+def _get(cfg: Any, path: str, default: Any = None) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part, _MISSING) if obj is not None else _MISSING
+        if obj is _MISSING:
+            return default
+    return obj
+
+
+def _uses_cuda_graphs(model: Any) -> bool:
+    return _get(model, "cuda_graph_impl", "none") not in (None, "none") or _get(model, "enable_cuda_graph") is True
+
+
+def check_bridge_sft_config(cfg: Any, *, data_parallel_size: Optional[int] = None,
+                            forward_step_func: Optional[Callable] = None) -> None:
+    """Check a Bridge ``ConfigContainer`` whose ``dataset`` is :func:`make_bridge_sft_dataset_provider`'s.
+
+    :func:`check_gpt_sft_config` (route ``"in_batch"``) over the config's values, plus what the
+    provider route needs: ``dataset.dataloader_type`` "single" or "cyclic" (Bridge's samplers deal
+    the packs; "batch" collates whole global batches); per-token loss and
+    ``ddp.average_in_collective=False`` (packs hold different numbers of supervised tokens);
+    ``dataset.enable_in_batch_packing`` only with micro-batch size > 1 (Bridge's rule) and required
+    with pipeline parallelism (else Bridge gives middle stages no cu_seqlens); CP/TP/SP equal to
+    the provider's; ``forward_step_func`` Bridge's ``gpt_step.forward_step``. ``data_parallel_size``
+    defaults to ``cfg.data_parallel_size`` (Bridge sets it in ``validate``), else 1.
+    """
+    ds = cfg.dataset
+    errors: list[ConfigError] = []
+    mbs = _get(cfg, "train.micro_batch_size", 1)
+    dp = data_parallel_size or _get(cfg, "data_parallel_size") or 1
+    cp, tp = _get(cfg, "model.context_parallel_size", 1) or 1, _get(cfg, "model.tensor_model_parallel_size", 1) or 1
+    sp = bool(_get(cfg, "model.sequence_parallel", False))
+    for knob, model_value, ours in (("context_parallel_size", cp, ds.context_parallel_size),
+                                    ("tensor_model_parallel_size", tp, ds.tensor_model_parallel_size),
+                                    ("sequence_parallel", sp, ds.sequence_parallel)):
+        if model_value != ours:
+            errors.append(ConfigError(f"model.{knob}", f"is {model_value!r} but the dataset packs for {ours!r}",
+                                      f"set dataset.{knob}={model_value!r} (or model.{knob}={ours!r})"))
+    if ds.dataloader_type not in DATALOADER_TYPES:
+        errors.append(ConfigError("dataset.dataloader_type", f"is {ds.dataloader_type!r}; Bridge's sampler must deal "
+                                  "one pack per sample", f"use one of {DATALOADER_TYPES}"))
+    if _get(cfg, "model.calculate_per_token_loss") is not True:
+        errors.append(ConfigError("model.calculate_per_token_loss", "is not True; packs hold different numbers of "
+                                  "supervised tokens, so a per-pack mean reweights the loss pack by pack",
+                                  "set model.calculate_per_token_loss=True"))
+    if _get(cfg, "ddp.average_in_collective", False) is not False:
+        errors.append(ConfigError("ddp.average_in_collective", "is True; gradients must be summed and divided by "
+                                  "the global token count", "set ddp.average_in_collective=False"))
+    pp = _get(cfg, "model.pipeline_model_parallel_size", 1) or 1
+    if ds.enable_in_batch_packing and mbs == 1:
+        errors.append(ConfigError("dataset.enable_in_batch_packing", "is True with micro_batch_size 1 (Bridge's "
+                                  "validate refuses it)", "set it False, or train.micro_batch_size > 1"))
+    if pp > 1 and not ds.enable_in_batch_packing:
+        errors.append(ConfigError("dataset.enable_in_batch_packing", f"is False with pipeline parallel size {pp}; "
+                                  "Bridge then sends middle pipeline stages no cu_seqlens",
+                                  "set dataset.enable_in_batch_packing=True and train.micro_batch_size > 1"))
+    if forward_step_func is not None:
+        func = forward_step_func
+        while isinstance(func, partial):
+            func = func.func
+        if (getattr(func, "__module__", None), getattr(func, "__name__", None)) != (
+                "megatron.bridge.training.gpt_step", "forward_step"):
+            errors.append(ConfigError("forward_step_func", f"is {getattr(func, '__name__', func)!r}; the GPT-SFT packs "
+                                      "are read by Bridge's GPT step", "pass megatron.bridge.training.gpt_step.forward_step"))
+    try:
+        check_gpt_sft_config(
+            route="in_batch", micro_batch_size=mbs, global_batch_size=_get(cfg, "train.global_batch_size", mbs * dp),
+            data_parallel_size=dp, model_seq_length=_get(cfg, "model.seq_length"), dataset_seq_length=ds.seq_length,
+            context_parallel_size=cp, tensor_model_parallel_size=tp, sequence_parallel=sp,
+            pad_to_max_length=ds.pad_to_max_length, pad_cu_seqlens=ds.pad_cu_seqlens,
+            cuda_graphs=_uses_cuda_graphs(_get(cfg, "model")), max_segments=ds.max_segments)
+    except ConfigError as err:
+        errors.extend(getattr(err, "errors", [err]))
+    _raise_all(errors)
+
+
+# ---------------------------------------------------------------------------------- the provider
+_PROVIDER_CLASS: type | None = None
+
+
+def _sft_fields() -> list:
+    field = dataclasses.field
+    return [("path", str, field(default="")), ("tokenizer", Any, field(default=None)),
+            ("seq_length", int, field(default=4096)), ("format", str, field(default="prompt_completion")),
+            ("format_kw", dict, field(default_factory=dict)), ("valid_path", Optional[str], field(default=None)),
+            ("context_parallel_size", int, field(default=1)), ("tensor_model_parallel_size", int, field(default=1)),
+            ("sequence_parallel", bool, field(default=False)), ("pad_to_max_length", bool, field(default=False)),
+            ("pad_cu_seqlens", bool, field(default=False)), ("max_segments", Optional[int], field(default=None)),
+            ("enable_in_batch_packing", bool, field(default=False)), ("seed", int, field(default=1234)),
+            ("shuffle", bool, field(default=True)), ("window", int, field(default=4096)),
+            ("overlength", str, field(default="skip")), ("cache_dir", Optional[str], field(default=None))]
+
+
+def _build_sft_datasets(self, context: Any) -> tuple:
+    """Bridge's provider hook: (train, valid, None) pack datasets, sized to the samples Bridge asks for."""
+    if not self.path or self.tokenizer is None:
+        raise ConfigError("dataset", "the provider needs path and tokenizer", "pass both to make_bridge_sft_dataset_provider")
+    kw = dict(seq_length=self.seq_length, format=self.format, format_kw=self.format_kw, max_segments=self.max_segments,
+              pad_seq_to_mult=alignment_multiple(self.context_parallel_size, self.tensor_model_parallel_size,
+                                                 self.sequence_parallel),
+              pad_to_max_length=self.pad_to_max_length, pad_cu_seqlens=self.pad_cu_seqlens, seed=self.seed,
+              shuffle=self.shuffle, window=self.window, overlength=self.overlength, cache_dir=self.cache_dir)
+    train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=context.train_samples, **kw)
+    valid = None
+    if self.valid_path and context.valid_samples > 0:
+        valid = build_sft_pack_dataset(self.valid_path, self.tokenizer, num_samples=context.valid_samples,
+                                       **{**kw, "shuffle": False})
+    return train, valid, None
+
+
+def _provider_class() -> type:
+    """A dataclass subclassing Bridge's ``DatasetProvider`` when importable (Bridge dispatches on isinstance)."""
+    global _PROVIDER_CLASS
+    if _PROVIDER_CLASS is None:
+        try:
+            from megatron.bridge.data.base import DatasetProvider
+            bases: tuple = (DatasetProvider,)
+            extra: list = []
+        except Exception:  # Bridge absent: a plain dataclass with its dataloader fields
+            bases = ()
+            extra = [(n, t, dataclasses.field(default=d)) for n, t, d in (
+                ("num_workers", int, 2), ("data_sharding", bool, True), ("pin_memory", bool, True),
+                ("drop_last", bool, True), ("persistent_workers", bool, True))]
+        cls = dataclasses.make_dataclass(
+            "EnergonPackSFTDatasetProvider", extra + _sft_fields() + [("dataloader_type", Optional[str],
+                                                                       dataclasses.field(default="single"))],
+            bases=bases, kw_only=True, namespace={"build_datasets": _build_sft_datasets,
+                                                  "__doc__": "Bridge dataset provider over energon_pack GPT-SFT packs."})
+        cls.__module__ = __name__
+        cls.__abstractmethods__ = frozenset()
+        _PROVIDER_CLASS = cls
+    return _PROVIDER_CLASS
+
+
+def make_bridge_sft_dataset_provider(path: str, tokenizer: Any, *, seq_length: int, **kwargs: Any):
+    """A ``ConfigContainer.dataset`` for Bridge's GPT step over a GPT-SFT JSONL (module docstring).
+
+    ``kwargs``: ``format`` ("prompt_completion" | "chat") and ``format_kw`` (JsonlSFTDataset's
+    format options), ``valid_path``, ``context_parallel_size`` / ``tensor_model_parallel_size`` /
+    ``sequence_parallel`` (the alignment, equal to the model's), ``pad_to_max_length``,
+    ``pad_cu_seqlens`` + ``max_segments`` (static shapes), ``enable_in_batch_packing`` (with
+    micro-batch size > 1), ``seed``, ``shuffle``, ``window``, ``overlength``, ``cache_dir``, and
+    Bridge's dataloader fields (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
+    """
+    return _provider_class()(path=str(path), tokenizer=tokenizer, seq_length=seq_length, **kwargs)
