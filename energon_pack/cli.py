@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
                             "default: the --preset's real tokenizer")
     bench.add_argument("--out-dir", default="bench_results", help="folder for buffer_sizes.json/.md and buffer_*.png")
+    bench.add_argument("--visual-budget", action="store_true",
+                       help="instead of the K sweep: recommend max_patches_per_pack for static_visual packs (fill within "
+                            "0.5 points of packs without a patch budget), at --width and the largest --buffers K")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--check", action="store_true",
                        help="exit 1 when one of the project's own benchmark targets is missed (they are printed as "
@@ -407,6 +410,12 @@ def run_bench(args: argparse.Namespace) -> int:
     tokenizer, described = load_tokenizer(args.tokenizer, default=args.preset)  # a bad knob is named before the data is looked at
     data = require_prepared(args.data)
     print(f"data: {data}; preset: {args.preset}; tokenizer: {described}", flush=True)
+    if args.visual_budget:
+        from energon_pack.bench import visual_budget
+
+        visual_budget.main(str(data), args.out_dir, width=args.width, buffer=max(args.buffers), preset=args.preset,
+                           tokenizer=tokenizer)
+        return 0
     result = buffer_sweep.main(
         data, args.out_dir, plots=not args.no_plots, buffers=args.buffers, modes=args.modes, workers=args.workers,
         packs=args.packs or None, seq_length=args.width, preset=args.preset, tokenizer=tokenizer,
