@@ -174,12 +174,12 @@ def test_exact_resume_through_bridges_consumed_samples(bridge, data, kind):
     dp, mbs, steps_done = 2, 1, 3
     gbs = mbs * dp * 2
     for rank in range(dp):
-        full = list(loader(bridge, train_dataset(bridge, provider(data)), kind=kind, rank=rank, dp=dp))
-        resumed = list(loader(bridge, train_dataset(bridge, provider(data)), consumed=steps_done * gbs, kind=kind,
-                              rank=rank, dp=dp))
-        skip = steps_done * gbs // dp // mbs
-        if kind == "cyclic":
-            full = full[: skip + len(resumed)]
+        dl = loader(bridge, train_dataset(bridge, provider(data, dataloader_type=kind)), kind=kind, rank=rank, dp=dp)
+        full = list(dl) + (list(dl) if kind == "cyclic" else [])  # cyclic: Bridge's cyclic_iter starts epoch 2
+        consumed = steps_done * gbs + (len(dl.dataset) // (mbs * dp) * mbs * dp if kind == "cyclic" else 0)
+        resumed = list(loader(bridge, train_dataset(bridge, provider(data, dataloader_type=kind)), consumed=consumed,
+                              kind=kind, rank=rank, dp=dp))
+        skip = consumed // dp // mbs
         assert len(resumed) == len(full) - skip > 0
         for a, b in zip(full[skip:], resumed):
             for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens_q", "cu_seqlens_q_padded"):

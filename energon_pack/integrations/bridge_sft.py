@@ -14,7 +14,8 @@ map-style dataset of *packs*: item ``i`` is the i-th pack of the token-budget pl
 (:class:`~energon_pack.sft.TokenBudgetBatchSampler`, epochs back to back, each with its own seeded
 order). Bridge's own samplers (``dataloader_type`` "single" or "cyclic") deal the pack indices to
 the data-parallel ranks, so one Bridge "sample" is one pack and ``consumed_train_samples`` (what
-Bridge checkpoints) resumes the stream exactly with no extra state. With
+Bridge checkpoints) resumes the stream exactly with no extra state ("cyclic" builds one epoch,
+whose packs Bridge's sampler reorders each epoch). With
 ``train.micro_batch_size`` k > 1 the collate lays the k packs' samples out as one THD row (Bridge's
 in-batch packing shape: one row per micro-batch, up to k times the width).
 
@@ -364,10 +365,11 @@ def _build_sft_datasets(self, context: Any) -> tuple:
                                                  self.sequence_parallel),
               pad_to_max_length=self.pad_to_max_length, pad_cu_seqlens=self.pad_cu_seqlens, seed=self.seed,
               shuffle=self.shuffle, window=self.window, overlength=self.overlength, cache_dir=self.cache_dir)
-    train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=context.train_samples, **kw)
+    cyclic = self.dataloader_type == "cyclic"  # Bridge's cyclic sampler reshuffles the one epoch's packs itself
+    train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=0 if cyclic else context.train_samples, **kw)
     valid = None
     if self.valid_path and context.valid_samples > 0:
-        valid = build_sft_pack_dataset(self.valid_path, self.tokenizer, num_samples=context.valid_samples,
+        valid = build_sft_pack_dataset(self.valid_path, self.tokenizer, num_samples=0 if cyclic else context.valid_samples,
                                        **{**kw, "shuffle": False})
     return train, valid, None
 
