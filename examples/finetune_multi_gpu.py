@@ -234,7 +234,38 @@ def vision_params(model: Any) -> list[torch.nn.Parameter]:
 
 
 def has_visual(batch: dict) -> bool:
-    return batch.get("pixel_values") is not None or batch.get("pixel_values_videos") is not None
+    """Whether the vision tower runs on this pack (always for static packs: their rows are padded)."""
+    return any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos", "visual_pixel_values"))
+
+
+def compile_model(model: Any, *, cuda_graphs: bool = False, backend: str = "inductor") -> Any:
+    """``torch.compile`` of the whole model forward (static shapes: ``dynamic=False``; with static packs every
+    pack has the shapes of the first, so nothing compiles after warm-up). ``cuda_graphs``: inductor's
+    ``reduce-overhead`` mode (CUDA-graph trees over each compiled region, forward and backward)."""
+    import torch._dynamo
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 64))
+    model.compile(dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda_graphs else {}))
+    return model
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process so far (0 without compiling)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def grad_checkpoint(model: Any) -> None:
+    """Activation checkpointing of every decoder layer and vision block (HF's own, non-reentrant)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
 
 
 def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = None,
@@ -262,18 +293,23 @@ def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = N
 
 # --------------------------------------------------------------------------------- data
 def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int, packing_mode: str = "carry",
-                seed: int = 0, tokenizer: Any = None) -> tuple[Any, Any]:
+                seed: int = 0, tokenizer: Any = None, patch_budget: int | None = None) -> tuple[Any, Any]:
     """One Energon savable loader for this rank (rank and world size from torch.distributed).
 
     ``tokenizer``: a name (``"qwen2.5-vl"``, ``"demo"``, ...), a path or an object; None: the preset's
-    real tokenizer."""
+    real tokenizer. ``patch_budget``: static packs (every tensor one shape: fixed width, cu_seqlens of
+    ``max_possible_segments + 1`` entries, patch rows padded to the budget; ``static_visual``)."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     from energon_pack.chat import load_tokenizer
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-    encoder = QwenVLPackingTaskEncoder(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width, pad_to_max_length=True,
-                                       packing_mode=packing_mode, seed=seed)
+    kw = dict(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width,
+              pad_to_max_length=True, packing_mode=packing_mode, seed=seed)
+    if patch_budget:
+        segments = QwenVLPackingTaskEncoder(**kw).max_possible_segments
+        kw.update(pad_cu_seqlens=True, max_segments=segments, max_patches_per_pack=patch_budget, static_visual=True)
+    encoder = QwenVLPackingTaskEncoder(**kw)
     dataset = get_train_dataset(
         data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
         worker_config=WorkerConfig.default_worker_config(num_workers=workers),
@@ -358,10 +394,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="checkpoint folder written by --save-at")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--report", default=None, help="rank 0 writes a JSON summary here")
+    add_static_args(p)
     args = p.parse_args(argv)
     if args.save_at is not None and not args.ckpt:
         p.error("--save-at needs --ckpt")
     return args
+
+
+def add_static_args(p: argparse.ArgumentParser) -> None:
+    """``--static`` / ``--patch-budget`` / ``--grad-checkpoint`` / ``--compile-model`` / ``--cuda-graphs``."""
+    p.add_argument("--static", action="store_true",
+                   help="static packs: fixed width, static cu_seqlens, patch rows padded to --patch-budget (static_visual)")
+    p.add_argument("--patch-budget", type=int, default=None,
+                   help="max_patches_per_pack of --static packs (default: recommended from the data, "
+                        "energon_pack.bench.visual_budget)")
+    p.add_argument("--grad-checkpoint", action="store_true", help="activation checkpointing (LLM layers and vision blocks)")
+    p.add_argument("--compile-model", action="store_true", help="torch.compile the whole model forward (dynamic=False)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
+    p.add_argument("--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)")
+
+
+def patch_budget(args: argparse.Namespace, preset: Any) -> int | None:
+    """The --static packs' patch budget: --patch-budget, or recommended from --data (None without --static)."""
+    if not args.static:
+        return None
+    if args.patch_budget:
+        return args.patch_budget
+    from energon_pack.bench.visual_budget import candidate_costs, recommend_patch_budget
+
+    costs = candidate_costs(args.data, width=args.width, preset=preset, tokenizer=args.tokenizer)
+    return recommend_patch_budget(costs, args.width, buffer=args.buffer, multiple=4 * preset.merge_size ** 2)["budget"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -375,9 +437,15 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0 and args.data == "demo_data":
         ensure_demo_data(args.data, 1200)
     barrier()
-    loader, encoder = make_loader(args.data, width=args.width, preset=vision_preset(args.model, args.size, args.max_pixels),
-                                  buffer=args.buffer, workers=args.workers, seed=args.seed, tokenizer=args.tokenizer)
+    preset = vision_preset(args.model, args.size, args.max_pixels)
+    budget = patch_budget(args, preset)
+    loader, encoder = make_loader(args.data, width=args.width, preset=preset, buffer=args.buffer, workers=args.workers,
+                                  seed=args.seed, tokenizer=args.tokenizer, patch_budget=budget)
     model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
+    if args.grad_checkpoint:
+        grad_checkpoint(model)
+    if args.compile_model:
+        compile_model(model, cuda_graphs=args.cuda_graphs, backend=args.compile_backend)
     opt = make_optimizer(model, args.lr, device)
     start_step = 0
     if args.resume:
@@ -388,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         loader.restore_state_rank(torch.load(ckpt / f"loader_rank{rank}.pt", weights_only=False))
         start_step = state["step"]
     runner = wrap_ddp(model, device) if world > 1 else model
-    touch = vision_params(model) if world > 1 else None
+    touch = vision_params(model) if world > 1 and not budget else None  # static packs always run the tower
     counts = param_counts(model)
     if rank == 0:
         print(f"{args.model} ({args.size}): {counts['total'] / 1e6:,.1f}M parameters "
@@ -399,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = iter(loader)
     for step in range(start_step, args.steps):
         t0 = time.perf_counter()
+        graphs = compiled_graphs()
         batch = next(batches)
         wait = time.perf_counter() - t0
         tracker.update(batch["packing_stats"])
@@ -412,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize(device)
         step_s = time.perf_counter() - t0
         entry = {"step": step, "loss": g_sum / max(g_count, 1), "real_tokens": int(g_real), "supervised_tokens": int(g_count),
-                 "step_s": step_s, "data_wait_s": wait}
+                 "step_s": step_s, "data_wait_s": wait, "graphs_compiled": compiled_graphs() - graphs}
         history.append(entry)
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"step {step:4d}  loss {entry['loss']:.6f}  real tokens {int(g_real):6d} (all ranks)  "
@@ -433,6 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         "fill": sum(h["real_tokens"] for h in history) / (len(history) * world * args.width) if history else None,
         "data_wait_share": max(waits) / elapsed if elapsed else None,
         "median_step_s": sorted(h["step_s"] for h in timed)[len(timed) // 2] if timed else None,
+        "patch_budget": budget, "graphs_compiled_after_first_step": sum(h["graphs_compiled"] for h in history[1:]),
         "rank0_packing_stats": stats, "keys_per_rank": all_keys, "history": history,
     }
     if rank == 0:

@@ -75,6 +75,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         shortest = encoded_length([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
                                   tokenizer=self.tokenizer, preset=self.preset, config=self.chat)
         self.check_width_fits(shortest, "a one-token answer to an empty question (the chat template's headers)")
+        #: the most segments a pack can hold (every sample is at least this chat's shortest): a safe max_segments
+        self.max_possible_segments = config.seq_length // self.layout.segment_span(shortest)
         V.warm_pixel_path(self.preset)  # compile/verify the pixel kernels here, before the loader's workers fork
 
     # ------------------------------------------------------------------ pre-encode (cheap)
