@@ -9,6 +9,8 @@ is forward + backward + AdamW step. Feeds:
                  varlen attention (flash ``varlen_attn`` on CUDA) over them: the strongest padded baseline.
 * ``rounds16`` / ``rounds64``: our encoder, ``packing_mode="rounds"`` (Energon-style FFD per buffer round).
 * ``carry``    : our defaults (open bins carried across rounds), ``packing_buffer_size=64``.
+* ``carry-static``: carry with static packs: fixed width, static cu_seqlens, patch rows padded to the
+                 patch budget (``--patch-budget``, default recommended from the data; ``static_visual``).
 
 The sample feeds get their samples by splitting the carry loader's packs into members (same
 samples, same tokens, same images). Reported per feed: real tokens/s (all ranks, wall clock incl.
@@ -53,7 +55,7 @@ import finetune_multi_gpu as ft  # noqa: E402
 from energon_pack.integrations import hf as H  # noqa: E402
 
 PEAK_SPEC, PEAK_MEASURED = 989e12, 790e12
-FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry")
+FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry", "carry-static")
 
 
 # --------------------------------------------------------------------------------- feeds
@@ -152,24 +154,19 @@ def attention_flops(lengths: list[int], cfg: Any) -> float:
     return 12.0 * t.num_hidden_layers * t.num_attention_heads * head_dim * sum(L * L for L in lengths) / 2
 
 
-def compiled_graphs() -> int:
-    """How many graphs torch.compile has built in this process so far (0 without ``--compile``)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: Any, device: torch.device,
              world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
-    loader, encoder = ft.make_loader(args.data, width=args.width, preset=ft.vision_preset(args.model, args.size),
-                                     buffer=buffer, workers=args.workers, packing_mode=mode, tokenizer=args.tokenizer)
+    preset = ft.vision_preset(args.model, args.size)
+    budget = ft.patch_budget(args, preset) if feed == "carry-static" else None
+    loader, encoder = ft.make_loader(args.data, width=args.width, preset=preset, buffer=buffer, workers=args.workers,
+                                     packing_mode=mode, tokenizer=args.tokenizer, patch_budget=budget)
     tok = encoder.tokenizer
     sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
     packs = None if sample_feed else iter(loader)
     set_attention(model, "sdpa" if feed == "padded" else "varlen")
-    touch = ft.vision_params(model) if world > 1 else None
-    budget = args.steps * args.width  # real tokens per rank in the timed phase (the same for every feed)
+    touch = ft.vision_params(model) if world > 1 and not budget else None
+    target = args.steps * args.width  # real tokens per rank in the timed phase (the same for every feed)
     cuda = device.type == "cuda"
     steps, real, slots, patches, attn, waits, step_ms = 0, 0, 0, 0, 0.0, 0.0, []
     warm, quiet, t_start, warm_s, graphs_at_start = 0, 0, None, [], None
@@ -178,9 +175,10 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
         # Warm-up lasts at least --warmup steps and until --settle steps in a row compiled no new
         # graph on any rank (at most --max-warmup): a new shape met in the timed phase would put
         # seconds of torch.compile into one step (seen on the H200: 1.7-4.2 s steps under DP).
-        timed = warm >= args.warmup and (not args.compile or quiet >= args.settle or warm >= args.max_warmup)
+        compiling = args.compile or args.compile_model
+        timed = warm >= args.warmup and (not compiling or quiet >= args.settle or warm >= args.max_warmup)
         if timed and graphs_at_start is None:
-            graphs_at_start = compiled_graphs()
+            graphs_at_start = ft.compiled_graphs()
         if not timed:
             t_warm = time.perf_counter()
         if timed and t_start is None:
@@ -188,7 +186,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
                 torch.cuda.synchronize(device)
             t_start = time.perf_counter()
         t0 = time.perf_counter()
-        graphs_before = compiled_graphs()
+        graphs_before = ft.compiled_graphs()
         if sample_feed:
             samples = sample_feed.next()
             batch = padded_batch(samples, tok.pad_id) if feed == "padded" else concat_row(samples)
@@ -200,6 +198,8 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
             n_real, n_slots = int(batch["real_tokens"]), int(batch["input_ids"].numel())
         wait = time.perf_counter() - t0
         n_patches = sum(int(batch[k].shape[0]) for k in ("pixel_values", "pixel_values_videos") if batch.get(k) is not None)
+        if batch.get("visual_grid_thw") is not None:  # static packs: the real rows (the padding is not useful work)
+            n_patches = int(batch["visual_grid_thw"].prod(-1).sum())
         if cuda:
             ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             ev0.record()
@@ -224,7 +224,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
                 torch.cuda.synchronize(device)
             warm_s.append(time.perf_counter() - t_warm)  # the first includes compilation under --compile
             warm += 1
-            new = torch.tensor([float(compiled_graphs() != graphs_before)])
+            new = torch.tensor([float(ft.compiled_graphs() != graphs_before)])
             if cpu_group is not None:
                 dist.all_reduce(new, op=dist.ReduceOp.MAX, group=cpu_group)
             quiet = 0 if new.item() else quiet + 1
@@ -239,7 +239,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
         # All ranks stop at the same step (DDP). The flag travels over a CPU (gloo) group: no
         # per-step device sync, the host keeps queueing the next step while the GPU works.
         # One MIN all-reduce carries both: stop when every rank is done; -flag: did any rank compile.
-        flags = torch.tensor([float(real >= budget), -float(compiled_graphs() != graphs_before)])
+        flags = torch.tensor([float(real >= target), -float(ft.compiled_graphs() != graphs_before)])
         if cpu_group is not None:
             dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=cpu_group)
         step_real.append(n_real)
@@ -257,10 +257,10 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     wait_max = max(ft.gather(waits / wall))
     flops = 6.0 * counts["llm"] * tot[0] + 6.0 * counts["vision"] * tot[2] + tot[3]
     med = statistics.median(step_ms)
-    row = {"feed": feed, "gpus": world, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
+    row = {"feed": feed, "gpus": world, "patch_budget": budget, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
            "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
            "tflops_per_gpu": flops / wall_max / world / 1e12, "warmup_s": warm_s,
-           "graphs_compiled_in_timed_steps": ft.gather(compiled_graphs() - graphs_at_start),  # per rank
+           "graphs_compiled_in_timed_steps": ft.gather(ft.compiled_graphs() - graphs_at_start),  # per rank
            "step_ms_all": [round(x, 1) for x in step_ms]}
     # Steady state: the timed steps in which no rank compiled, device time (CUDA events) only. A
     # short benchmark meets vision patch counts that cross inductor's size guards (e.g. 4096 rows)
@@ -309,6 +309,13 @@ def targets(rows: list[dict]) -> list[dict]:
     if ("carry", 1) in get and get[("carry", 1)].get("mfu_spec") is not None:
         v = get[("carry", 1)]["mfu_spec"]
         out.append({"target": "carry MFU (1 GPU, 989 TFLOP/s)", "value": v, "need": 0.40, "met": v >= 0.40})
+    for r in rows:
+        if r["feed"] == "carry-static" and r.get("steady_real_tokens_per_s"):
+            v = r["real_tokens_per_s"] / r["steady_real_tokens_per_s"]
+            out.append({"target": f"carry-static wall / steady ({r['gpus']} GPU)", "value": v, "need": 0.98, "met": v >= 0.98})
+            v = sum(r["graphs_compiled_in_timed_steps"])
+            out.append({"target": f"carry-static graphs compiled in timed steps ({r['gpus']} GPU)", "value": v,
+                        "need": "0", "met": v == 0})
     carry = [r for r in rows if r["feed"] == "carry"]
     if carry:
         v = max(r["data_wait_share"] for r in carry)
@@ -352,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--combine", nargs="+", default=None, help="merge the JSON of earlier runs (1 GPU, DP=N) into --out")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the RMSNorm/MLP/rotary pieces (compile time shows in the rows' warmup_s)")
+    ft.add_static_args(p)
     args = p.parse_args(argv)
 
     if args.combine:
@@ -380,6 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     counts = ft.param_counts(model)
     ft.linear_patch_embed(model)  # every feed: the model's patch embedding as one GEMM
     compiled = ft.compile_elementwise(model) if args.compile else []
+    if args.grad_checkpoint:
+        ft.grad_checkpoint(model)
+    if args.compile_model:
+        ft.compile_model(model, cuda_graphs=args.cuda_graphs, backend=args.compile_backend)
+        compiled.append("model" + (" (reduce-overhead: CUDA graphs)" if args.cuda_graphs else ""))
     opt = ft.make_optimizer(model, 1e-5, device)  # fused AdamW on CUDA
     runner = ft.wrap_ddp(model, device, args.bucket_mb) if world > 1 else model
     cpu_group = dist.new_group(backend="gloo") if world > 1 else None
@@ -401,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
                   "torch": torch.__version__, "transformers": transformers.__version__,
                   "python": sys.version.split()[0], "tokenizer": describe_tokenizer(tokenizer),
                   "vocab_rows": model.get_input_embeddings().num_embeddings, "steps_arg": args.steps, "compiled": compiled,
+                  "grad_checkpoint": args.grad_checkpoint,
                   "rows": rows, "targets": targets(rows)}
         if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
             print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
