@@ -13,7 +13,10 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import re
+import shutil
 import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,36 +29,59 @@ from energon_pack.integrations import bridge_sft as S
 sys.path.insert(0, str(Path(__file__).parent))
 from _bridge_light import RecipeStandIn, _StubFinder, bridge_module, bridge_version, load_bridge, tiny_tokenizer  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 needs_bridge = pytest.mark.skipif(bridge_version() is None, reason="megatron-bridge wheel not installed (setup.sh installs it)")
 WIDTH = 128
 
 
 class _ExtraStubs(_StubFinder):
-    """``modelopt`` and HF ``datasets``: imported by Bridge's GPT step / SFT dataset modules, unused here."""
+    """``modelopt`` and (when not installed) HF ``datasets``: imported at module level by Bridge's GPT
+    step / SFT dataset modules, unused by what runs here."""
+
+    def __init__(self) -> None:
+        self.roots = {"modelopt"} | ({"datasets"} if importlib.util.find_spec("datasets") is None else set())
 
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("modelopt", "datasets"):
+        if name.split(".")[0] in self.roots:
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
 
+#: names ``data/datasets/gpt_sft.py`` imports from Bridge's ``datasets.utils`` (the light route seeds two)
+_UTILS_NAMES = ("_chat_preprocess", "_get_samples_mapping", "_JSONLMemMapDataset", "_OnlineSampleMapping", "_preprocess",
+                "_tokenize")
+_SCOPED = ("modelopt", "datasets", "megatron.bridge.data.datasets.gpt_sft", "megatron.bridge.data.packing.gpt_sft")
+
+
 @pytest.fixture(scope="module")
 def bridge():
-    """Bridge's GPT-step, packed-seq, loss, sampler and packed-SFT modules through the light import."""
+    """Bridge's GPT-step, packed-seq, loss, sampler and packed-SFT modules through the light import.
+
+    The stand-ins needed to import them are scoped to the import: afterwards the finder, the
+    placeholder names and the modules imported with them are gone, so other tests import Bridge's
+    SFT modules afresh with whatever they provide."""
     root = load_bridge()
-    if not any(isinstance(f, _ExtraStubs) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ExtraStubs())
     utils = sys.modules["megatron.bridge.data.datasets.utils"]
-    for name in ("_chat_preprocess", "_get_samples_mapping", "_JSONLMemMapDataset", "_OnlineSampleMapping",
-                 "_preprocess", "_tokenize"):  # imported by gpt_sft.py for paths not run here
-        if not hasattr(utils, name):
+    added = [name for name in _UTILS_NAMES if not hasattr(utils, name)]
+    before, finder = set(sys.modules), _ExtraStubs()
+    sys.meta_path.insert(0, finder)
+    try:
+        for name in added:
             setattr(utils, name, None)
+        gpt_step = bridge_module("training.gpt_step")
+        packed = bridge_module("data.packing.gpt_sft").GPTSFTPackedDataset
+    finally:
+        sys.meta_path.remove(finder)
+        for name in added:
+            delattr(utils, name)
+        for name in set(sys.modules) - before:
+            if any(name == p or name.startswith(p + ".") for p in _SCOPED):
+                del sys.modules[name]
     spec = importlib.util.spec_from_file_location("bridge_losses_file", root / "training" / "losses.py")
     losses = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(losses)
-    return SimpleNamespace(gpt_step=bridge_module("training.gpt_step"), psu=bridge_module("training.utils.packed_seq_utils"),
-                           losses=losses, samplers=bridge_module("data.samplers"), base=bridge_module("data.base"),
-                           packed=bridge_module("data.packing.gpt_sft").GPTSFTPackedDataset)
+    return SimpleNamespace(gpt_step=gpt_step, psu=bridge_module("training.utils.packed_seq_utils"), losses=losses,
+                           samplers=bridge_module("data.samplers"), base=bridge_module("data.base"), packed=packed)
 
 
 @pytest.fixture
@@ -354,3 +380,54 @@ def test_bridge_config_forward_step_and_micro_batches(data, bridge):
     with pytest.raises(ConfigError) as err:
         S.check_bridge_sft_config(cfg, data_parallel_size=2, forward_step_func=bridge.losses.masked_next_token_loss)
     assert err.value.knob == "forward_step_func"
+
+
+# ------------------------------------------------------------------------------ README, as written
+def readme_block() -> str:
+    """The python block under README's "#### GPT-SFT JSONL with Bridge's GPT step" heading, as written."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("#### GPT-SFT JSONL with Bridge's GPT step\n"):]
+    return re.search(r"(?ms)^```python\n(.*?)^```", section).group(1)
+
+
+@pytest.fixture
+def readme_world(bridge, data, tmp_path, monkeypatch):
+    """The block's world: ``sft.jsonl`` in cwd, the recipe stand-in, a small tokenizer for the hub one, finetune recorded."""
+    import transformers
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(data["chat"], tmp_path / "sft.jsonl")
+    calls = []
+    recipe = types.ModuleType("megatron.bridge.recipes.qwen.qwen3")
+    recipe.qwen3_8b_sft_config = lambda: RecipeStandIn().build("megatron.bridge.recipes.qwen.h100.qwen3",
+                                                               "qwen3_8b_sft_4gpu_h100_bf16_config")
+    finetune = types.ModuleType("megatron.bridge.training.finetune")
+    finetune.finetune = lambda cfg, forward_step_func: calls.append((cfg, forward_step_func))
+    monkeypatch.setitem(sys.modules, recipe.__name__, recipe)
+    monkeypatch.setitem(sys.modules, finetune.__name__, finetune)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda name, **kw: tiny_tokenizer())
+    return calls
+
+
+@needs_bridge
+def test_readme_block_runs_as_written_and_feeds_bridges_step(readme_world, bridge, gpt_step):
+    exec(compile(readme_block(), "README.md", "exec"), {})
+    (cfg, step), = readme_world
+    assert step is bridge.gpt_step.forward_step and cfg.dataset.format == "chat"
+    ds = train_dataset(bridge, cfg.dataset, samples=4)
+    batch = next(iter(loader(bridge, ds)))
+    tokens, labels, loss_mask, _, _, packed = step_view(gpt_step, batch)
+    assert tokens.shape[1] == int(batch["cu_seqlens_q_padded"][-1]) <= 2048 and int(loss_mask.sum()) > 0
+    assert torch.equal(bridge.psu.get_packed_seq_params(packed).cu_seqlens_q, batch["cu_seqlens_q"])
+
+
+@needs_bridge
+def test_readme_block_each_cfg_line_is_needed(readme_world):
+    block = readme_block()
+    line = next(x for x in block.splitlines() if x.startswith("cfg.model.calculate_per_token_loss"))
+    with pytest.raises(ConfigError) as err:
+        exec(compile(block.replace(line + "\n", ""), "README.md", "exec"), {})
+    assert err.value.knob == "model.calculate_per_token_loss" and not readme_world
+    with pytest.raises(ConfigError) as err:
+        exec(compile(block.replace("tensor_model_parallel_size=4", "tensor_model_parallel_size=1"), "README.md", "exec"), {})
+    assert err.value.knob == "model.tensor_model_parallel_size"
