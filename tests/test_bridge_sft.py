@@ -163,6 +163,29 @@ def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, 
         assert int(num_tokens) == b["supervised_tokens"] == int((b["labels"] != -100).sum()) > 0
         assert torch.equal(loss, torch.sum(losses.view(-1) * b["loss_mask"].view(-1)))
         assert b["num_segments"] == len(b["cu_seqlens_q"]) - 1
+        # Bridge <= 0.5 reads only the legacy names: the same parameters from Bridge's legacy branch
+        legacy = {k: v for k, v in b.items() if not k.startswith(("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_"))}
+        *_, legacy_packed = step_view(gpt_step, legacy)
+        assert sorted(legacy_packed) == sorted(S.LEGACY_KEYS)
+        old = bridge.psu.get_packed_seq_params(legacy_packed)
+        assert torch.equal(old.cu_seqlens_q, b["cu_seqlens_q"]) and torch.equal(old.cu_seqlens_q_padded, b["cu_seqlens_q_padded"])
+        assert old.max_seqlen_q == params.max_seqlen_q
+        assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(legacy), b["cu_seqlens_q_padded"])
+
+
+@needs_bridge
+@pytest.mark.parametrize("mbs", [1, 2])
+def test_static_shapes_for_cuda_graphs(bridge, gpt_step, data, mbs):
+    """pad_to_max_length + pad_cu_seqlens + max_segments: every batch has one shape, Bridge's params too."""
+    ds = train_dataset(bridge, provider(data, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=6))
+    shapes = set()
+    for b in loader(bridge, ds, mbs=mbs):
+        *_, loss_mask, _, _, packed = step_view(gpt_step, b)
+        params = bridge.psu.get_packed_seq_params(packed)
+        shapes.add((tuple(b["tokens"].shape), tuple(params.cu_seqlens_q.shape), tuple(params.cu_seqlens_q_padded.shape),
+                    params.max_seqlen_q))
+        assert int(loss_mask.sum()) == b["supervised_tokens"]
+    assert shapes == {((1, WIDTH * mbs), (6 * mbs + 1,), (6 * mbs + 1,), WIDTH * mbs)}
 
 
 @needs_bridge

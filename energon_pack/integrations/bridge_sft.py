@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+import torch
 
 from ..errors import ConfigError
 from ..sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
@@ -39,6 +40,7 @@ from ..thd import ThdLayout, alignment_multiple
 
 __all__ = [
     "GPT_BATCH_KEYS",
+    "LEGACY_KEYS",
     "PACK_TOPOLOGY_KEYS",
     "SFTPackDataset",
     "check_bridge_sft_config",
@@ -53,6 +55,8 @@ GPT_BATCH_KEYS = (
     "tokens", "labels", "loss_mask", "position_ids", "attention_mask", "cu_seqlens_q", "cu_seqlens_kv",
     "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv", "padding_mask", "total_tokens",
 )
+#: Bridge <= 0.5's names of the packed metadata (:func:`to_gpt_batch`).
+LEGACY_KEYS = ("cu_seqlens", "cu_seqlens_argmin", "cu_seqlens_unpadded", "cu_seqlens_unpadded_argmin", "max_seqlen")
 _STAT_KEYS = ("real_tokens", "supervised_tokens", "num_segments", "padding_segments", "packing_stats", "__keys__")
 
 #: Keys a packing-metadata entry records so a later config can be compared with what the packs were built for.
@@ -63,13 +67,23 @@ ROUTES = ("in_batch", "offline")
 
 
 # ---------------------------------------------------------------------------------- the batch
-def to_gpt_batch(batch: dict) -> dict:
-    """Our THD row (README "The batch contract") -> the dict Bridge's GPT step reads (no copies)."""
+def to_gpt_batch(batch: dict, *, legacy_keys: bool = True) -> dict:
+    """Our THD row (README "The batch contract") -> the dict Bridge's GPT step reads (tensors not copied).
+
+    ``legacy_keys`` adds :data:`LEGACY_KEYS`, what Bridge <= 0.5 reads (``cu_seqlens`` physical and
+    ``cu_seqlens_unpadded`` logical [1, n+1] with their host ``_argmin`` lengths, ``max_seqlen``);
+    Bridge >= 0.6 reads the ``cu_seqlens_q`` family when present and sets these to None.
+    """
     missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
     if missing:
         raise ValueError(f"not a packed THD batch: missing {missing}")
     out = {"tokens": batch["input_ids"], "attention_mask": None}
     out.update({k: batch[k] for k in GPT_BATCH_KEYS if k in batch and k not in out})
+    if legacy_keys:
+        padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"])
+        count = torch.tensor(padded.numel(), dtype=torch.int64)
+        out.update(cu_seqlens=padded.unsqueeze(0), cu_seqlens_argmin=count, cu_seqlens_unpadded=batch["cu_seqlens_q"].unsqueeze(0),
+                   cu_seqlens_unpadded_argmin=count, max_seqlen=batch["max_seqlen_q"])
     out.update({k: batch[k] for k in _STAT_KEYS if k in batch})
     return out
 
