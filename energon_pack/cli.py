@@ -320,6 +320,34 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--out", default="bench_results/sft.json", help="JSON report path")
     bs.add_argument("--check", action="store_true",
                     help="print the project's targets for the generated-data run and exit 1 when one is missed")
+    po = add("pack-offline", "GPT-SFT JSONL -> Megatron-Bridge's offline packs (OUT/training_N.idx.parquet + "
+             "OUT/N_metadata.jsonl), streamed in bounded memory, best-fit packed, deterministic")
+    po.add_argument("path", help="a prompt/completion or chat JSONL file (only read)")
+    po.add_argument("out", help="output folder (Bridge's packed_train_data_path / packed_metadata_path go there)")
+    po.add_argument("--format", default="prompt_completion", choices=["prompt_completion", "chat"], help="record format")
+    po.add_argument("--tokenizer", default=None, help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local "
+                    "Hugging Face folder (never downloaded), or demo; default: qwen2.5-vl")
+    po.add_argument("--seq-length", "--width", dest="seq_length", type=_positive_int, default=4096,
+                    help="packed_sequence_size = model.seq_length = dataset.seq_length")
+    po.add_argument("--pad-seq-to-mult", type=_positive_int, default=None,
+                    help="per-sample alignment (default: the rule from --cp/--tp/--sp; an explicit value must be a multiple of it)")
+    po.add_argument("--cp", type=_positive_int, default=1, help="context parallel size the packs are for")
+    po.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel size the packs are for")
+    po.add_argument("--sp", action="store_true", help="sequence parallelism on")
+    po.add_argument("--seed", type=int, default=0, help="pack order seed (the same seed writes the same bytes)")
+    po.add_argument("--workers", type=_positive_int, default=None, help="tokenizer processes (default: the usable cores)")
+    po.add_argument("--split", default="training", choices=["training", "validation", "test"], help="file name prefix")
+    po.add_argument("--eos-id", type=int, default=None,
+                    help="the id Bridge's tokenizer reports as eos_id (alignment padding; default: the tokenizer's EOS)")
+    po.add_argument("--prompt-field", default=None, help="prompt field name (default: prompt)")
+    po.add_argument("--completion-field", default=None, help="completion field name (default: completion)")
+    po.add_argument("--json-out", default=None, help="also write the summary as JSON to this path")
+
+    bo = add("bench-offline", "offline packing side by side with Bridge's tokenize_dataset + create_packing_strategy "
+             "(first_fit_shuffle / first_fit_decreasing): fill, packs, peak RSS, wall time")
+    from energon_pack.bench.offline_pack_bench import add_arguments as bench_offline_arguments
+
+    bench_offline_arguments(bo)
     return parser
 
 
@@ -520,6 +548,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_bench_sft(args)
     if args.command == "bench-pixels":
         return run_bench_pixels(args)
+    if args.command == "pack-offline":
+        from energon_pack.sft.pack_offline import run_cli
+
+        return run_cli(args, load_tokenizer(args.tokenizer), _jsonl_file(args.path), _field_kw(args))
+    if args.command == "bench-offline":
+        from energon_pack.bench.offline_pack_bench import run_cli as bench_offline
+
+        return bench_offline(args)
     raise CliError(f"unknown command {args.command!r}")
 
 

@@ -4,20 +4,18 @@ and yields exactly our tokens, labels and loss masks; the output is deterministi
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import json
 import random
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from _bridge_light import bridge_version, load_bridge, tiny_tokenizer
+from _bridge_light import tiny_tokenizer
+from _bridge_sft_light import gpt_sft_modules
 from energon_pack.sft import JsonlSFTDataset
+from energon_pack.sft import pack_offline as po
 from energon_pack.sft.pack_offline import pack_offline, plan_packs, runtime_lengths
 from energon_pack.thd import shifted_labels_and_loss_mask
 
@@ -26,31 +24,11 @@ EOS = 151643  # <|endoftext|> in tiny_tokenizer: what Bridge's tokenizer reports
 
 
 def _bridge_parquet_dataset():
-    """Bridge's GPTSFTPackedParquetDataset class, imported on CPU. Beyond _bridge_light: the real
-    ``datasets.utils`` names gpt_sft.py imports, a stand-in for HF ``datasets`` (only used for
-    hf_dataset=True) and Megatron-Core's MultiStorageClientFeature (off)."""
-    if bridge_version() is None:
+    """Bridge's GPTSFTPackedParquetDataset class, imported on CPU."""
+    mods = gpt_sft_modules()
+    if mods is None:
         pytest.skip("megatron-bridge is not installed")
-    root = load_bridge()
-    utils = sys.modules["megatron.bridge.data.datasets.utils"]
-    if not hasattr(utils, "_JSONLMemMapDataset"):
-        spec = importlib.util.spec_from_file_location("megatron.bridge.data.datasets._utils_real",
-                                                      root / "data" / "datasets" / "utils.py")
-        real = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(real)
-        for name, value in vars(real).items():
-            if not name.startswith("__") and not hasattr(utils, name):
-                setattr(utils, name, value)
-    msc = importlib.import_module("megatron.core.msc_utils")
-    msc.MultiStorageClientFeature = type("MultiStorageClientFeature", (), {"is_enabled": staticmethod(lambda: False)})
-    saved = sys.modules.get("datasets")
-    if importlib.util.find_spec("datasets") is None:
-        sys.modules["datasets"] = types.SimpleNamespace(load_dataset=None, builder=types.SimpleNamespace())
-    try:
-        return importlib.import_module("megatron.bridge.data.packing.parquet").GPTSFTPackedParquetDataset
-    finally:
-        if saved is None:
-            sys.modules.pop("datasets", None)
+    return mods.parquet.GPTSFTPackedParquetDataset
 
 
 class _BridgeTokenizer:
@@ -107,7 +85,8 @@ def _expected(encs, multiple: int, width: int) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("fmt,multiple", [("prompt_completion", 1), ("prompt_completion", 4), ("chat", 8)])
-def test_bridge_reads_our_packs_exactly(tmp_path, fmt, multiple):
+def test_bridge_reads_our_packs_exactly(tmp_path, monkeypatch, fmt, multiple):
+    monkeypatch.setattr(po, "PARALLEL_MIN_BYTES", 0)  # worker processes even for this small file
     src = tmp_path / "data.jsonl"
     (_write_pc if fmt == "prompt_completion" else _write_chat)(src, 240)
     width = 256
@@ -137,7 +116,8 @@ def test_bridge_reads_our_packs_exactly(tmp_path, fmt, multiple):
         assert len(padded) == meta["max_samples_per_bin"] + 2  # pad_cu_seqlens: static length from our metadata
 
 
-def test_same_seed_same_bytes_any_workers_and_counted_skips(tmp_path):
+def test_same_seed_same_bytes_any_workers_and_counted_skips(tmp_path, monkeypatch):
+    monkeypatch.setattr(po, "PARALLEL_MIN_BYTES", 0)
     src = tmp_path / "data.jsonl"
     _write_pc(src, 300)
 

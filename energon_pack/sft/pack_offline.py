@@ -36,7 +36,7 @@ from .dataset import JsonlSFTDataset
 from ..chat import ENDOFTEXT
 from .formats import Encoded, tokenizer_fingerprint
 from .index import file_changed_error, file_fingerprint, file_identity
-from .length_pass import _BatchMemo, _format_texts, _recorder, _with_tokenizer
+from .length_pass import PARALLEL_MIN_BYTES, _BatchMemo, _format_texts, _recorder, _with_tokenizer
 
 ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
 METADATA_VERSION = 1
@@ -251,7 +251,7 @@ def pack_offline(
 
     ``pad_seq_to_mult`` defaults to ``alignment_multiple(cp, tp, sp)``; an explicit value must be a
     multiple of it, and ``seq_length`` a multiple of the result. ``workers`` processes tokenize
-    (default: the usable cores). A line that cannot be used is a counted skip (``summary.skips``).
+    (default: the usable cores; one below the length pass's 32 MiB threshold). A line that cannot be used is a counted skip (``summary.skips``).
     """
     try:
         import pyarrow.parquet as pq
@@ -271,10 +271,12 @@ def pack_offline(
     if row_group_size < 1:
         raise ConfigError("row_group_size", f"must be >= 1, got {row_group_size!r}", f"use {ROW_GROUP_SIZE}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = cores if workers is None else workers
+    if Path(path).stat().st_size < PARALLEL_MIN_BYTES:
+        workers = 1  # processes cost more than they save on a small file (the length pass's own rule)
     t0 = time.perf_counter()
     ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length + 1, overlength=overlength,
                          cache_dir=cache_dir, length_workers=workers, **format_kw)
-    workers = cores if workers is None else workers
     eos = bridge_eos_id(ds.format) if eos_id is None else eos_id
     identity = file_identity(ds.path)
     lengths = ds.lengths
@@ -321,3 +323,22 @@ def pack_offline(
         str(packs_path), str(meta_path), len(lengths), samples, len(packs), dict(ds.skips), real, supervised,
         sum(packed) / (len(packs) * seq_length), real / (len(packs) * seq_length),
         {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)}, bridge)
+
+
+def run_cli(args: Any, tokenizer: tuple[Any, str], path: Path, field_kw: dict[str, Any]) -> int:
+    """``energon-pack pack-offline``: write the packs, print the summary and the Bridge settings that read them."""
+    tok, described = tokenizer
+    print(f"tokenizer: {described}", flush=True)
+    summary = pack_offline(path, args.out, seq_length=args.seq_length, tokenizer=tok, format=args.format,
+                           pad_seq_to_mult=args.pad_seq_to_mult, cp=args.cp, tp=args.tp, sp=args.sp, seed=args.seed,
+                           workers=args.workers, split=args.split, eos_id=args.eos_id, **field_kw)
+    print(summary.describe())
+    meta = json.loads(Path(summary.metadata_path).read_text())[-1]["energon_pack"]
+    print(f"Bridge: PackedSequenceSpecs(packed_sequence_size={args.seq_length}, packed_{'train' if args.split == 'training' else 'val'}"
+          f"_data_path={summary.packs_path!r}, packed_metadata_path={summary.metadata_path!r}, "
+          f"pad_seq_to_mult={meta['pad_seq_to_mult']}) with model.seq_length = dataset.seq_length = {args.seq_length}, "
+          f"micro_batch_size 1, and a tokenizer whose eos_id is {meta['eos_id']}")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(summary.to_json(), indent=2))
+    return 0
