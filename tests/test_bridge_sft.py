@@ -277,6 +277,7 @@ def check(**kw):
 def test_good_configs_pass():
     S.check_gpt_sft_config(**GOOD)
     S.check_gpt_sft_config(**{**GOOD, "micro_batch_size": 2})  # in-batch: MBS > 1 allowed
+    S.check_gpt_sft_config(**{**GOOD, "context_parallel_size": 4, "pad_seq_to_mult": 16})  # a multiple of lcm = 8
     S.check_gpt_sft_config(**{**GOOD, "route": "offline", "packed_sequence_size": 4096, "context_parallel_size": 2,
                               "tensor_model_parallel_size": 4, "sequence_parallel": True, "pad_seq_to_mult": 8,
                               "pad_to_max_length": True, "pad_cu_seqlens": True, "cuda_graphs": True,
@@ -311,7 +312,7 @@ def test_rule_packed_sequence_size_equals_dataset_seq_length():
 
 def test_rule_pad_seq_to_mult_is_the_lcm():
     assert str(check(context_parallel_size=2, tensor_model_parallel_size=4, sequence_parallel=True, pad_seq_to_mult=4)) == (
-        "pad_seq_to_mult: is 4; CP=2, TP=4, SP=True need lcm(2*CP if CP > 1, CP*TP if SP and TP > 1) = 8. "
+        "pad_seq_to_mult: is 4; CP=2, TP=4, SP=True need a multiple of lcm(2*CP if CP > 1, CP*TP if SP and TP > 1) = 8. "
         "Fix: set pad_seq_to_mult=8 and re-pack into a fresh output root")
 
 
@@ -344,6 +345,26 @@ def test_rule_topology_changed_since_packing():
         "packing_metadata: the packs were built for another configuration (pad_seq_to_mult 4 -> 8, context_parallel_size "
         "1 -> 4, tensor_model_parallel_size 4 -> 1, sequence_parallel True -> False). "
         "Fix: re-pack for the current settings into a fresh output root")
+
+
+def test_offline_route_reads_pack_offline_metadata(data, tmp_path):
+    """The metadata ``pack-offline`` writes (Bridge's list, our entry inside) drives the topology rule."""
+    pytest.importorskip("pyarrow")
+    from energon_pack.sft.pack_offline import pack_offline
+
+    summary = pack_offline(data["prompt_completion"], tmp_path / "packs", seq_length=WIDTH, tokenizer=tiny_tokenizer(),
+                           tp=4, sp=True, workers=1, cache_dir=data["cache"])
+    meta = json.loads(Path(summary.metadata_path).read_text())
+    kw = dict(route="offline", micro_batch_size=1, global_batch_size=8, data_parallel_size=4, model_seq_length=WIDTH,
+              dataset_seq_length=WIDTH, packed_sequence_size=WIDTH, tensor_model_parallel_size=4, sequence_parallel=True,
+              pad_seq_to_mult=4, pad_to_max_length=True, pad_cu_seqlens=True, cuda_graphs=True, packing_metadata=meta)
+    S.check_gpt_sft_config(**kw)
+    with pytest.raises(ConfigError) as err:
+        S.check_gpt_sft_config(**{**kw, "tensor_model_parallel_size": 2, "model_seq_length": 2 * WIDTH,
+                                  "dataset_seq_length": 2 * WIDTH, "packed_sequence_size": 2 * WIDTH})
+    assert str(err.value) == (
+        f"packing_metadata: the packs were built for another configuration (packed_sequence_size {WIDTH} -> {2 * WIDTH}, "
+        "tensor_model_parallel_size 4 -> 2). Fix: re-pack for the current settings into a fresh output root")
 
 
 def test_every_wrong_knob_in_one_error():

@@ -187,12 +187,21 @@ def pack_topology_record(*, packed_sequence_size: int, context_parallel_size: in
 
 
 def _recorded_topology(metadata: Any) -> dict:
-    """The :data:`PACK_TOPOLOGY_KEYS` a metadata dict, or Bridge's list of per-file dicts, records."""
-    entries = metadata if isinstance(metadata, (list, tuple)) else [metadata]
+    """The :data:`PACK_TOPOLOGY_KEYS` a packing-metadata dict, or Bridge's list of per-split dicts,
+    records: flat (:func:`pack_topology_record`), Bridge's ``pack_size``, or ``pack-offline``'s
+    ``energon_pack`` entry (``seq_length``, ``pad_seq_to_mult``, ``topology`` cp/tp/sp)."""
     found: dict = {}
-    for entry in entries:
-        if isinstance(entry, Mapping):
-            found.update({k: entry[k] for k in PACK_TOPOLOGY_KEYS if k in entry})
+    for entry in metadata if isinstance(metadata, (list, tuple)) else [metadata]:
+        if not isinstance(entry, Mapping):
+            continue
+        ours = entry.get("energon_pack") if isinstance(entry.get("energon_pack"), Mapping) else {}
+        topology = ours.get("topology") if isinstance(ours.get("topology"), Mapping) else {}
+        for key, value in (("packed_sequence_size", entry.get("pack_size")), ("packed_sequence_size", ours.get("seq_length")),
+                           ("pad_seq_to_mult", ours.get("pad_seq_to_mult")), ("context_parallel_size", topology.get("cp")),
+                           ("tensor_model_parallel_size", topology.get("tp")), ("sequence_parallel", topology.get("sp"))):
+            if value is not None:
+                found[key] = value
+        found.update({k: entry[k] for k in PACK_TOPOLOGY_KEYS if k in entry})
     return found
 
 
@@ -218,8 +227,9 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
     ``route``: ``"in_batch"`` (our lazy JSONL provider) or ``"offline"`` (packs on disk, with
     ``packing_metadata`` the dict or Bridge-style list it recorded). Rules: MBS 1 for offline packs;
     ``global_batch_size`` a multiple of ``micro_batch_size * data_parallel_size`` (so GBS >= DP);
-    ``model_seq_length == dataset_seq_length == packed_sequence_size``; ``pad_seq_to_mult`` equal
-    to ``lcm(2*CP if CP > 1, CP*TP if SP and TP > 1)`` and dividing the width; ``pad_cu_seqlens``
+    ``model_seq_length == dataset_seq_length == packed_sequence_size``; ``pad_seq_to_mult`` a
+    multiple of ``lcm(2*CP if CP > 1, CP*TP if SP and TP > 1)`` (the lcm itself by default), the width
+    a multiple of that lcm; ``pad_cu_seqlens``
     needs ``pad_to_max_length`` and (offline) the metadata or (in-batch) ``max_segments``; CUDA
     graphs need all of them; and metadata recording another topology means re-packing into a
     fresh output root.
@@ -246,12 +256,13 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
             f"pack with packed_sequence_size={dataset_seq_length} into a fresh output root")
     cp, tp, sp = context_parallel_size, tensor_model_parallel_size, bool(sequence_parallel)
     want = alignment_multiple(cp, tp, sp)
-    if pad_seq_to_mult is not None and pad_seq_to_mult != want:
-        bad("pad_seq_to_mult", f"is {pad_seq_to_mult}; CP={cp}, TP={tp}, SP={sp} need lcm(2*CP if CP > 1, "
-            f"CP*TP if SP and TP > 1) = {want}", f"set pad_seq_to_mult={want} and re-pack into a fresh output root")
-    if dataset_seq_length % want:
-        bad("dataset.seq_length", f"{dataset_seq_length} is not divisible by the alignment {want}",
-            f"use a multiple of {want}")
+    if pad_seq_to_mult is not None and (pad_seq_to_mult < 1 or pad_seq_to_mult % want):
+        bad("pad_seq_to_mult", f"is {pad_seq_to_mult}; CP={cp}, TP={tp}, SP={sp} need a multiple of lcm(2*CP if "
+            f"CP > 1, CP*TP if SP and TP > 1) = {want}", f"set pad_seq_to_mult={want} and re-pack into a fresh output root")
+    mult = pad_seq_to_mult if pad_seq_to_mult is not None and pad_seq_to_mult >= 1 and not pad_seq_to_mult % want else want
+    if dataset_seq_length % mult:
+        bad("dataset.seq_length", f"{dataset_seq_length} is not divisible by the alignment {mult}",
+            f"use a multiple of {mult}")
     static_cu = "a packing-metadata JSON" if route == "offline" else "max_segments"
     has_static_cu = packing_metadata is not None if route == "offline" else max_segments is not None
     if (cuda_graphs or pad_cu_seqlens) and not pad_to_max_length:
@@ -266,6 +277,8 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
     recorded = _recorded_topology(packing_metadata) if packing_metadata is not None else {}
     current = pack_topology_record(packed_sequence_size=dataset_seq_length, context_parallel_size=cp,
                                    tensor_model_parallel_size=tp, sequence_parallel=sp)
+    if pad_seq_to_mult is not None:
+        current["pad_seq_to_mult"] = pad_seq_to_mult  # the runtime must pad as the packs were padded
     changed = [f"{k} {recorded[k]!r} -> {current[k]!r}" for k in PACK_TOPOLOGY_KEYS
                if k in recorded and recorded[k] != current[k]]
     if changed:
