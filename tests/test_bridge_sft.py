@@ -367,6 +367,13 @@ def test_offline_route_reads_pack_offline_metadata(data, tmp_path):
         "tensor_model_parallel_size 4 -> 2). Fix: re-pack for the current settings into a fresh output root")
 
 
+def test_batch_sizes_must_be_positive_and_the_provider_ours():
+    assert str(check(data_parallel_size=0)) == (
+        "data_parallel_size: must be an int >= 1, got 0. Fix: set data_parallel_size to a positive integer")
+    with pytest.raises(TypeError, match="not make_bridge_sft_dataset_provider's provider"):
+        S.check_bridge_sft_config(SimpleNamespace(dataset=SimpleNamespace(seq_length=4096)))
+
+
 def test_every_wrong_knob_in_one_error():
     err = check(route="offline", micro_batch_size=2, global_batch_size=6, model_seq_length=8192, cuda_graphs=True)
     assert [e.knob for e in err.errors] == ["train.micro_batch_size", "train.global_batch_size", "model.seq_length",

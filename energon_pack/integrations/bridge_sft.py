@@ -241,6 +241,10 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
     def bad(knob: str, problem: str, fix: str) -> None:
         errors.append(ConfigError(knob, problem, fix))
 
+    for knob, value in (("train.micro_batch_size", micro_batch_size), ("train.global_batch_size", global_batch_size),
+                        ("data_parallel_size", data_parallel_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
     mbs, gbs, dp = micro_batch_size, global_batch_size, data_parallel_size
     if route == "offline" and mbs != 1:
         bad("train.micro_batch_size", f"is {mbs}; an offline pack is one micro-batch",
@@ -317,6 +321,9 @@ def check_bridge_sft_config(cfg: Any, *, data_parallel_size: Optional[int] = Non
     defaults to ``cfg.data_parallel_size`` (Bridge sets it in ``validate``), else 1.
     """
     ds = cfg.dataset
+    if not all(hasattr(ds, k) for k in ("seq_length", "context_parallel_size", "enable_in_batch_packing", "max_segments")):
+        raise TypeError(f"cfg.dataset is a {type(ds).__name__}, not make_bridge_sft_dataset_provider's provider "
+                        "(for offline packs call check_gpt_sft_config(route='offline', ...))")
     errors: list[ConfigError] = []
     mbs = _get(cfg, "train.micro_batch_size", 1)
     dp = data_parallel_size or _get(cfg, "data_parallel_size") or 1
