@@ -549,9 +549,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench-pixels":
         return run_bench_pixels(args)
     if args.command == "pack-offline":
+        from energon_pack.integrations.bridge_sft import check_gpt_sft_config
         from energon_pack.sft.pack_offline import run_cli
 
-        return run_cli(args, load_tokenizer(args.tokenizer), _jsonl_file(args.path), _field_kw(args))
+        return run_cli(args, load_tokenizer(args.tokenizer), _jsonl_file(args.path), _field_kw(args), check_gpt_sft_config)
     if args.command == "bench-offline":
         from energon_pack.bench.offline_pack_bench import run_cli as bench_offline
 

@@ -8,7 +8,9 @@ A sample of ``n`` tokens takes ``aligned(n - 1, pad_seq_to_mult)`` runtime posit
 ``pad_seq_to_mult > 1`` it is stored padded with the EOS id (Bridge finds the logical length as
 the last non-EOS token) to that length plus one. The packing-metadata JSON beside it
 (``{seq_length}_metadata.jsonl``: a list of dicts) carries Bridge's keys, which
-``pad_cu_seqlens`` requires, and ours under ``"energon_pack"`` (alignment, topology, seed, ...).
+``pad_cu_seqlens`` requires, the topology the packs are for (``packed_sequence_size``,
+``pad_seq_to_mult``, ``context_parallel_size``, ``tensor_model_parallel_size``,
+``sequence_parallel``: what the GPT-SFT config check compares) and ours under ``"energon_pack"``.
 
 Memory stays bounded: the length pass (cached, parallel) gives per-line lengths without keeping
 tokens, best-fit-decreasing packs the lengths, then worker processes tokenize the packs one row
@@ -318,22 +320,35 @@ def pack_offline(
         "skips": dict(ds.skips), "real_tokens": real, "supervised_tokens": supervised,
         "supervised_eos_inputs": eos_dropped,  # Bridge's collate zeroes the loss where the input token is eos_id
     }
-    _write_metadata(meta_path, {**bridge, "energon_pack": ours}, split)
+    topology = {  # the names integrations.bridge_sft.check_gpt_sft_config compares with the training config
+        "packed_sequence_size": seq_length, "pad_seq_to_mult": multiple, "context_parallel_size": cp,
+        "tensor_model_parallel_size": tp, "sequence_parallel": bool(sp)}
+    _write_metadata(meta_path, {**bridge, **topology, "energon_pack": ours}, split)
     return OfflinePackSummary(
         str(packs_path), str(meta_path), len(lengths), samples, len(packs), dict(ds.skips), real, supervised,
         sum(packed) / (len(packs) * seq_length), real / (len(packs) * seq_length),
         {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)}, bridge)
 
 
-def run_cli(args: Any, tokenizer: tuple[Any, str], path: Path, field_kw: dict[str, Any]) -> int:
-    """``energon-pack pack-offline``: write the packs, print the summary and the Bridge settings that read them."""
+def run_cli(args: Any, tokenizer: tuple[Any, str], path: Path, field_kw: dict[str, Any], check: Any = None) -> int:
+    """``energon-pack pack-offline``: write the packs, print the summary and the Bridge settings that read them.
+
+    ``check``: the GPT-SFT config check (``check_gpt_sft_config``), run with the written metadata
+    for the offline route of a training config of the flags' topology (the packs must pass it)."""
     tok, described = tokenizer
     print(f"tokenizer: {described}", flush=True)
     summary = pack_offline(path, args.out, seq_length=args.seq_length, tokenizer=tok, format=args.format,
                            pad_seq_to_mult=args.pad_seq_to_mult, cp=args.cp, tp=args.tp, sp=args.sp, seed=args.seed,
                            workers=args.workers, split=args.split, eos_id=args.eos_id, **field_kw)
     print(summary.describe())
-    meta = json.loads(Path(summary.metadata_path).read_text())[-1]["energon_pack"]
+    entries = json.loads(Path(summary.metadata_path).read_text())
+    if check is not None:
+        width = args.seq_length
+        check(route="offline", micro_batch_size=1, global_batch_size=1, data_parallel_size=1, model_seq_length=width,
+              dataset_seq_length=width, packed_sequence_size=width, context_parallel_size=args.cp,
+              tensor_model_parallel_size=args.tp, sequence_parallel=args.sp, pad_seq_to_mult=entries[-1]["pad_seq_to_mult"],
+              pad_to_max_length=True, pad_cu_seqlens=True, packing_metadata=entries)
+    meta = entries[-1]["energon_pack"]
     print(f"Bridge: PackedSequenceSpecs(packed_sequence_size={args.seq_length}, packed_{'train' if args.split == 'training' else 'val'}"
           f"_data_path={summary.packs_path!r}, packed_metadata_path={summary.metadata_path!r}, "
           f"pad_seq_to_mult={meta['pad_seq_to_mult']}) with model.seq_length = dataset.seq_length = {args.seq_length}, "
