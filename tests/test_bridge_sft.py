@@ -173,6 +173,55 @@ def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, 
         assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(legacy), b["cu_seqlens_q_padded"])
 
 
+class _TinyGPT(torch.nn.Module):
+    """Embedding + head; returns per-token cross entropy [1, T] as Megatron's GPTModel does with labels."""
+
+    def __init__(self, vocab=152000):
+        super().__init__()
+        self.emb, self.calls = torch.nn.Embedding(vocab, 8), []
+        self.head = torch.nn.Linear(8, vocab)
+        torch.manual_seed(0)
+
+    def forward(self, input_ids, position_ids, attention_mask, labels, packed_seq_params=None):
+        self.calls.append(packed_seq_params)
+        logits = self.head(self.emb(input_ids[0]))
+        return torch.nn.functional.cross_entropy(logits, labels[0].clamp(min=0), reduction="none")[None]
+
+
+@needs_bridge
+def test_bridge_forward_step_loss_equals_ours(bridge, gpt_step, data, monkeypatch):
+    """Bridge's whole ``forward_step`` (batch, packed params, model call, its loss function) on our packs:
+    the loss and token count it returns equal the cross entropy over our labels != -100."""
+    pg = SimpleNamespace(pp=None, cp=SimpleNamespace(size=lambda: 1))
+    monkeypatch.setattr(gpt_step, "get_model_config", lambda model: SimpleNamespace(mtp_num_layers=None, seq_length=WIDTH))
+    monkeypatch.setattr(gpt_step, "get_pg_collection", lambda model: pg)
+    monkeypatch.setattr(gpt_step, "get_model_chunk_vp_stage", lambda model: None)
+    monkeypatch.setattr(gpt_step, "accumulate_flops_metadata", lambda *a, **k: None)  # Bridge's FLOPs counter: stubbed module
+    monkeypatch.setattr(gpt_step, "masked_next_token_loss", bridge.losses.masked_next_token_loss)  # Bridge's real file
+
+    class Timer:
+        def __call__(self, *a, **k):
+            return self
+
+        start = stop = __enter__ = __exit__ = lambda self, *a: None
+
+    state = SimpleNamespace(timers=Timer(), straggler_timer=Timer(), cfg=SimpleNamespace(
+        model=SimpleNamespace(), dataset=SimpleNamespace(),
+        rerun_state_machine=SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)))
+    model = _TinyGPT()
+    ds = train_dataset(bridge, provider(data, "chat", tensor_model_parallel_size=2, sequence_parallel=True))
+    for b in list(loader(bridge, ds))[:4]:
+        with torch.no_grad():
+            output, loss_fn = gpt_step.forward_step(state, iter([b]), model)
+            loss, num_tokens, _ = loss_fn(output)
+            logits = model.head(model.emb(b["tokens"][0]))
+            ours = torch.nn.functional.cross_entropy(logits, b["labels"][0], ignore_index=-100, reduction="sum")
+        assert int(num_tokens) == b["supervised_tokens"] and torch.allclose(loss, ours, rtol=1e-5)
+        params = model.calls[-1]
+        assert params.qkv_format == "thd" and torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
+        assert torch.equal(params.cu_seqlens_kv_padded, b["cu_seqlens_q_padded"]) and params.max_seqlen_kv == int(b["max_seqlen_q"])
+
+
 @needs_bridge
 @pytest.mark.parametrize("mbs", [1, 2])
 def test_static_shapes_for_cuda_graphs(bridge, gpt_step, data, mbs):
@@ -216,24 +265,35 @@ def test_supervised_pairs_equal_bridge_offline_packed_collate(bridge, data, fmt)
 
 
 @needs_bridge
-@pytest.mark.parametrize("kind", ["single", "cyclic"])
-def test_exact_resume_through_bridges_consumed_samples(bridge, data, kind):
+@pytest.mark.parametrize("kind, mbs", [("single", 1), ("cyclic", 1), ("single", 2)])
+def test_exact_resume_through_bridges_consumed_samples(bridge, data, kind, mbs):
     """Bridge restarts its sampler at ``consumed_train_samples``: a rebuilt provider on every DP rank
     continues with exactly the batches of the uninterrupted run."""
-    dp, mbs, steps_done = 2, 1, 3
+    dp, steps_done = 2, 3
     gbs = mbs * dp * 2
     for rank in range(dp):
-        dl = loader(bridge, train_dataset(bridge, provider(data, dataloader_type=kind)), kind=kind, rank=rank, dp=dp)
+        dl = loader(bridge, train_dataset(bridge, provider(data, dataloader_type=kind)), kind=kind, mbs=mbs, rank=rank, dp=dp)
         full = list(dl) + (list(dl) if kind == "cyclic" else [])  # cyclic: Bridge's cyclic_iter starts epoch 2
         consumed = steps_done * gbs + (len(dl.dataset) // (mbs * dp) * mbs * dp if kind == "cyclic" else 0)
         resumed = list(loader(bridge, train_dataset(bridge, provider(data, dataloader_type=kind)), consumed=consumed,
-                              kind=kind, rank=rank, dp=dp))
+                              kind=kind, mbs=mbs, rank=rank, dp=dp))
         skip = consumed // dp // mbs
         assert len(resumed) == len(full) - skip > 0
         for a, b in zip(full[skip:], resumed):
             for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens_q", "cu_seqlens_q_padded"):
                 assert torch.equal(a[key], b[key])
             assert a["__keys__"] == b["__keys__"]
+
+
+@needs_bridge
+def test_worker_processes_give_the_same_batches(bridge, data):
+    ds = train_dataset(bridge, provider(data), samples=12)
+    inline = list(loader(bridge, ds, mbs=2))
+    workers = list(bridge.samplers.build_pretraining_data_loader(
+        ds, 0, "single", 2, 2, True, collate_fn=ds.collate_fn, pin_memory=False, persistent_workers=False))
+    assert len(inline) == len(workers) > 0
+    for a, b in zip(inline, workers):
+        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "labels", "loss_mask", "cu_seqlens_q_padded"))
 
 
 @needs_bridge
