@@ -403,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     for feed in args.feeds.split(","):
         if feed not in FEEDS and not feed.startswith("rounds"):
             raise SystemExit(f"unknown feed {feed!r}; use {FEEDS}")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         row = run_feed(feed, args, model, runner, opt, device, world, counts, cpu_group)
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
