@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .sft_bench import WORDS, write_unique_jsonl
+from .sft_bench import WORDS, _write, write_unique_jsonl
 from .targets import check, format_target
 
 ALGORITHMS = ("first_fit_shuffle", "first_fit_decreasing")
@@ -219,6 +219,7 @@ def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float 
          workdir: str | Path | None = None) -> dict[str, Any]:
     """Generate the files (a prompt/completion file of ``size_mb``, a chat file of ``chat_size_mb``;
     0 skips one), compare, print, write JSON."""
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
         results = []
@@ -231,12 +232,11 @@ def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float 
             results.append(compare(path, fmt, width=width, tokenizer=tokenizer, workers=workers, seed=seed, workdir=tmp))
             print(format_table(results[-1]), flush=True)
     report = {"width": width, "tokenizer": tokenizer, "workers": workers, "seed": seed, "cpus": os.cpu_count(),
+              "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "results": results, "targets": [t for r in results for t in r["targets"]]}
     for t in report["targets"]:
         print(format_target(t))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    _write(out, report)
     print(f"wrote {out}")
     return report
 

@@ -12,9 +12,10 @@ the last non-EOS token) to that length plus one. The packing-metadata JSON besid
 ``pad_seq_to_mult``, ``context_parallel_size``, ``tensor_model_parallel_size``,
 ``sequence_parallel``: what the GPT-SFT config check compares) and ours under ``"energon_pack"``.
 
-Memory stays bounded: the length pass (cached, parallel) gives per-line lengths without keeping
-tokens, best-fit-decreasing packs the lengths, then worker processes tokenize the packs one row
-group at a time, written in order (same inputs and seed -> the same bytes, whatever ``workers``).
+Memory stays bounded: a length pass (parallel, line ranges) tokenises every line once and streams
+its tokens to a temporary file, best-fit-decreasing packs the lengths, then the packs are read
+back line by line and written one row group at a time (same inputs and seed -> the same bytes,
+whatever ``workers``).
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AllSkippedError, ConfigError, SampleSkipped, skip_counts_text
+from ..env import environ_set
+from ..errors import AllSkippedError, ConfigError, skip_counts_text
 from ..packing import best_fit_decreasing
-from ..records import decode_json_record
 from ..thd import alignment_multiple
 from .dataset import JsonlSFTDataset
 from ..chat import ENDOFTEXT
-from .formats import Encoded, tokenizer_fingerprint
+from .formats import tokenizer_fingerprint
 from .index import file_changed_error, file_fingerprint, file_identity
-from .length_pass import PARALLEL_MIN_BYTES, _BatchMemo, _format_texts, _recorder, _with_tokenizer
+from .length_pass import (MAX_LOGGED_DETAILS, PARALLEL_MIN_BYTES, RANGE_LINES, RANGES_PER_WORKER, _length_range, _worker_init,
+                          _worker_range)
 
 ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
 METADATA_VERSION = 1
@@ -91,52 +93,96 @@ def plan_packs(lengths: np.ndarray, seq_length: int, multiple: int, seed: int) -
     return [sorted(int(usable[k]) for k in groups[g]) for g in order]
 
 
-def encode_lines(ds: JsonlSFTDataset, lines: list[int]) -> list[Encoded]:
-    """``ds.encode_line(i)`` for each line, with the texts batch-tokenised first (same ids)."""
-    memo = _BatchMemo(ds.format.tokenizer)
-    if memo.batch_encode is None:
-        return [ds.encode_line(i) for i in lines]
-    recorder, recorded = _recorder(ds.format.tokenizer)
-    recorder_fmt = _with_tokenizer(ds.format, recorder)
-    records, texts = [], []
-    for i in lines:
-        try:
-            rec = decode_json_record(ds.index.line(i))
-            texts.extend(_format_texts(ds.format, recorder_fmt, recorded, rec))
-        except SampleSkipped as exc:
-            rec = exc
-        records.append(rec)
-    memo.prefetch(texts)
-    fmt = _with_tokenizer(ds.format, memo.tokenizer)
-    return [ds._finish_line(i, rec, fmt) for i, rec in zip(lines, records)]
+def token_pass(ds: JsonlSFTDataset, workers: int, token_path: Path) -> np.ndarray:
+    """The length pass, tokenising each line once: lengths (int32, as ``ds.lengths``: a negative
+    reason code for an unusable line) returned and set on ``ds``; every usable line's tokens
+    (int32 ``id * 2 + supervised``) appended to ``token_path`` in line order. Line ranges run in
+    ``workers`` forked processes (at most 2 x workers ranges in flight), merged in order: memory
+    holds a few ranges, never the file's tokens."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(ds)
+    pieces = max(1, min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES))))
+    bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
+    tasks = [(bounds[k], bounds[k + 1], True) for k in range(pieces) if bounds[k + 1] > bounds[k]]
+    clone = object.__new__(type(ds))
+    clone.__dict__.update({**ds.__dict__, "cache_tokens": True, "_tokens": None, "_lengths": None, "_starts": None})
+    lengths = np.empty(n, dtype=np.int32)
+    codes: dict[str, int] = {}
+    details: dict[int, str] = {}
+
+    def results():
+        if workers <= 1 or len(tasks) <= 1:
+            for task in tasks:
+                yield _length_range(clone, *task)
+            return
+        from collections import deque
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        with environ_set("TOKENIZERS_PARALLELISM", "false"), ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=_worker_init, initargs=(clone,)) as pool:
+            pending: deque = deque()
+            for task in tasks:
+                pending.append(pool.submit(_worker_range, task))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+    with open(token_path, "wb") as sink:
+        for (start, stop, _), (part, reasons, part_details, tokens) in zip(tasks, results()):
+            remap = np.asarray([codes.setdefault(r, len(codes)) for r in reasons], dtype=np.int32)
+            bad = part < 0
+            if bad.any():
+                part[bad] = -1 - remap[-1 - part[bad]]
+            lengths[start:stop] = part
+            details.update(list(part_details.items())[: max(0, MAX_LOGGED_DETAILS - len(details))])
+            sink.write(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+    ds._set_lengths(lengths, None)
+    ds._reasons, ds._details = list(codes), details
+    return lengths
 
 
-def pack_rows(ds: JsonlSFTDataset, packs: list[list[int]], multiple: int, eos_id: int) -> dict[str, Any]:
+class TokenFile:
+    """Reads one line's tokens (ids, supervised mask) from :func:`token_pass`'s file."""
+
+    def __init__(self, path: Path, lengths: np.ndarray) -> None:
+        usable = np.maximum(lengths.astype(np.int64), 0)
+        self.starts = np.concatenate([[0], np.cumsum(usable)[:-1]]) if len(usable) else usable
+        self.lengths = lengths
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def read(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        n = int(self.lengths[i])
+        raw = os.pread(self.fd, 4 * n, 4 * int(self.starts[i]))
+        packed = np.frombuffer(raw, dtype=np.int32).astype(np.int64)
+        return packed >> 1, (packed & 1).astype(bool)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def pack_rows(tokens: TokenFile, packs: list[list[int]], multiple: int, eos_id: int) -> dict[str, Any]:
     """One row group: flat columns + row offsets, and counts (tokens, supervised, Bridge-dropped)."""
-    flat = [i for pack in packs for i in pack]
-    encoded = dict(zip(flat, encode_lines(ds, flat)))
     ids_parts, mask_parts, starts, row_offsets, start_offsets = [], [], [], [0], [0]
     real = supervised = eos_dropped = 0
     for pack in packs:
         pos = 0
         for i in pack:
-            enc = encoded[i]
-            n = len(enc)
-            if n != int(ds.lengths[i]):
-                raise file_changed_error(ds.path, f"line {i + 1} has {n} tokens, {int(ds.lengths[i])} in the length pass",
-                                         during="pack-offline")
-            stored = int(runtime_lengths(np.asarray([n]), multiple)[0]) + 1
+            input_ids, target = tokens.read(i)
+            n = len(input_ids)
+            stored = -(-(n - 1) // multiple) * multiple + 1
             ids = np.full(stored, eos_id, dtype=np.int64)
-            ids[:n] = enc.input_ids
+            ids[:n] = input_ids
             loss = np.zeros(stored, dtype=np.int8)
-            loss[: n - 1] = enc.target_mask[1:]
+            loss[: n - 1] = target[1:]
             ids_parts.append(ids)
             mask_parts.append(loss)
             starts.append(pos)
             pos += stored
             real += n - 1
             supervised += int(loss.sum())
-            eos_dropped += int(loss[: n - 1][enc.input_ids[: n - 1] == eos_id].sum())
+            eos_dropped += int(loss[: n - 1][input_ids[: n - 1] == eos_id].sum())
         row_offsets.append(row_offsets[-1] + pos)
         start_offsets.append(len(starts))
     return {"input_ids": np.concatenate(ids_parts), "loss_mask": np.concatenate(mask_parts),
@@ -154,40 +200,6 @@ def _table(rows: dict[str, Any]):
     return pa.Table.from_arrays(
         [column(rows["input_ids"], rows["row_offsets"], pa.int64()), column(rows["loss_mask"], rows["row_offsets"], pa.int8()),
          column(rows["seq_start_id"], rows["start_offsets"], pa.int64())], schema=parquet_schema())
-
-
-_WORKER: tuple | None = None
-
-
-def _init_worker(ds: JsonlSFTDataset, multiple: int, eos_id: int) -> None:
-    global _WORKER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER = (ds, multiple, eos_id)
-
-
-def _worker_rows(packs: list[list[int]]) -> dict[str, Any]:
-    ds, multiple, eos_id = _WORKER
-    return pack_rows(ds, packs, multiple, eos_id)
-
-
-def _row_groups(ds: JsonlSFTDataset, chunks: list, multiple: int, eos_id: int, workers: int):
-    """Row groups in order: in this process, or from ``workers`` forked processes (at most
-    2 x workers groups in flight)."""
-    if workers <= 1 or len(chunks) <= 1:
-        for chunk in chunks:
-            yield pack_rows(ds, chunk, multiple, eos_id)
-        return
-    from collections import deque
-
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(ds, multiple, eos_id)) as pool:
-        pending: deque = deque()
-        for chunk in chunks:
-            pending.append(pool.apply_async(_worker_rows, (chunk,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
 
 
 @dataclass
@@ -253,7 +265,8 @@ def pack_offline(
 
     ``pad_seq_to_mult`` defaults to ``alignment_multiple(cp, tp, sp)``; an explicit value must be a
     multiple of it, and ``seq_length`` a multiple of the result. ``workers`` processes tokenize
-    (default: the usable cores; one below the length pass's 32 MiB threshold). A line that cannot be used is a counted skip (``summary.skips``).
+    (default: the usable cores; one below the length pass's 32 MiB threshold), each line once; the
+    tokens wait in a temporary file beside the output (4 bytes a token) until their pack is written. A line that cannot be used is a counted skip (``summary.skips``).
     """
     try:
         import pyarrow.parquet as pq
@@ -278,29 +291,38 @@ def pack_offline(
         workers = 1  # processes cost more than they save on a small file (the length pass's own rule)
     t0 = time.perf_counter()
     ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length + 1, overlength=overlength,
-                         cache_dir=cache_dir, length_workers=workers, **format_kw)
+                         cache_dir=cache_dir, **format_kw)
     eos = bridge_eos_id(ds.format) if eos_id is None else eos_id
     identity = file_identity(ds.path)
-    lengths = ds.lengths
-    t1 = time.perf_counter()
-    packs = plan_packs(lengths, seq_length, multiple, seed)
-    if not packs:
-        raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}); "
-                              f"{ds.mismatch_hint()}")
-    t2 = time.perf_counter()
     packs_path, meta_path = output_paths(out_dir, seq_length, split)
     packs_path.parent.mkdir(parents=True, exist_ok=True)
+    token_path = packs_path.with_name(f".{packs_path.name}.tokens.tmp")
     tmp = packs_path.with_name(packs_path.name + ".tmp")
-    chunks = [packs[k : k + row_group_size] for k in range(0, len(packs), row_group_size)]
-    real = supervised = eos_dropped = 0
-    with pq.ParquetWriter(str(tmp), parquet_schema()) as writer:
-        for rows in _row_groups(ds, chunks, multiple, eos, max(1, min(workers, len(chunks)))):
-            writer.write_table(_table(rows), row_group_size=row_group_size)
-            real, supervised, eos_dropped = real + rows["real"], supervised + rows["supervised"], eos_dropped + rows["eos_dropped"]
-    if file_identity(ds.path) != identity:
-        tmp.unlink()
-        raise file_changed_error(ds.path, "changed while its packs were written", during="pack-offline")
-    os.replace(tmp, packs_path)
+    try:
+        lengths = token_pass(ds, workers, token_path)
+        if file_identity(ds.path) != identity:
+            raise file_changed_error(ds.path, "changed while it was tokenised", during="pack-offline")
+        t1 = time.perf_counter()
+        packs = plan_packs(lengths, seq_length, multiple, seed)
+        if not packs:
+            raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}); "
+                                  f"{ds.mismatch_hint()}")
+        t2 = time.perf_counter()
+        real = supervised = eos_dropped = 0
+        tokens = TokenFile(token_path, lengths)
+        try:
+            with pq.ParquetWriter(str(tmp), parquet_schema()) as writer:
+                for k in range(0, len(packs), row_group_size):
+                    rows = pack_rows(tokens, packs[k : k + row_group_size], multiple, eos)
+                    writer.write_table(_table(rows), row_group_size=row_group_size)
+                    real, supervised = real + rows["real"], supervised + rows["supervised"]
+                    eos_dropped += rows["eos_dropped"]
+        finally:
+            tokens.close()
+        os.replace(tmp, packs_path)
+    finally:
+        token_path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
     t3 = time.perf_counter()
 
     runtime = runtime_lengths(lengths, multiple)
