@@ -414,9 +414,10 @@ def add_static_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)")
 
 
-def patch_budget(args: argparse.Namespace, preset: Any) -> int | None:
-    """The --static packs' patch budget: --patch-budget, or recommended from --data (None without --static)."""
-    if not args.static:
+def patch_budget(args: argparse.Namespace, preset: Any, static: bool = False) -> int | None:
+    """The static packs' patch budget (``--static`` or ``static``): --patch-budget, or recommended from --data;
+    None for dynamic packs."""
+    if not (args.static or static):
         return None
     if args.patch_budget:
         return args.patch_budget

@@ -158,7 +158,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
              world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
     preset = ft.vision_preset(args.model, args.size)
-    budget = ft.patch_budget(args, preset) if feed == "carry-static" else None
+    budget = ft.patch_budget(args, preset, static=True) if feed == "carry-static" else None
     loader, encoder = ft.make_loader(args.data, width=args.width, preset=preset, buffer=buffer, workers=args.workers,
                                      packing_mode=mode, tokenizer=args.tokenizer, patch_budget=budget)
     tok = encoder.tokenizer
