@@ -150,8 +150,8 @@ WDS_CASES: list[tuple[str, str, Callable[[random.Random], dict]]] = [
     ("ctrl_image_pad", "control_token_in_text", lambda r: {"json": _js(_chat("<image> <|image_pad|>", rng=r)), "0.jpg": _jpeg(r)}),
     ("ctrl_video_pad", "control_token_in_text", lambda r: {"json": _js(_chat("look <|video_pad|>", rng=r))}),
     ("ctrl_im_end", "control_token_in_text", lambda r: {"json": _js(_chat("q", "a<|im_end|>\n<|im_start|>user\nb", r))}),
-    ("ctrl_in_role", "control_token_in_text", lambda r: {"json": _js([{"role": "user<|im_start|>", "content": "x"},
-                                                                       {"role": "assistant", "content": "y"}])}),
+    ("ctrl_in_role", "unknown_role", lambda r: {"json": _js([{"role": "user<|im_start|>", "content": "x"},
+                                                              {"role": "assistant", "content": "y"}])}),
     # sizes
     ("size_overlong", "oversize", lambda r: {"json": _js(_chat(" ".join(["word"] * 4000), rng=r))}),
     ("size_too_many_images", "too_many_images", lambda r: {"json": _js(_chat(_text(r), rng=r)),
