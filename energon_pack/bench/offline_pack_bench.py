@@ -174,10 +174,11 @@ def _child(spec: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------- the comparison
-def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, seed: int, workdir: Path) -> dict[str, Any]:
-    """Bridge's two algorithms and ours on one file; rows and targets."""
+def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, seed: int, workdir: Path,
+            packers: tuple[str, ...] = ("ours",) + ALGORITHMS) -> dict[str, Any]:
+    """Bridge's two algorithms and ours (or those of ``packers``) on one file; rows and targets."""
     rows = {}
-    for side in ("ours",) + ALGORITHMS:
+    for side in packers:
         cache = workdir / f"cache-{fmt}-{side}"
         spec = {"side": "ours" if side == "ours" else "bridge", "algorithm": side, "path": str(path), "format": fmt,
                 "width": width, "tokenizer": tokenizer, "workers": workers, "seed": seed, "cache": str(cache),
@@ -185,8 +186,8 @@ def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, s
         cache.mkdir(parents=True, exist_ok=True)
         print(f"  {fmt}: {side} ...", flush=True)
         rows[side] = run_child(spec)
-    bridge = [rows[a] for a in ALGORITHMS if "error" not in rows[a]]
-    ours = rows["ours"]
+    bridge = [rows[a] for a in ALGORITHMS if a in rows and "error" not in rows[a]]
+    ours = rows.get("ours", {"error": "not run"})
     targets = []
     if bridge and "error" not in ours:
         best_fill = max(r["fill"] for r in bridge)
@@ -216,7 +217,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float = 8, chat_size_mb: float = 4,
          width: int = 4096, tokenizer: str = "qwen2.5-vl", workers: int = 2, seed: int = 0,
-         workdir: str | Path | None = None) -> dict[str, Any]:
+         workdir: str | Path | None = None, packers: tuple[str, ...] = ("ours",) + ALGORITHMS) -> dict[str, Any]:
     """Generate the files (a prompt/completion file of ``size_mb``, a chat file of ``chat_size_mb``;
     0 skips one), compare, print, write JSON."""
     load_before = os.getloadavg()
@@ -229,7 +230,8 @@ def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float 
             path = tmp / f"{fmt}.jsonl"
             write(path, int(mb * 2**20), seed)
             print(f"{fmt}: {path.stat().st_size / 2**20:.1f} MiB generated", flush=True)
-            results.append(compare(path, fmt, width=width, tokenizer=tokenizer, workers=workers, seed=seed, workdir=tmp))
+            results.append(compare(path, fmt, width=width, tokenizer=tokenizer, workers=workers, seed=seed, workdir=tmp,
+                                   packers=packers))
             print(format_table(results[-1]), flush=True)
     report = {"width": width, "tokenizer": tokenizer, "workers": workers, "seed": seed, "cpus": os.cpu_count(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
@@ -241,6 +243,14 @@ def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float 
     return report
 
 
+def _packers(value: str) -> tuple[str, ...]:
+    names = tuple(x for x in value.split(",") if x)
+    unknown = [x for x in names if x not in ("ours",) + ALGORITHMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown packer(s) {unknown}: use ours, {', '.join(ALGORITHMS)}")
+    return names
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size-mb", type=float, default=8, help="generated prompt/completion JSONL size (0: skip)")
     p.add_argument("--chat-size-mb", type=float, default=4, help="generated chat JSONL size (0: skip)")
@@ -248,6 +258,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default="qwen2.5-vl", help="the tokenizer both sides use (qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json)")
     p.add_argument("--workers", type=int, default=2, help="tokenizer processes on each side")
     p.add_argument("--seed", type=int, default=0, help="data and packing seed")
+    p.add_argument("--packers", type=_packers, default=("ours",) + ALGORITHMS,
+                   help="comma-separated: ours, first_fit_shuffle, first_fit_decreasing (e.g. ours alone on a file "
+                        "too large for Bridge's in-memory path)")
     p.add_argument("--workdir", default=None, help="folder for the generated files (default: the system temp folder)")
     p.add_argument("--out", default="bench_results/offline_pack.json", help="JSON report path")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed (printed for information otherwise)")
@@ -255,7 +268,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     report = main(args.out, size_mb=args.size_mb, chat_size_mb=args.chat_size_mb, width=args.width,
-                  tokenizer=args.tokenizer, workers=args.workers, seed=args.seed, workdir=args.workdir)
+                  tokenizer=args.tokenizer, workers=args.workers, seed=args.seed, workdir=args.workdir,
+                  packers=args.packers)
     missed = [t for t in report["targets"] if not t["met"]]
     return 1 if args.check and missed else 0
 
