@@ -183,7 +183,11 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
                 extra = list(rit)
                 figures["duplicates"] += sum(len(b["__keys__"]) for b in extra)
             figures["lost"] += sum(len(b["__keys__"]) for b in want[len(got):])
-            figures["mismatches"] += sum(batch_difference(a, b) is not None for a, b in zip(got, want))
+            diffs = [(i, d) for i, (a, b) in enumerate(zip(got, want)) if (d := batch_difference(a, b)) is not None]
+            figures["mismatches"] += len(diffs)
+            if diffs:
+                figures["errors"].append(f"cut {cut}: {len(diffs)} packs differ, first pack {at + diffs[0][0]} at "
+                                         f"{diffs[0][1]!r} (keys {got[diffs[0][0]]['__keys__']} vs {want[diffs[0][0]]['__keys__']})"[:300])
             close(restored)
         except _Hang:
             figures["hangs"] += 1
