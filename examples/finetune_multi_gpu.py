@@ -293,12 +293,13 @@ def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = N
 
 # --------------------------------------------------------------------------------- data
 def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int, packing_mode: str = "carry",
-                seed: int = 0, tokenizer: Any = None, patch_budget: int | None = None) -> tuple[Any, Any]:
+                seed: int = 0, tokenizer: Any = None, static: dict | None = None) -> tuple[Any, Any]:
     """One Energon savable loader for this rank (rank and world size from torch.distributed).
 
     ``tokenizer``: a name (``"qwen2.5-vl"``, ``"demo"``, ...), a path or an object; None: the preset's
-    real tokenizer. ``patch_budget``: static packs (every tensor one shape: fixed width, cu_seqlens of
-    ``max_possible_segments + 1`` entries, patch rows padded to the budget; ``static_visual``)."""
+    real tokenizer. ``static``: static packs (every tensor one shape: fixed width, static cu_seqlens, patch rows
+    padded to the budget; ``static_visual``) with these budgets (:func:`static_budgets`); ``max_segments``
+    defaults to the most samples a pack can hold."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     from energon_pack.chat import load_tokenizer
@@ -306,9 +307,10 @@ def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int
 
     kw = dict(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width,
               pad_to_max_length=True, packing_mode=packing_mode, seed=seed)
-    if patch_budget:
-        segments = QwenVLPackingTaskEncoder(**kw).max_possible_segments
-        kw.update(pad_cu_seqlens=True, max_segments=segments, max_patches_per_pack=patch_budget, static_visual=True)
+    if static:
+        segments = static.get("max_segments") or QwenVLPackingTaskEncoder(**kw).max_possible_segments
+        kw.update(pad_cu_seqlens=True, max_segments=segments, max_patches_per_pack=static["max_patches_per_pack"],
+                  max_vision_frames=static.get("max_vision_frames"), static_visual=True)
     encoder = QwenVLPackingTaskEncoder(**kw)
     dataset = get_train_dataset(
         data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
@@ -414,17 +416,19 @@ def add_static_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)")
 
 
-def patch_budget(args: argparse.Namespace, preset: Any, static: bool = False) -> int | None:
-    """The static packs' patch budget (``--static`` or ``static``): --patch-budget, or recommended from --data;
-    None for dynamic packs."""
+def static_budgets(args: argparse.Namespace, preset: Any, static: bool = False) -> dict | None:
+    """The static packs' budgets (``--static`` or ``static``; None for dynamic packs): ``--patch-budget`` alone,
+    or all three recommended from --data (energon_pack.bench.visual_budget: patches, segments, frames)."""
     if not (args.static or static):
         return None
     if args.patch_budget:
-        return args.patch_budget
+        return {"max_patches_per_pack": args.patch_budget}
     from energon_pack.bench.visual_budget import candidate_costs, recommend_patch_budget
 
     costs = candidate_costs(args.data, width=args.width, preset=preset, tokenizer=args.tokenizer)
-    return recommend_patch_budget(costs, args.width, buffer=args.buffer, multiple=4 * preset.merge_size ** 2)["budget"]
+    rec = recommend_patch_budget(costs, args.width, buffer=args.buffer, multiple=4 * preset.merge_size ** 2)
+    return {"max_patches_per_pack": rec["budget"], "max_segments": rec["max_segments"],
+            "max_vision_frames": rec["max_vision_frames"], "fill_delta_points": rec["fill_delta_points"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -439,9 +443,9 @@ def main(argv: list[str] | None = None) -> None:
         ensure_demo_data(args.data, 1200)
     barrier()
     preset = vision_preset(args.model, args.size, args.max_pixels)
-    budget = patch_budget(args, preset)
+    budget = static_budgets(args, preset)
     loader, encoder = make_loader(args.data, width=args.width, preset=preset, buffer=args.buffer, workers=args.workers,
-                                  seed=args.seed, tokenizer=args.tokenizer, patch_budget=budget)
+                                  seed=args.seed, tokenizer=args.tokenizer, static=budget)
     model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
     if args.grad_checkpoint:
         grad_checkpoint(model)
@@ -503,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
         "fill": sum(h["real_tokens"] for h in history) / (len(history) * world * args.width) if history else None,
         "data_wait_share": max(waits) / elapsed if elapsed else None,
         "median_step_s": sorted(h["step_s"] for h in timed)[len(timed) // 2] if timed else None,
-        "patch_budget": budget, "graphs_compiled_after_first_step": sum(h["graphs_compiled"] for h in history[1:]),
+        "static_budgets": budget, "graphs_compiled_after_first_step": sum(h["graphs_compiled"] for h in history[1:]),
         "rank0_packing_stats": stats, "keys_per_rank": all_keys, "history": history,
     }
     if rank == 0:

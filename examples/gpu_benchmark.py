@@ -158,9 +158,9 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
              world: int, counts: dict, cpu_group: Any = None) -> dict:
     mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
     preset = ft.vision_preset(args.model, args.size)
-    budget = ft.patch_budget(args, preset, static=True) if feed == "carry-static" else None
+    budget = ft.static_budgets(args, preset, static=True) if feed == "carry-static" else None
     loader, encoder = ft.make_loader(args.data, width=args.width, preset=preset, buffer=buffer, workers=args.workers,
-                                     packing_mode=mode, tokenizer=args.tokenizer, patch_budget=budget)
+                                     packing_mode=mode, tokenizer=args.tokenizer, static=budget)
     tok = encoder.tokenizer
     sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
     packs = None if sample_feed else iter(loader)
@@ -257,7 +257,7 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     wait_max = max(ft.gather(waits / wall))
     flops = 6.0 * counts["llm"] * tot[0] + 6.0 * counts["vision"] * tot[2] + tot[3]
     med = statistics.median(step_ms)
-    row = {"feed": feed, "gpus": world, "patch_budget": budget, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
+    row = {"feed": feed, "gpus": world, "static_budgets": budget, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
            "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
            "tflops_per_gpu": flops / wall_max / world / 1e12, "warmup_s": warm_s,
            "graphs_compiled_in_timed_steps": ft.gather(ft.compiled_graphs() - graphs_at_start),  # per rank

@@ -35,7 +35,7 @@ def test_static_packs_compile_once_and_checkpointing_changes_no_loss(data, tmp_p
 
     torch._dynamo.reset()
     compiled = _run(data, tmp_path, "--static", "--compile-model", "--compile-backend", "aot_eager")
-    assert compiled["patch_budget"] == 1024
+    assert compiled["static_budgets"] == {"max_patches_per_pack": 1024}
     assert compiled["history"][0]["graphs_compiled"] > 0
     assert compiled["graphs_compiled_after_first_step"] == 0, [h["graphs_compiled"] for h in compiled["history"]]
     assert len({h["real_tokens"] for h in compiled["history"]}) > 1  # packs of different content

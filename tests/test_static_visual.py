@@ -96,3 +96,43 @@ def test_static_visual_needs_a_patch_budget():
         QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256)
     with pytest.raises(ConfigError, match="multiple of 4"):
         QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=510)
+
+
+def test_max_segments_and_the_frame_budget_bind_the_packer(shards):  # noqa: F811
+    """max_segments is a packer budget (a pack never exceeds the static cu_seqlens), and so is the frame budget."""
+    packs, te = _packs(shards, small_preset("qwen2.5-vl"), static_visual=True, max_vision_frames=3)
+    packs2, _ = _packs_with(shards, max_segments=2)
+    for b in packs:
+        assert sum(int(g[0]) for g in b[STATIC_GRID_KEY]) <= 3
+    assert all(b["num_segments"] <= 2 for b in packs2)
+    assert sorted(k for b in packs2 for k in b["__keys__"]) == sorted(k for b in packs for k in b["__keys__"])
+    with pytest.raises(ConfigError, match="max_vision_frames"):
+        QwenVLPackingTaskEncoder(tokenizer="demo", seq_length=256, max_vision_frames=3)
+
+
+def _packs_with(root, **kw):
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=small_preset("qwen2-vl"), seq_length=192, cp=2,
+                                  pad_to_max_length=True, pad_cu_seqlens=True, **kw)
+    ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=8, repeat=False)
+    return list(get_loader(ds)), te
+
+
+def test_recommended_budgets_keep_fill_within_half_a_point():
+    import numpy as np
+
+    from energon_pack.bench.visual_budget import fill_with_budget, recommend_patch_budget
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(50, 1500, 3000)
+    patches = np.where(rng.random(3000) < 0.7, tokens * 3, 0)
+    frames = (patches > 0).astype(np.int64) * rng.integers(1, 3, 3000)
+    costs = np.column_stack([tokens, patches, frames])
+    rec = recommend_patch_budget(costs, 4096, multiple=64)
+    assert rec["fill_delta_points"] <= 0.5 and rec["budget"] % 64 == 0
+    static = fill_with_budget(costs, 4096, rec["budget"], segments=rec["max_segments"], frames=rec["max_vision_frames"])
+    assert static["max_pack_patches"] <= rec["budget"] and static["max_pack_segments"] <= rec["max_segments"]
+    assert static["max_pack_frames"] <= rec["max_vision_frames"] and rec["max_segments"] > 1
+    smaller = fill_with_budget(costs, 4096, rec["budget"] // 2)
+    assert smaller["fill"] < rec["fill_dynamic"] - 0.005  # the budget is not needlessly large

@@ -23,8 +23,9 @@ __all__ = ["RECOMMEND_WITHIN", "candidate_costs", "fill_with_budget", "recommend
 
 def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokenizer: Any = None,
                     limit: int | None = None, **packing: Any) -> np.ndarray:
-    """int64 (n, 2): each sample's (aligned tokens, patches) as the encoder's ``preencode_sample`` costs it;
-    skipped samples are left out. ``packing``: other :class:`PackingConfig` knobs (cp, tp, ...)."""
+    """int64 (n, 3): each sample's (aligned tokens, patches, frames) as the encoder's ``preencode_sample``
+    costs it (frames: one per image, the temporal grid per video); skipped samples are left out.
+    ``packing``: other :class:`PackingConfig` knobs (cp, tp, ...)."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset, stateless
 
     from energon_pack.energon.samples import PackCandidate
@@ -39,7 +40,8 @@ def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokeni
         def batch(self, samples: list) -> list:
             return [tuple(s.cost) for s in samples if isinstance(s, PackCandidate)]
 
-    encoder = CostReader(tokenizer=tokenizer, preset=preset, seq_length=width, max_patches_per_pack=2**40, **packing)
+    encoder = CostReader(tokenizer=tokenizer, preset=preset, seq_length=width, max_patches_per_pack=2**40,
+                         static_visual=True, max_vision_frames=2**40, **packing)
     dataset = get_train_dataset(path, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                                 worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=encoder,
                                 repeat=False)
@@ -48,54 +50,75 @@ def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokeni
         rows.extend(batch)
         if limit is not None and len(rows) >= limit:
             break
-    return np.asarray(rows[:limit], dtype=np.int64).reshape(-1, 2)
+    return np.asarray(rows[:limit], dtype=np.int64).reshape(-1, 3)
 
 
-def fill_with_budget(costs: np.ndarray, width: int, budget: int | None, *, buffer: int = 64, seed: int = 0) -> dict:
-    """Fill (real tokens / slots), packs and the largest pack's patches of the carry packer on ``costs``,
-    with a patch budget (``None``: tokens only). Samples over the budget are counted as skipped."""
-    capacity = (width,) if budget is None else (width, budget)
-    packer = OnlinePacker(capacity, max_buffered=buffer, seed=seed)
-    most, patches = 0, {i: int(c[1]) for i, c in enumerate(costs)}
+#: the budgets replayed: (name, column of the cost matrix [tokens, patches, segments, frames])
+_BUDGETS = (("max_patches_per_pack", 1), ("max_segments", 2), ("max_vision_frames", 3))
 
-    def done(groups: list) -> int:
-        return max((sum(patches[k] for k in g) for g in groups), default=0)
 
-    for i, c in enumerate(costs.tolist()):
-        most = max(most, done(packer.push(i, c[0] if budget is None else (c[0], c[1]))))
-    most = max(most, done(packer.flush()))
-    return {"budget": budget, "fill": packer.stats.fill, "packs": packer.stats.packs, "skipped": packer.stats.skipped,
-            "max_pack_patches": most}
+def fill_with_budget(costs: np.ndarray, width: int, budget: int | None = None, *, segments: int | None = None,
+                     frames: int | None = None, buffer: int = 64, seed: int = 0) -> dict:
+    """Fill (real tokens / slots), packs, skips and the fullest pack's patches / segments / frames of the
+    carry packer replayed on ``costs`` (:func:`candidate_costs`) with the budgets given (None: no budget)."""
+    full = np.column_stack([costs[:, 0], costs[:, 1], np.ones(len(costs), dtype=np.int64), costs[:, 2]])
+    limits = dict(zip(("max_patches_per_pack", "max_segments", "max_vision_frames"), (budget, segments, frames)))
+    dims = [0] + [col for name, col in _BUDGETS if limits[name] is not None]
+    packer = OnlinePacker((width, *(v for v in limits.values() if v is not None)), max_buffered=buffer, seed=seed)
+    most = np.zeros(4, dtype=np.int64)
+
+    def done(groups: list) -> None:
+        for g in groups:
+            np.maximum(most, full[list(g)].sum(0), out=most)
+
+    for i, row in enumerate(full[:, dims].tolist()):
+        done(packer.push(i, tuple(row)))
+    done(packer.flush())
+    return {"fill": packer.stats.fill, "packs": packer.stats.packs, "skipped": packer.stats.skipped,
+            "max_pack_patches": int(most[1]), "max_pack_segments": int(most[2]), "max_pack_frames": int(most[3])}
+
+
+def _smallest(lo: int, hi: int, step: int, ok: Any) -> int:
+    """The smallest multiple of ``step`` in [lo, hi] that passes ``ok`` (bisection; ``hi`` is assumed to)."""
+    while lo < hi:
+        mid = (lo + hi) // 2 // step * step
+        if mid < lo:
+            mid = lo
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + step
+    return hi
 
 
 def recommend_patch_budget(costs: np.ndarray, width: int, *, buffer: int = 64, within: float = RECOMMEND_WITHIN,
                            multiple: int = 256, seed: int = 0) -> dict:
-    """The smallest multiple of ``multiple`` whose fill is within ``within`` of no budget's (bisection
-    between the largest sample's patches and the largest dynamic pack's). Returns the budget, both fills,
-    their difference in points, and every candidate tried."""
-    free = fill_with_budget(costs, width, None, buffer=buffer, seed=seed)
-    lo = max(multiple, math.ceil(int(costs[:, 1].max(initial=1)) / multiple) * multiple)
-    hi = max(lo, math.ceil(free["max_pack_patches"] / multiple) * multiple)
-    tried = {}
+    """The budgets of static packs, each the smallest whose fill stays within ``within`` of packs with no
+    budget but tokens: ``max_patches_per_pack`` (a multiple of ``multiple``), then with it ``max_segments``
+    (static LLM cu_seqlens), then ``max_vision_frames`` (the vision tower's full-attention cu_seqlens).
+    Returns them, both fills, their difference in points and the mean real patches per pack."""
+    kw = dict(buffer=buffer, seed=seed)
+    free = fill_with_budget(costs, width, **kw)
+    chosen: dict[str, int | None] = {"budget": None, "segments": None, "frames": None}
 
-    def ok(b: int) -> bool:
-        tried[b] = fill_with_budget(costs, width, b, buffer=buffer, seed=seed)
-        return free["fill"] - tried[b]["fill"] <= within
+    def ok(name: str) -> Any:
+        def test(value: int) -> bool:
+            return free["fill"] - fill_with_budget(costs, width, **{**chosen, name: value}, **kw)["fill"] <= within
+        return test
 
-    while lo < hi:  # fill grows with the budget (up to packer noise): the smallest passing multiple
-        mid = (lo + hi) // 2 // multiple * multiple
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + multiple
-    if hi not in tried:
-        ok(hi)
-    best = tried[hi]
-    return {"budget": hi, "fill_dynamic": free["fill"], "fill_static": best["fill"],
-            "mean_pack_patches": round(float(costs[:, 1].sum()) / max(best["packs"], 1), 1),
-            "fill_delta_points": round(100 * (free["fill"] - best["fill"]), 3), "width": width, "buffer": buffer,
-            "samples": int(len(costs)), "max_dynamic_pack_patches": free["max_pack_patches"],
-            "tried": sorted(({"budget": b, "fill": r["fill"]} for b, r in tried.items()), key=lambda r: r["budget"])}
+    lo = max(multiple, -(-int(costs[:, 1].max(initial=1)) // multiple) * multiple)
+    chosen["budget"] = _smallest(lo, max(lo, -(-free["max_pack_patches"] // multiple) * multiple), multiple, ok("budget"))
+    top = fill_with_budget(costs, width, chosen["budget"], **kw)
+    chosen["segments"] = _smallest(1, top["max_pack_segments"], 1, ok("segments"))
+    top = fill_with_budget(costs, width, chosen["budget"], segments=chosen["segments"], **kw)
+    chosen["frames"] = _smallest(max(1, int(costs[:, 2].max(initial=1))), max(1, top["max_pack_frames"]), 1, ok("frames"))
+    best = fill_with_budget(costs, width, **chosen, **kw)
+    return {"budget": chosen["budget"], "max_segments": chosen["segments"], "max_vision_frames": chosen["frames"],
+            "fill_dynamic": free["fill"], "fill_static": best["fill"],
+            "fill_delta_points": round(100 * (free["fill"] - best["fill"]), 3),
+            "mean_pack_patches": round(float(costs[:, 1].sum()) / max(best["packs"], 1), 1), "width": width,
+            "buffer": buffer, "samples": int(len(costs)), "max_dynamic_pack_patches": free["max_pack_patches"],
+            "skipped": best["skipped"]}
 
 
 def main(path: str, out_dir: str | None = None, *, width: int = 8192, buffer: int = 64, preset: str = "qwen2.5-vl",
@@ -107,7 +130,8 @@ def main(path: str, out_dir: str | None = None, *, width: int = 8192, buffer: in
 
     costs = candidate_costs(path, width=width, preset=preset, tokenizer=tokenizer)
     result = recommend_patch_budget(costs, width, buffer=buffer, within=within)
-    print(f"recommended max_patches_per_pack = {result['budget']} for width {width}, K={buffer}: fill "
+    print(f"recommended max_patches_per_pack = {result['budget']}, max_segments = {result['max_segments']}, "
+          f"max_vision_frames = {result['max_vision_frames']} for width {width}, K={buffer}: fill "
           f"{result['fill_static']:.2%} vs {result['fill_dynamic']:.2%} without a patch budget "
           f"({result['fill_delta_points']:+.2f} points); a pack holds {result['mean_pack_patches']:,.0f} real patches "
           f"on average ({result['samples']} samples). Use it with static_visual=True.", flush=True)

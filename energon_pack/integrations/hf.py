@@ -59,8 +59,9 @@ import torch
 import torch.nn.functional as F
 
 from energon_pack.errors import ConfigError
-from energon_pack.qwen_vl.static_visual import (STATIC_GRID_KEY, STATIC_MAX_FRAME_KEY, STATIC_PIXELS_KEY,
-                                                pad_segments, static_segment_count)
+from energon_pack.qwen_vl.static_visual import (STATIC_FRAMES_KEY, STATIC_GRID_KEY, STATIC_MAX_FRAME_KEY,
+                                                STATIC_PIXELS_KEY, full_segment_count, pad_segments,
+                                                static_segment_count)
 from energon_pack.thd import IGNORE_INDEX, VISION_PRESET_KEY, vision_preset_record
 
 __all__ = [
@@ -540,8 +541,9 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
     """The vision tower's inputs for a static pack (:mod:`energon_pack.qwen_vl.static_visual`), every
     tensor of a fixed shape: the padded pixel rows, a grid of fixed length, and HF's own precomputed
     positions / cu_seqlens / window index (``transformers.vision_utils``) for the real media followed by
-    the padding, cut into its own segments; cu_seqlens of ``budget / merge**2 + 1`` entries and
-    max_seqlen pinned (the preset's largest frame; Qwen2.5-VL windows: the window size)."""
+    the padding, cut into its own segments. Full-attention cu_seqlens: the pack's frame budget + padding
+    chunks (max_seqlen pinned to the preset's largest frame); Qwen2.5-VL windows: ``budget / merge**2 + 1``
+    entries, max_seqlen the window size."""
     config = _config_of(model)
     vision = config.vision_config
     keys = vision_precompute_keys(config.model_type)
@@ -561,7 +563,6 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
     max_frame = int(batch[STATIC_MAX_FRAME_KEY])
     window = "window_index" in keys
     window_rows = (vision.window_size // vision.patch_size) ** 2 if window else max_frame
-    chunk = min(max_frame, window_rows)
     real = len(grid) > 0
     pos = vu.get_vision_position_ids(grid, merge) if real else torch.zeros((0, 2), dtype=torch.int64)
     size = static_segment_count(budget, merge)
@@ -570,7 +571,8 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
     out: dict[str, Any] = {
         "pixel_values": pixels, "grid_thw": fixed_grid,
         "position_ids": torch.cat([pos, pos.new_zeros((budget - n_real, pos.shape[1]))]),
-        "cu_seqlens": pad_segments(vu.get_vision_cu_seqlens(grid) if real else torch.zeros(1), budget, chunk, merge),
+        "cu_seqlens": pad_segments(vu.get_vision_cu_seqlens(grid) if real else torch.zeros(1), budget, max_frame, merge,
+                                   full_segment_count(budget, int(batch[STATIC_FRAMES_KEY]), max_frame)),
         "max_seqlen": max_frame,
     }
     if window:
@@ -578,7 +580,7 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
                                                        patch_size=vision.patch_size) if real
                             else (torch.zeros(0, dtype=torch.int64), torch.zeros(1)))
         out.update(window_index=torch.cat([index, torch.arange(n_real // unit, budget // unit)]),
-                   cu_window_seqlens=pad_segments(cu_window, budget, chunk, merge), max_window_seqlen=window_rows)
+                   cu_window_seqlens=pad_segments(cu_window, budget, window_rows, merge), max_window_seqlen=window_rows)
     if interp:
         visual = _visual_tower(model)
         taps = (4 if visual.interpolation_mode == "bilinear" else 16)
@@ -907,6 +909,7 @@ def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
     check_transformers_version()
     from transformers import AttentionInterface
 
+    _torch_varlen()  # looked up now: a lookup on the first compiled call would change a global dynamo guards on
     AttentionInterface.register(name, varlen_attention_forward)
     return name
 

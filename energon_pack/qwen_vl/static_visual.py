@@ -19,9 +19,11 @@ STATIC_PIXELS_KEY = "visual_pixel_values"
 STATIC_GRID_KEY = "visual_grid_thw"
 #: The longest attention segment a frame of this preset can be (patches), pinned as the tower's max_seqlen.
 STATIC_MAX_FRAME_KEY = "visual_max_frame_patches"
+#: The most frames (full-attention segments: one per image, t per video) a pack may hold (a packer budget).
+STATIC_FRAMES_KEY = "visual_max_frames"
 
-__all__ = ["STATIC_GRID_KEY", "STATIC_MAX_FRAME_KEY", "STATIC_PIXELS_KEY", "media_in_token_order",
-           "pad_segments", "static_visual_rows", "static_segment_count"]
+__all__ = ["STATIC_FRAMES_KEY", "STATIC_GRID_KEY", "STATIC_MAX_FRAME_KEY", "STATIC_PIXELS_KEY", "full_segment_count",
+           "media_in_token_order", "pad_segments", "static_segment_count", "static_visual_rows"]
 
 
 def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | None, video_grid: torch.Tensor | None,
@@ -50,7 +52,7 @@ def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | Non
 
 
 def static_visual_rows(batch: dict, budget: int, *, image_pad: int, video_pad: int, merge: int,
-                       max_frame_patches: int, row_width: int, dtype: torch.dtype) -> dict:
+                       max_frame_patches: int, max_frames: int, row_width: int, dtype: torch.dtype) -> dict:
     """``batch`` with its pixel rows moved into ``visual_pixel_values`` [budget, row] (token order, zero
     padded) and ``visual_grid_thw`` (real media, same order); ``pixel_values`` / ``pixel_values_videos``
     become None. Raises when the rows exceed ``budget`` (the packer's patch budget prevents it)."""
@@ -71,7 +73,7 @@ def static_visual_rows(batch: dict, budget: int, *, image_pad: int, video_pad: i
     batch = dict(batch)
     batch.update({"pixel_values": None, "pixel_values_videos": None, STATIC_PIXELS_KEY: out,
                   STATIC_GRID_KEY: torch.stack(grids).to(torch.int64) if grids else torch.zeros((0, 3), dtype=torch.int64),
-                  STATIC_MAX_FRAME_KEY: int(min(budget, max_frame_patches))})
+                  STATIC_MAX_FRAME_KEY: int(min(budget, max_frame_patches)), STATIC_FRAMES_KEY: int(max_frames)})
     return batch
 
 
@@ -82,19 +84,25 @@ def _row_starts(grid: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def static_segment_count(budget: int, merge: int) -> int:
-    """Entries of a static vision cu_seqlens: every segment (a frame, a window, a padding chunk) holds at
-    least one merged token (``merge**2`` rows), so a budget of B rows has at most ``B / merge**2``."""
+    """Entries of a static window cu_seqlens: every window and padding chunk holds at least one merged token
+    (``merge**2`` rows), so a budget of B rows has at most ``B / merge**2`` segments."""
     return budget // (merge * merge) + 1
 
 
-def pad_segments(cu: torch.Tensor, budget: int, chunk: int, merge: int) -> torch.Tensor:
+def full_segment_count(budget: int, frames: int, max_frame: int) -> int:
+    """Entries of a static full-attention cu_seqlens: at most ``frames`` real frames (the packer's frame
+    budget) and the padding in chunks of ``max_frame`` rows."""
+    return frames + -(-budget // max_frame) + 1
+
+
+def pad_segments(cu: torch.Tensor, budget: int, chunk: int, merge: int, size: int | None = None) -> torch.Tensor:
     """``cu`` (real boundaries) + the padding rows cut into chunks of at most ``chunk`` rows (multiples
-    of ``merge**2``), then repeated last values up to :func:`static_segment_count` entries."""
+    of ``merge**2``), then repeated last values up to ``size`` entries (:func:`static_segment_count`)."""
     cu = [int(v) for v in cu.tolist()] or [0]
     step = max(merge * merge, chunk // (merge * merge) * merge * merge)
     while cu[-1] < budget:
         cu.append(min(budget, cu[-1] + step))
-    size = static_segment_count(budget, merge)
+    size = size or static_segment_count(budget, merge)
     if len(cu) > size:
         raise ValueError(f"{len(cu) - 1} vision segments exceed the static count {size - 1}")
     return torch.tensor(cu + [cu[-1]] * (size - len(cu)), dtype=torch.int32)

@@ -52,6 +52,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         chat: ChatConfig | None = None,
         config: PackingConfig | None = None,
         static_visual: bool = False,
+        max_vision_frames: int | None = None,
         **config_overrides: Any,
     ) -> None:
         super().__init__()
@@ -66,6 +67,14 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             raise ConfigError("static_visual", f"needs a patch budget max_patches_per_pack that is a multiple of {unit}, "
                               f"got {config.max_patches_per_pack!r}",
                               "set max_patches_per_pack (e.g. the budget `energon-pack bench --visual-budget` recommends)")
+        if max_vision_frames is not None and (not self.static_visual or not isinstance(max_vision_frames, int)
+                                              or max_vision_frames < 1):
+            raise ConfigError("max_vision_frames", f"is {max_vision_frames!r}; a positive frame budget of static packs",
+                              "set static_visual=True with it, or leave it None")
+        #: static packs: frames per pack (a packer budget; the vision tower's full-attention cu_seqlens length)
+        self.max_vision_frames = (max_vision_frames or config.max_patches_per_pack // unit) if self.static_visual else None
+        # max_segments (static cu_seqlens) and the frame budget are packer budgets after those of the config
+        self._extra_budgets = tuple(b for b in (config.max_segments, self.max_vision_frames) if b is not None)
         # None: the preset's own model tokenizer (the real Qwen-VL vocabulary, built offline); a preset of
         # another name has no known tokenizer, so None then warns and uses the demo one (DemoTokenizerWarning)
         self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__,
@@ -94,9 +103,17 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         patches += sum(math.prod(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width, self.preset))
                        for m in video_metas)
         cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
+        frames = len(image_metas) + sum(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width,
+                                                         self.preset)[0] for m in video_metas)
+        cost += tuple(c for c, b in ((1, self.packing.max_segments), (frames, self.max_vision_frames)) if b is not None)
         payload = {"conversation": conversation, "images": images, "videos": videos,
                    "image_metas": image_metas, "video_metas": video_metas, "length": length}
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
+
+    def packing_capacity(self) -> tuple[int, ...]:
+        """The config's budgets, then one segment per sample up to ``max_segments`` (so static cu_seqlens
+        always fit) and, for static packs, the frame budget."""
+        return super().packing_capacity() + self._extra_budgets
 
     @stateless
     def batch(self, samples: list[Any]) -> dict:
@@ -108,6 +125,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             batch = static_visual_rows(
                 batch, self.packing.max_patches_per_pack, image_pad=special.image_pad, video_pad=special.video_pad,
                 merge=p.merge_size, max_frame_patches=max(p.max_pixels, p.video_max_pixels) // p.patch_size ** 2,
+                max_frames=self.max_vision_frames,
                 row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=V._TORCH_DTYPES[p.pixel_dtype])
         return batch
 
