@@ -24,19 +24,18 @@ import json
 import multiprocessing
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..chat import ENDOFTEXT
 from ..env import environ_set
 from ..errors import AllSkippedError, ConfigError, skip_counts_text
 from ..packing import best_fit_decreasing
 from ..thd import alignment_multiple
 from .dataset import JsonlSFTDataset
-from ..chat import ENDOFTEXT
 from .formats import tokenizer_fingerprint
 from .index import file_changed_error, file_fingerprint, file_identity
 from .length_pass import (MAX_LOGGED_DETAILS, PARALLEL_MIN_BYTES, RANGE_LINES, RANGES_PER_WORKER, _length_range, _worker_init,
