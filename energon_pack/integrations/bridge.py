@@ -552,9 +552,9 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
     offline packing): every training graph needs a fixed width (``pad_to_max_length``); graphs that capture
     packed attention (``cuda_graph_impl='transformer_engine'`` with no scope or one naming ``attn``, a whole
     layer via ``enable_cuda_graph``, or full iteration) also need static cu_seqlens (``pad_cu_seqlens`` +
-    ``max_segments``). A full-iteration graph would hold the vision input, which varies: refused.
-    ``vision_cuda_graph_impl``: Bridge pads the vision sequence to ``max_vision_cuda_graph_seq_length``, so a
-    patch budget (``max_patches_per_pack``) no larger than it is needed. Dynamic packs: every graph refused."""
+    ``max_segments``). A full-iteration graph would hold the vision input, which varies: refused. Vision
+    graphs (``vision_cuda_graph_impl``) are refused: Bridge's graphed tower attends across all the images of
+    a pack. Dynamic packs: every graph refused."""
     impl = _get(cfg, "model.cuda_graph_impl", None) or "none"
     scopes = _names(_get(cfg, "model.cuda_graph_scope", None)) + _names(_get(cfg, "model.cuda_graph_modules", None))
     layer_graph = _get(cfg, "model.enable_cuda_graph", False) is True
@@ -574,12 +574,10 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
             "pad_cu_seqlens=True and max_segments (static cu_seqlens), or cuda_graph_scope without 'attn'")
     vision = _get(cfg, "model.vision_cuda_graph_impl", None) or "none"
     if vision != "none":
-        limit = _get(cfg, "model.max_vision_cuda_graph_seq_length", None)
-        budget = getattr(packing, "max_patches_per_pack", None) if packing is not None else None
-        if budget is None or limit is None or budget > limit:
-            bad("model.vision_cuda_graph_impl", f"is {vision!r}, but the vision input of a pack ({budget} patches at most) "
-                f"is not known to fit max_vision_cuda_graph_seq_length={limit}",
-                "build the encoder with max_patches_per_pack and set model.max_vision_cuda_graph_seq_length >= it")
+        bad("model.vision_cuda_graph_impl", f"is {vision!r}; Bridge's graphed vision tower pads to "
+            "max_vision_cuda_graph_seq_length and runs full attention over all patches with only the padding masked, "
+            "so the images of a pack (of different samples) would attend to each other",
+            "set model.vision_cuda_graph_impl='none' (graph the LLM layers: cuda_graph_impl='transformer_engine')")
 
 
 # ---------------------------------------------------------------------------------- dataset provider
