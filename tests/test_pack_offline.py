@@ -14,6 +14,7 @@ import torch
 
 from _bridge_light import tiny_tokenizer
 from _bridge_sft_light import gpt_sft_modules
+from energon_pack.errors import ConfigError
 from energon_pack.sft import JsonlSFTDataset
 from energon_pack.sft import pack_offline as po
 from energon_pack.sft.pack_offline import pack_offline, plan_packs, runtime_lengths
@@ -132,3 +133,31 @@ def test_same_seed_same_bytes_any_workers_and_counted_skips(tmp_path, monkeypatc
     assert ha == hb and ha != hc
     assert a.skips == {"invalid_json": 1, "too_long": 1} and a.lines == 302 and a.samples == 300
     assert Path(a.metadata_path).read_text() == Path(b.metadata_path).read_text().replace("/b/", "/a/")
+
+
+def test_alignment_and_width_are_checked(tmp_path):
+    src = tmp_path / "data.jsonl"
+    _write_pc(src, 10)
+    kw = dict(tokenizer=tiny_tokenizer(), cache_dir=tmp_path / "cache")
+    with pytest.raises(ConfigError, match="pad_seq_to_mult"):
+        pack_offline(src, tmp_path / "o", seq_length=256, pad_seq_to_mult=2, tp=4, sp=True, **kw)  # rule: 4
+    with pytest.raises(ConfigError, match="seq_length"):
+        pack_offline(src, tmp_path / "o", seq_length=250, cp=2, **kw)  # rule: 4
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_writes_and_checks_the_packs(tmp_path, capsys):
+    from energon_pack.cli import main
+
+    src = tmp_path / "data.jsonl"
+    _write_chat(src, 40)
+    out, summary = tmp_path / "packs", tmp_path / "summary.json"
+    assert main(["pack-offline", str(src), str(out), "--format", "chat", "--tokenizer", "demo", "--seq-length", "256",
+                 "--tp", "2", "--sp", "--split", "validation", "--json-out", str(summary)]) == 0
+    printed = capsys.readouterr().out
+    assert "no_assistant_turn: 1" in printed and "pad_seq_to_mult=2" in printed
+    entry = json.loads((out / "256_metadata.jsonl").read_text())[-1]
+    assert (entry["pad_seq_to_mult"], entry["tensor_model_parallel_size"], entry["sequence_parallel"]) == (2, 2, True)
+    assert entry["energon_pack"]["split"] == "validation" and (out / "validation_256.idx.parquet").is_file()
+    assert json.loads(summary.read_text())["samples"] == 40
+    assert not list(out.glob("*.tmp"))  # the token file and the partial parquet are gone
