@@ -293,6 +293,9 @@ def pack_offline(
                          cache_dir=cache_dir, **format_kw)
     eos = bridge_eos_id(ds.format) if eos_id is None else eos_id
     identity = file_identity(ds.path)
+    if identity != ds.index.identity:
+        raise file_changed_error(ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, "
+                                 f"{identity} now", during="pack-offline")
     packs_path, meta_path = output_paths(out_dir, seq_length, split)
     packs_path.parent.mkdir(parents=True, exist_ok=True)
     token_path = packs_path.with_name(f".{packs_path.name}.tokens.tmp")
