@@ -45,3 +45,13 @@ def test_static_packs_compile_once_and_checkpointing_changes_no_loss(data, tmp_p
     for a, b, c in zip(eager["history"], checkpointed["history"], compiled["history"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(a["loss"]))
         assert abs(a["loss"] - c["loss"]) <= 1e-4 * max(1.0, abs(a["loss"]))
+
+
+@pytest.mark.parametrize("model", ["qwen2-vl", "qwen3-vl"])
+def test_static_packs_compile_once_on_the_other_versions(data, tmp_path, model):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    report = _run(data, tmp_path, "--model", model, "--static", "--compile-model", "--compile-backend", "aot_eager")
+    assert report["history"][0]["graphs_compiled"] > 0
+    assert report["graphs_compiled_after_first_step"] == 0, [h["graphs_compiled"] for h in report["history"]]

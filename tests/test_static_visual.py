@@ -136,3 +136,16 @@ def test_recommended_budgets_keep_fill_within_half_a_point():
     assert static["max_pack_frames"] <= rec["max_vision_frames"] and rec["max_segments"] > 1
     smaller = fill_with_budget(costs, 4096, rec["budget"] // 2)
     assert smaller["fill"] < rec["fill_dynamic"] - 0.005  # the budget is not needlessly large
+
+
+def test_bench_visual_budget_command(tmp_path):
+    import json
+
+    from energon_pack.cli import main
+    from energon_pack.energon import make_demo_shards
+
+    data = make_demo_shards(tmp_path / "data", samples=120, per_shard=40)
+    assert main(["bench", "--data", str(data), "--visual-budget", "--width", "2048", "--buffers", "8,16",
+                 "--tokenizer", "demo", "--out-dir", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "visual_budget.json").read_text())
+    assert rec["fill_delta_points"] <= 0.5 and rec["budget"] > 0 and rec["buffer"] == 16 and rec["max_segments"] >= 1
