@@ -212,3 +212,19 @@ def test_blend_with_a_repeated_shard_name_still_says_what_changed():
     with pytest.raises(ResumeConfigError, match=r"shards changed since the state was saved \(2 shards then, 2 now, "
                        r"same names\)"):
         check_loader_fingerprint(saved, {**saved, "shards": [["part-00000.tar", 7], ["part-00000.tar", 7]]})
+
+
+def test_a_shard_rewritten_with_the_same_sample_count_is_refused(tmp_path):
+    """Same names, same counts, other bytes (a re-export with edited samples): the file sizes differ.
+    (Tar pads members to 512 bytes: an edit that keeps every member within its blocks is not seen.)"""
+    from energon_pack.energon import split_changed_dataset
+
+    path = write_shards(tmp_path / "ds", SHARDS)
+    state, _ = state_after(loader(path, workers=0), 3)
+    write_shards(path, SHARDS[:3] + [[{**r, "edited": "x" * 600} for r in SHARDS[3]]])
+    with pytest.raises(ResumeConfigError, match=r"dataset: the dataset's shards were rewritten since the state was "
+                       r"saved \(part-00003\.tar now has \d+ bytes, not \d+; same sample counts\)"):
+        restore_state_rank(loader(path, workers=0), state)
+    write_shards(path, SHARDS[:3] + [[{**r, "edited": "x" * 600} for r in SHARDS[3]], EXTRA])
+    with pytest.raises(ResumeConfigError, match=r"part-00003\.tar was rewritten \(\d+ bytes, not \d+\)"):
+        split_changed_dataset(path, state, tmp_path / "views")

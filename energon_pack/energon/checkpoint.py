@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 from typing import Any, Callable, Dict, Optional
 
 from megatron.energon.flavors.base_dataset import SavableDataset
@@ -125,14 +126,27 @@ def walk_state(node: Any, visit: Callable[[dict], bool]) -> None:
 
 
 # ---------------------------------------------------------------------- what a state was saved for
+def shard_bytes(path: Any) -> int | None:
+    """A local shard file's size (a rewrite that keeps the sample count usually changes it); None remote."""
+    path = str(path)
+    if "://" in path:
+        return None
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def loader_fingerprint(worker_config: Any, shards: Any, encoder: Any) -> dict:
-    """What decides which samples a rank's loader yields: rank, world size, workers, shards, encoder."""
+    """What decides which samples a rank's loader yields: rank, world size, workers, shards (names,
+    sample counts, file sizes), encoder. ``shards`` holds (name, count, bytes or None)."""
     preset = getattr(getattr(encoder, "preset", None), "name", None)
     return {
         "rank": worker_config.rank,
         "world_size": worker_config.world_size,
         "num_workers": worker_config.num_workers,
-        "shards": sorted([str(name), int(count)] for name, count in shards),
+        "shards": sorted([str(name), int(count)] for name, count, _ in shards),
+        "shard_bytes": sorted([str(name), size] for name, _, size in shards if size is not None),
         "encoder": type(encoder).__name__ + (f"[{preset}]" if preset else ""),
     }
 
@@ -160,6 +174,14 @@ def check_loader_fingerprint(saved: dict, current: dict) -> None:
         raise ResumeConfigError(
             "dataset", f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
             "it would repeat or skip samples", fix)
+    if "shard_bytes" in saved and saved["shard_bytes"] != current["shard_bytes"]:
+        old, new = dict(map(tuple, saved["shard_bytes"])), dict(map(tuple, current["shard_bytes"]))
+        diff = [f"{n} now has {new[n]} bytes, not {old[n]}" for n in old if n in new and old[n] != new[n]]
+        diff = diff or ["the shards' sizes are unknown now"]
+        raise ResumeConfigError(
+            "dataset", f"the dataset's shards were rewritten since the state was saved ({', '.join(diff)}; same "
+            "sample counts), so restoring it would resume into other samples",
+            "start a new epoch/run without restoring the loader state, or restore with the shards it was saved with")
     if saved["encoder"] != current["encoder"]:
         raise ResumeConfigError(
             "encoder", f"the state was saved with task encoder {saved['encoder']}, this loader has {current['encoder']}",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .checkpoint import guard_states
+from .checkpoint import guard_states, shard_bytes
 from .stream import ResumeConfigError
 
 META = ".nv-meta"
@@ -43,16 +43,20 @@ class DatasetViews:
 
 def saved_shards(state: Any) -> dict[str, int]:
     """Shard name -> sample count the state's loader was built on (from its resume fingerprint)."""
+    return _saved(state, "shards")
+
+
+def _saved(state: Any, key: str) -> dict:
     guards = guard_states(state)
     if not guards:
         raise ResumeConfigError(
             "checkpoint", "the loader state has no resume fingerprint, so the shards it was saved with are unknown",
             "pass a state saved by an energon_pack task encoder's loader (loader.save_state_rank())")
-    found = {tuple(map(tuple, g["_resume"]["fingerprint"]["shards"])) for g in guards}
+    found = {tuple(map(tuple, g["_resume"]["fingerprint"].get(key, ()))) for g in guards}
     if len(found) != 1:
         raise ResumeConfigError("checkpoint", "the state's workers were saved with different shard lists",
                                 "pass one rank's unmodified save_state_rank() state")
-    return {name: count for name, count in found.pop()}
+    return dict(found.pop())
 
 
 def _current_shards(path: Path, split_part: str) -> list[tuple[str, int]]:
@@ -79,6 +83,9 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
     now = dict(current)
     gone = [f"removed {n} ({c} samples)" for n, c in old.items() if n not in now]
     gone += [f"{n} now has {now[n]} samples, not {c}" for n, c in old.items() if n in now and now[n] != c]
+    sizes = _saved(state, "shard_bytes")
+    gone += [f"{n} was rewritten ({shard_bytes(path / n)} bytes, not {b})" for n, b in sizes.items()
+             if n in now and shard_bytes(path / n) != b]
     if gone:
         raise ResumeConfigError(
             "dataset", f"the dataset lost or changed shards since the state was saved ({', '.join(gone)}); only added "
