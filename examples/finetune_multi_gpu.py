@@ -251,6 +251,14 @@ def compile_model(model: Any, *, cuda_graphs: bool = False, backend: str = "indu
     return model
 
 
+def graph_vision(model: Any, backend: str = "inductor") -> None:
+    """The vision tower alone under ``torch.compile`` (``dynamic=False``; on CUDA mode ``reduce-overhead``:
+    CUDA graphs): with static packs its inputs have one shape, so it is captured once."""
+    tower = getattr(getattr(model, "model", model), "visual")
+    cuda = next(tower.parameters()).is_cuda
+    tower.compile(dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda and backend == "inductor" else {}))
+
+
 def compiled_graphs() -> int:
     """How many graphs torch.compile has built in this process so far (0 without compiling)."""
     from torch._dynamo.utils import counters
@@ -414,6 +422,9 @@ def add_static_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-model", action="store_true", help="torch.compile the whole model forward (dynamic=False)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
     p.add_argument("--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)")
+    p.add_argument("--graph-vision", action="store_true",
+                   help="--static: the vision tower alone compiled with mode reduce-overhead (CUDA graphs of its forward "
+                        "and backward), the rest eager")
 
 
 def static_budgets(args: argparse.Namespace, preset: Any, static: bool = False) -> dict | None:
@@ -451,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
         grad_checkpoint(model)
     if args.compile_model:
         compile_model(model, cuda_graphs=args.cuda_graphs, backend=args.compile_backend)
+    elif args.graph_vision:
+        graph_vision(model, backend=args.compile_backend)
     opt = make_optimizer(model, args.lr, device)
     start_step = 0
     if args.resume:

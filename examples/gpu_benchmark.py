@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile_model:
         ft.compile_model(model, cuda_graphs=args.cuda_graphs, backend=args.compile_backend)
         compiled.append("model" + (" (reduce-overhead: CUDA graphs)" if args.cuda_graphs else ""))
+    elif args.graph_vision:
+        ft.graph_vision(model, backend=args.compile_backend)
+        compiled.append("vision tower (reduce-overhead: CUDA graphs)")
     opt = ft.make_optimizer(model, 1e-5, device)  # fused AdamW on CUDA
     runner = ft.wrap_ddp(model, device, args.bucket_mb) if world > 1 else model
     cpu_group = dist.new_group(backend="gloo") if world > 1 else None

@@ -55,3 +55,11 @@ def test_static_packs_compile_once_on_the_other_versions(data, tmp_path, model):
     report = _run(data, tmp_path, "--model", model, "--static", "--compile-model", "--compile-backend", "aot_eager")
     assert report["history"][0]["graphs_compiled"] > 0
     assert report["graphs_compiled_after_first_step"] == 0, [h["graphs_compiled"] for h in report["history"]]
+
+
+def test_the_vision_tower_alone_compiles_once(data, tmp_path):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    report = _run(data, tmp_path, "--static", "--graph-vision", "--compile-backend", "aot_eager")
+    assert report["history"][0]["graphs_compiled"] > 0 and report["graphs_compiled_after_first_step"] == 0

@@ -37,6 +37,11 @@ by its version string:
   after a video resumes at the block's largest position + 1; 4.57-5.17 Qwen2.5-VL truncates
   ``second_per_grid_t`` to an integer), the segments with videos get the release's positions.
 
+Static packs (``static_visual=True``, :mod:`energon_pack.qwen_vl.static_visual`): ``hf_forward_kwargs`` passes the
+padded vision rows and fixed-length precomputed vision tensors (:func:`static_vision_kwargs`) under one kwarg that a
+forward pre-hook (:func:`use_static_visual`) turns into ``inputs_embeds``: every tensor the model sees then has one
+shape, so ``torch.compile`` compiles once and CUDA graphs can capture it.
+
 Batches from another model version or vision geometry (:func:`check_vision_preset`): the task encoder's
 batches record their preset (``vision_preset``), and with ``model=`` a record that does not fit the
 model's config (version, patch sizes, merge size), or pixel rows of another width (also in hand-built
