@@ -558,8 +558,8 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
     impl = _get(cfg, "model.cuda_graph_impl", None) or "none"
     scopes = _names(_get(cfg, "model.cuda_graph_scope", None)) + _names(_get(cfg, "model.cuda_graph_modules", None))
     layer_graph = _get(cfg, "model.enable_cuda_graph", False) is True
-    full = impl == "full_iteration" or any(n.startswith("full") for n in scopes)
     wants = impl != "none" or layer_graph
+    full = wants and (impl == "full_iteration" or any(n.startswith("full") for n in scopes))  # a scope alone graphs nothing
     static_width = packing is not None and packing.pad_to_max_length
     static_cu = static_width and packing.pad_cu_seqlens
     knob = "model.cuda_graph_impl" if impl != "none" else "model.enable_cuda_graph"
