@@ -186,6 +186,9 @@ def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, s
         cache.mkdir(parents=True, exist_ok=True)
         print(f"  {fmt}: {side} ...", flush=True)
         rows[side] = run_child(spec)
+    for r in rows.values():
+        if "error" not in r:
+            r["runtime_tokens"] = round(r["fill"] * r["packs"] * width)
     bridge = [rows[a] for a in ALGORITHMS if a in rows and "error" not in rows[a]]
     ours = rows.get("ours", {"error": "not run"})
     targets = []
@@ -197,12 +200,14 @@ def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, s
                   min(r["peak_pss_bytes"] for r in bridge) / 4 / 2**20),
             check(f"{fmt}: wall time <= Bridge's (s)", ours["wall_s"], "<=", min(r["wall_s"] for r in bridge)),
         ]
+    counts = {r["runtime_tokens"] for r in rows.values() if "error" not in r}
     return {"file": str(path), "bytes": path.stat().st_size, "lines": sum(1 for _ in open(path, "rb")), "format": fmt,
-            "rows": rows, "targets": targets}
+            "same_tokens": len(counts) == 1, "rows": rows, "targets": targets}
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{result['format']}: {result['bytes'] / 2**20:.1f} MiB, {result['lines']} lines",
+    same = "the same runtime tokens on every side" if result["same_tokens"] else "runtime tokens DIFFER between sides"
+    lines = [f"{result['format']}: {result['bytes'] / 2**20:.1f} MiB, {result['lines']} lines, {same}",
              f"  {'packer':<24} {'packs':>8} {'samples':>8} {'fill %':>8} {'tree PSS MiB':>13} {'tree RSS MiB':>13} {'main HWM MiB':>13} {'wall s':>8}"]
     for name, r in result["rows"].items():
         label = "energon-pack (best fit)" if name == "ours" else f"Bridge {name}"
