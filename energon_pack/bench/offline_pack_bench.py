@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .sft_bench import WORDS, _write, write_unique_jsonl
 from .targets import check, format_target
 
 ALGORITHMS = ("first_fit_shuffle", "first_fit_decreasing")
@@ -35,6 +34,8 @@ TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
 
 def write_chat_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
     """A chat JSONL (``messages``, 1-4 user/assistant turns) of about ``size_bytes``, every line distinct."""
+    from .sft_bench import WORDS
+
     rng = random.Random(seed)
 
     def text(lo: int, hi: int) -> str:
@@ -225,6 +226,8 @@ def main(out: str | Path = "bench_results/offline_pack.json", *, size_mb: float 
          workdir: str | Path | None = None, packers: tuple[str, ...] = ("ours",) + ALGORITHMS) -> dict[str, Any]:
     """Generate the files (a prompt/completion file of ``size_mb``, a chat file of ``chat_size_mb``;
     0 skips one), compare, print, write JSON."""
+    from .sft_bench import _write, write_unique_jsonl
+
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
