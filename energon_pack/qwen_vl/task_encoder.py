@@ -115,6 +115,10 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         always fit) and, for static packs, the frame budget."""
         return super().packing_capacity() + self._extra_budgets
 
+    def packing_fingerprint(self, packing_buffer_size: int) -> dict:
+        """The config's knobs and the frame budget of static packs (it changes which packs come next)."""
+        return {**super().packing_fingerprint(packing_buffer_size), "max_vision_frames": self.max_vision_frames}
+
     @stateless
     def batch(self, samples: list[Any]) -> dict:
         """The THD row, with the record of this encoder's preset under ``vision_preset``."""
