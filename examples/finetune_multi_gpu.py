@@ -35,6 +35,11 @@ on CUDA in bf16 for the LLM and the vision tower; block-diagonal SDPA on CPU). L
 (``loader.save_state_rank()``) after K steps; ``--resume DIR`` restores all three and continues with
 step K: the losses equal those of an uninterrupted run (seeded init, no dropout, same packs).
 
+``--static`` packs have one shape (fixed width, static cu_seqlens, patch rows padded to the patch budget,
+budgets recommended from the data unless ``--patch-budget``): ``--compile-model`` (whole forward,
+``dynamic=False``) then compiles in the first step only, ``--cuda-graphs`` / ``--graph-vision`` add CUDA
+graphs (whole model / vision tower); ``--grad-checkpoint`` recomputes activations (long widths).
+
 Per step: loss, real tokens, step time and the time spent waiting for the loader. Rank 0 writes
 ``--report JSON``: losses per step, real tokens/s (all ranks), fill, data-wait share, and the
 ``__keys__`` each rank trained on.
