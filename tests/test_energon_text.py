@@ -42,6 +42,18 @@ def dataset(path, te, workers=0, buffer=8, repeat=False):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_max_segments_is_a_packing_budget_so_static_cu_seqlens_always_fit(jsonl, workers):
+    """Without the budget a pack of more short samples than max_segments failed in build_thd_batch."""
+    te = TextPackingTaskEncoder(tokenizer="demo", seq_length=512, max_segments=3, pad_to_max_length=True,
+                                pad_cu_seqlens=True)
+    batches = list(get_loader(dataset(jsonl, te, workers=workers)))
+    keys = [k for b in batches for k in b["__keys__"]]
+    assert sorted(keys, key=int) == [str(i) for i in range(LINES) if i not in BAD]
+    assert {len(b["__keys__"]) for b in batches} <= {1, 2, 3} and max(len(b["__keys__"]) for b in batches) == 3
+    assert {tuple(b["cu_seqlens_q"].shape) for b in batches} == {(4,)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_every_valid_line_once_and_bad_lines_counted(jsonl, workers):
     te = TextPackingTaskEncoder(tokenizer="demo", seq_length=512)
     batches = list(get_loader(dataset(jsonl, te, workers=workers)))

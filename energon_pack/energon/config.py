@@ -99,15 +99,15 @@ class PackingConfig:
         )
 
     def capacity(self) -> tuple[int, ...]:
-        extra = tuple(b for b in (self.max_patches_per_pack, self.max_media_per_pack) if b is not None)
-        return (self.seq_length, *extra)
+        """A pack's budgets: tokens, then patches, media and segments where set (``max_segments`` is a
+        budget so static cu_seqlens always fit)."""
+        budgets = (self.max_patches_per_pack, self.max_media_per_pack, self.max_segments)
+        return (self.seq_length, *(b for b in budgets if b is not None))
 
     def cost(self, aligned_tokens: int, patches: int = 0, media: int = 0) -> tuple[int, ...]:
-        extra = tuple(
-            value for value, budget in ((patches, self.max_patches_per_pack), (media, self.max_media_per_pack))
-            if budget is not None
-        )
-        return (aligned_tokens, *extra)
+        """One sample's cost in the budgets of :meth:`capacity` (one segment per sample)."""
+        pairs = ((patches, self.max_patches_per_pack), (media, self.max_media_per_pack), (1, self.max_segments))
+        return (aligned_tokens, *(value for value, budget in pairs if budget is not None))
 
     def packer_options(self) -> dict[str, Any]:
         return {

@@ -73,8 +73,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                               "set static_visual=True with it, or leave it None")
         #: static packs: frames per pack (a packer budget; the vision tower's full-attention cu_seqlens length)
         self.max_vision_frames = (max_vision_frames or config.max_patches_per_pack // unit) if self.static_visual else None
-        # max_segments (static cu_seqlens) and the frame budget are packer budgets after those of the config
-        self._extra_budgets = tuple(b for b in (config.max_segments, self.max_vision_frames) if b is not None)
+        # the frame budget is a packer budget after those of the config (max_segments is one of those)
+        self._extra_budgets = () if self.max_vision_frames is None else (self.max_vision_frames,)
         # None: the preset's own model tokenizer (the real Qwen-VL vocabulary, built offline); a preset of
         # another name has no known tokenizer, so None then warns and uses the demo one (DemoTokenizerWarning)
         self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__,
@@ -105,14 +105,13 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
         frames = len(image_metas) + sum(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width,
                                                          self.preset)[0] for m in video_metas)
-        cost += tuple(c for c, b in ((1, self.packing.max_segments), (frames, self.max_vision_frames)) if b is not None)
+        cost += (frames,) if self.max_vision_frames is not None else ()
         payload = {"conversation": conversation, "images": images, "videos": videos,
                    "image_metas": image_metas, "video_metas": video_metas, "length": length}
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
 
     def packing_capacity(self) -> tuple[int, ...]:
-        """The config's budgets, then one segment per sample up to ``max_segments`` (so static cu_seqlens
-        always fit) and, for static packs, the frame budget."""
+        """The config's budgets (segments among them), then, for static packs, the frame budget."""
         return super().packing_capacity() + self._extra_budgets
 
     def packing_fingerprint(self, packing_buffer_size: int) -> dict:
