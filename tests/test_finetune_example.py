@@ -158,7 +158,7 @@ def test_two_nodes_rendezvous_on_localhost_read_disjoint_data(data, tmp_path):
 
 
 def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
-    """examples/gpu_benchmark.py, tiny model, all five feeds, one timed step each (no timing asserts)."""
+    """examples/gpu_benchmark.py, tiny model, every feed (gb.FEEDS), one timed step each (no timing asserts)."""
     gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
     out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
     gb.main(["--device", "cpu", "--size", "tiny", "--steps", "1", "--width", "512", "--warmup", "0", "--workers", "0",
