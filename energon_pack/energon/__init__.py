@@ -7,13 +7,15 @@ from .prepare import prepare, prepare_jsonl, prepare_webdataset
 from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
 from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
 from .stream import AllSkippedError
-from .checkpoint import guard_energon_restore_state_rank, guard_energon_save_state_rank, restore_state_rank, save_state_rank
+from .checkpoint import (guard_energon_restore_state_rank, guard_energon_save_state_rank, guard_energon_worker_checkpoint,
+                         restore_state_rank, save_state_rank)
 from .dataset_change import DatasetViews, split_changed_dataset
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
 
 guard_energon_save_state_rank()
 guard_energon_restore_state_rank()
+guard_energon_worker_checkpoint()
 
 __all__ = [
     "CHATML_COOKERS",

@@ -10,7 +10,8 @@ are only started by the first ``next()`` (``_epoch_iter`` is a generator; ``Data
 runs inside it). ``save_state_rank`` then takes the "workers running" branch and calls
 ``_worker_command("get_checkpoint", ...)``, which puts a command on each worker's queue and
 blocks on ``result_queue.get()`` with no timeout: no worker exists to answer, so it waits forever.
-Importing ``energon_pack.energon`` makes Energon's own method safe too (:func:`guard_energon_save_state_rank`).
+Importing ``energon_pack.energon`` makes Energon's own method safe too (:func:`guard_energon_save_state_rank`),
+and makes a worker that has not begun iterating report the right checkpoint (:func:`guard_energon_worker_checkpoint`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,40 @@ def guard_energon_restore_state_rank() -> None:
         return original(self, state)
 
     SavableDataLoader.restore_state_rank = restore_state_rank
+
+
+def guard_energon_worker_checkpoint() -> None:
+    """Make a worker that has not begun iterating answer ``get_checkpoint`` with the state it will
+    start from. Idempotent.
+
+    Energon 7.4.1 (savable_loader.py, ``SavableDatasetWrapper``) creates each wrapper with a
+    placeholder checkpoint ``(state=None, sample_index=-1)``; ``__iter__`` starts the command thread
+    and only then takes ``_command_lock`` to store the real first checkpoint (index 0) or apply a
+    restore. A ``save_state_rank()`` whose command is already queued can win that race (a worker
+    slow to start, e.g. a loaded machine, while the other worker already delivered a batch):
+    ``get_checkpoint`` then answers from the placeholder with ``offset = 0 - (-1) = 1``, so a restore
+    skips that worker's first batch (every later batch of that worker is off by one; after a
+    restore it would even answer "fresh start" for a restored worker). The state the worker has
+    not started from yet is its pending restore (``_workers_restore_from``/``_workers_skip_samples``,
+    ``None``/0 when fresh): that is the answer, the one Energon's unreachable "Immediate save after
+    restore" branch meant to give.
+    """
+    from megatron.energon.savable_loader import SavableDatasetWrapper
+
+    original = SavableDatasetWrapper.get_checkpoint
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def get_checkpoint(self, last_sample_indexes):
+        checkpoints = self._last_checkpoints
+        if len(checkpoints) == 1 and checkpoints[0].state is None and checkpoints[0].sample_index == -1:
+            worker = self._worker_id
+            return SavableDatasetCheckpoint(state=self._workers_restore_from[worker],
+                                            offset=self._workers_skip_samples[worker])
+        return original(self, last_sample_indexes)
+
+    SavableDatasetWrapper.get_checkpoint = get_checkpoint
 
 
 def worker_stats_from_state(state: Any) -> list[dict]:
