@@ -41,11 +41,10 @@ def save_state_rank(loader: Any):
     Before the workers start, the state is the one the loader would restore from (its initial
     or restored checkpoint), exactly what Energon returns before ``iter(loader)``.
     """
-    return _save_state_rank_unhung(loader, type(loader).save_state_rank)
+    return _save_state_rank_unhung(loader, _unwrapped(type(loader), "save_state_rank"))
 
 
 def _save_state_rank_unhung(loader: Any, save: Callable[[Any], Any]):
-    save = getattr(save, "__wrapped__", save)
     if getattr(loader, "num_workers", 0) > 0 and getattr(loader, "_has_workers", False) and not workers_started(loader):
         loader._has_workers = False
         try:
@@ -55,20 +54,26 @@ def _save_state_rank_unhung(loader: Any, save: Callable[[Any], Any]):
     return save(loader)
 
 
+def _wrap_method(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace ``cls.name`` by ``make(original)`` (marked as wrapping it) unless already wrapped."""
+    original = getattr(cls, name)
+    if getattr(original, "__wrapped__", None) is None:
+        setattr(cls, name, functools.wraps(original)(make(original)))
+
+
+def _unwrapped(cls: type, name: str) -> Callable:
+    """``cls.name`` as Energon defined it (behind our guard, if installed)."""
+    method = getattr(cls, name)
+    return getattr(method, "__wrapped__", method)
+
+
 def guard_energon_save_state_rank() -> None:
     """Make Energon's own ``SavableDataLoader.save_state_rank`` the hang-safe one (users call it
     directly; Bridge's checkpointing too). Idempotent; the state is Energon's, unchanged."""
     from megatron.energon.savable_loader import SavableDataLoader
 
-    original = SavableDataLoader.save_state_rank
-    if getattr(original, "__wrapped__", None) is not None:
-        return
-
-    @functools.wraps(original)
-    def save_state_rank(self):
-        return _save_state_rank_unhung(self, original)
-
-    SavableDataLoader.save_state_rank = save_state_rank
+    _wrap_method(SavableDataLoader, "save_state_rank",
+                 lambda original: lambda self: _save_state_rank_unhung(self, original))
 
 
 def guard_energon_restore_state_rank() -> None:
@@ -77,17 +82,14 @@ def guard_energon_restore_state_rank() -> None:
     Energon). Other loaders are untouched. Idempotent."""
     from megatron.energon.savable_loader import SavableDataLoader
 
-    original = SavableDataLoader.restore_state_rank
-    if getattr(original, "__wrapped__", None) is not None:
-        return
+    def make(original: Callable) -> Callable:
+        def restore_state_rank(self, state):
+            if _find_guard(self) is not None:
+                check_restore(self, state)
+            return original(self, state)
+        return restore_state_rank
 
-    @functools.wraps(original)
-    def restore_state_rank(self, state):
-        if _find_guard(self) is not None:
-            check_restore(self, state)
-        return original(self, state)
-
-    SavableDataLoader.restore_state_rank = restore_state_rank
+    _wrap_method(SavableDataLoader, "restore_state_rank", make)
 
 
 def guard_energon_worker_checkpoint() -> None:
@@ -108,20 +110,17 @@ def guard_energon_worker_checkpoint() -> None:
     """
     from megatron.energon.savable_loader import SavableDatasetWrapper
 
-    original = SavableDatasetWrapper.get_checkpoint
-    if getattr(original, "__wrapped__", None) is not None:
-        return
+    def make(original: Callable) -> Callable:
+        def get_checkpoint(self, last_sample_indexes):
+            checkpoints = self._last_checkpoints
+            if len(checkpoints) == 1 and checkpoints[0].state is None and checkpoints[0].sample_index == -1:
+                worker = self._worker_id
+                return SavableDatasetCheckpoint(state=self._workers_restore_from[worker],
+                                                offset=self._workers_skip_samples[worker])
+            return original(self, last_sample_indexes)
+        return get_checkpoint
 
-    @functools.wraps(original)
-    def get_checkpoint(self, last_sample_indexes):
-        checkpoints = self._last_checkpoints
-        if len(checkpoints) == 1 and checkpoints[0].state is None and checkpoints[0].sample_index == -1:
-            worker = self._worker_id
-            return SavableDatasetCheckpoint(state=self._workers_restore_from[worker],
-                                            offset=self._workers_skip_samples[worker])
-        return original(self, last_sample_indexes)
-
-    SavableDatasetWrapper.get_checkpoint = get_checkpoint
+    _wrap_method(SavableDatasetWrapper, "get_checkpoint", make)
 
 
 def worker_stats_from_state(state: Any) -> list[dict]:
@@ -318,7 +317,7 @@ def restore_state_rank(loader: Any, state: Any) -> None:
     """``loader.restore_state_rank(state)`` with a :class:`ResumeConfigError` instead of Energon's bare
     ``AssertionError`` when the state was saved with another worker count, rank or world size."""
     check_restore(loader, state)
-    loader.restore_state_rank(state)
+    _unwrapped(type(loader), "restore_state_rank")(loader, state)  # checked once: not again behind the guard
 
 
 def check_restore(loader: Any, state: Any) -> None:

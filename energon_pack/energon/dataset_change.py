@@ -84,8 +84,9 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
     gone = [f"removed {n} ({c} samples)" for n, c in old.items() if n not in now]
     gone += [f"{n} now has {now[n]} samples, not {c}" for n, c in old.items() if n in now and now[n] != c]
     sizes = _saved(state, "shard_bytes")
-    gone += [f"{n} was rewritten ({shard_bytes(path / n)} bytes, not {b})" for n, b in sizes.items()
-             if n in now and shard_bytes(path / n) != b]
+    size_now = {n: shard_bytes(path / n) for n in sizes if n in now}  # one stat per shard
+    gone += [f"{n} was rewritten ({size_now[n]} bytes, not {b})" for n, b in sizes.items()
+             if n in size_now and size_now[n] != b]
     if gone:
         raise ResumeConfigError(
             "dataset", f"the dataset lost or changed shards since the state was saved ({', '.join(gone)}); only added "
