@@ -16,6 +16,18 @@ fi
 # modules run on 3.11), so tests/test_integration_bridge.py runs Bridge's own VLM-step batch and
 # M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
 .venv/bin/pip install --quiet --no-deps --ignore-requires-python "megatron-bridge==0.6.2"
+# Test-only: the video reference (tests/test_video_parity.py): qwen-vl-utils with its decord reader and
+# transformers' Qwen video processors need torchvision; its wheel here is built against CUDA torch, so it
+# goes into .venv/video-reference/ (never on the main environment's path) and the parity tests import it
+# in a subprocess. torchvision's release is the one paired with the installed torch (2.N -> 0.N+15).
+TV=$(.venv/bin/python -c "import torch; print('0.%d.*' % (int(torch.__version__.split('.')[1]) + 15))")
+REF_PINS="torchvision==$TV qwen-vl-utils==0.0.14 decord==0.6.0"
+if [ "$(cat .venv/video-reference/.pins 2>/dev/null)" != "$REF_PINS" ]; then
+  rm -rf .venv/video-reference
+  # shellcheck disable=SC2086
+  .venv/bin/pip install --quiet --no-deps --target .venv/video-reference $REF_PINS
+  echo "$REF_PINS" > .venv/video-reference/.pins
+fi
 # Test-only: the compatibility environments under .venv-compat/ (git-ignored), each the main venv's
 # packages with a few releases pinned in front (--no-deps, so never a torch download): the oldest
 # supported transformers, Megatron-Bridge's newest allowed and the GPU image's; the lowest
