@@ -30,3 +30,18 @@ def demo_shards(tmp_path_factory):
     from energon_pack.energon.demo_data import make_demo_shards
 
     return make_demo_shards(tmp_path_factory.mktemp("demo"), samples=600, per_shard=100, seed=1)
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 for the session, with MSC_CONFIG and credentials set (tests/_s3_server.py)."""
+    from _s3_server import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("s3")) as store:
+        yield store
+
+
+@pytest.fixture(scope="session")
+def remote_demo(s3_store, demo_shards):
+    """The ``demo_shards`` dataset uploaded as is: its ``msc://`` path."""
+    return s3_store.upload(demo_shards, "demo")

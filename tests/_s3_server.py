@@ -1,0 +1,115 @@
+"""A real S3-compatible server for the tests: moto's server mode on 127.0.0.1, and the MSC config
+that points Energon's ``msc://`` paths at it.
+
+The server runs as a child process (its own GIL: loader workers and the server do not share one),
+on a free port, and is stopped when the ``with`` block ends, however it ends (on Linux it also dies
+with the test process if that is killed). The MSC config names only the endpoint; the credentials
+come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), as a user's would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROFILE = "energon-s3"
+BUCKET = "energon-pack-test"
+#: what the tests set in the environment while the server runs (moto accepts any key)
+ENV = {"AWS_ACCESS_KEY_ID": "energon-pack-test", "AWS_SECRET_ACCESS_KEY": "energon-pack-test-secret",
+       "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@dataclass
+class S3Store:
+    """The running server: ``url(key)`` is the ``msc://`` path of an object or prefix in the bucket."""
+
+    endpoint: str
+    config_path: Path
+    client: Any  # a boto3 S3 client
+
+    def url(self, key: str = "") -> str:
+        return f"msc://{PROFILE}/{BUCKET}/{key}".rstrip("/")
+
+    def upload(self, folder: str | Path, prefix: str) -> str:
+        """Every file under ``folder`` (hidden ones included) to ``prefix``; returns ``url(prefix)``."""
+        folder = Path(folder)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            self.client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return self.url(prefix)
+
+    def keys(self, prefix: str) -> list[str]:
+        """The object keys under ``prefix`` (relative to it), sorted."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+        return sorted(o["Key"][len(prefix) + 1:] for page in pages for o in page.get("Contents", ()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited with status {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"moto server not listening on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def s3_server(workdir: str | Path) -> Iterator[S3Store]:
+    """Start moto's S3 server, create the bucket, write the MSC config into ``workdir`` and set
+    ``MSC_CONFIG`` and the credentials in ``os.environ`` (subprocesses inherit them); everything is
+    undone and the server stopped on exit."""
+    import boto3
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    saved = {k: os.environ.get(k) for k in (*ENV, "MSC_CONFIG")}
+    try:
+        _wait_listening(port, proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        config = Path(workdir) / "msc_config.json"
+        config.write_text(json.dumps({"profiles": {PROFILE: {"storage_provider": {
+            "type": "s3", "options": {"base_path": "", "endpoint_url": endpoint,
+                                       "region_name": ENV["AWS_DEFAULT_REGION"]}}}}}))
+        os.environ.update(ENV, MSC_CONFIG=str(config))
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        yield S3Store(endpoint, config, client)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
