@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 from typing import Any, Callable, Dict, Optional
 
 from megatron.energon.flavors.base_dataset import SavableDataset
@@ -161,12 +160,12 @@ def walk_state(node: Any, visit: Callable[[dict], bool]) -> None:
 
 # ---------------------------------------------------------------------- what a state was saved for
 def shard_bytes(path: Any) -> int | None:
-    """A local shard file's size (a rewrite that keeps the sample count usually changes it); None remote."""
-    path = str(path)
-    if "://" in path:
-        return None
+    """A shard's size, local file or object (a rewrite that keeps the sample count usually changes it);
+    None when it cannot be had."""
+    from energon_pack.storage import file_size
+
     try:
-        return os.stat(path).st_size
+        return file_size(path)
     except OSError:
         return None
 

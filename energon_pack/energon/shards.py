@@ -1,52 +1,65 @@
-"""Cheap integrity checks of prepared WebDataset shards (file sizes against Energon's index).
+"""Cheap integrity checks of prepared WebDataset shards (shard sizes against Energon's index).
 
 ``energon prepare`` writes one ``<shard>.tar.idx`` per shard: ``count + 1`` little-endian
 uint64 byte offsets, the last one the end of the last sample. A shard shorter than that was
 truncated after preparation (an interrupted copy or sync) and would fail deep in the loader
-with ``tarfile.ReadError: empty header`` naming no file. Only ``stat`` and an 8-byte read per
-shard: no shard is read.
+(in a worker) with ``tarfile.ReadError`` naming no file. Per shard only its size (``stat``, or one
+HEAD in object storage) and the index's last 8 bytes (one ranged read): no shard is read. Remote
+shards are checked on parallel threads (:mod:`energon_pack.storage`).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from energon_pack.errors import ConfigError
+from energon_pack.storage import REQUEST_THREADS, file_size, is_remote, read_range
 
 
-def check_shards(factory: Any) -> None:
-    """Raise ConfigError naming the first shard file smaller than its index says (or missing)."""
-    for shard in getattr(factory, "shards", None) or ():
-        path = str(getattr(shard, "path", ""))
-        if not path or "://" in path:  # remote stores: no cheap stat here
-            continue
-        check_shard(path, getattr(shard, "count", None))
+def check_shards(factory: Any) -> dict[str, int | None]:
+    """Raise ConfigError naming the first shard (in the dataset's order) that is missing or smaller
+    than its index says; otherwise return each shard's size in bytes by path."""
+    shards = [(str(getattr(s, "path", "")), getattr(s, "count", None)) for s in getattr(factory, "shards", None) or ()]
+    shards = [(path, count) for path, count in shards if path]
+    if any(is_remote(path) for path, _ in shards):
+        with ThreadPoolExecutor(min(REQUEST_THREADS, len(shards))) as pool:
+            facts = list(pool.map(lambda s: _shard_facts(*s), shards))
+    else:
+        facts = [_shard_facts(path, count) for path, count in shards]
+    for (path, count), (size, end, entries) in zip(shards, facts):
+        _judge(path, count, size, end, entries)
+    return {path: size for (path, _), (size, _, _) in zip(shards, facts)}
 
 
-def check_shard(path: str, count: int | None = None) -> None:
+def _shard_facts(path: str, count: int | None) -> tuple[int | None, int | None, int]:
+    """(shard size or None when missing, the index's last offset or None without an index, index entries)."""
+    size = file_size(path)
+    if size is None:
+        return None, None, 0
     idx = path + ".idx"
+    entries = count + 1 if count is not None else (file_size(idx) or 0) // 8
+    if entries == 0:
+        return size, None, 0
     try:
-        size = os.stat(path).st_size
+        tail = read_range(idx, (entries - 1) * 8, 8)
     except FileNotFoundError:
+        return size, None, 0  # indexed in the sqlite database only: nothing cheap to compare
+    return size, (struct.unpack("<Q", tail)[0] if len(tail) == 8 else None), entries
+
+
+def _judge(path: str, count: int | None, size: int | None, end: int | None, entries: int) -> None:
+    where = "in object storage" if is_remote(path) else "on disk"
+    if size is None:
         raise ConfigError("dataset", f"shard {path} is listed in the prepared index but missing",
-                          "re-copy the shard, or re-run `energon prepare` on the dataset folder") from None
-    try:
-        with open(idx, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            n = f.tell() // 8
-            if n == 0:
-                return
-            f.seek((n - 1) * 8)
-            (end,) = struct.unpack("<Q", f.read(8))
-    except FileNotFoundError:
-        return  # indexed in the sqlite database only: nothing cheap to compare
-    if size < end:
+                          "re-copy the shard, or re-run `energon prepare` on the dataset folder")
+    if end is not None and size < end:
         raise ConfigError(
             "dataset",
-            f"shard {path} is truncated: {size} bytes on disk, its index ({os.path.basename(idx)}, "
-            f"{count if count is not None else n - 1} samples) ends at byte {end}",
+            f"shard {path} is truncated: {size} bytes {where}, its index ({os.path.basename(path)}.idx, "
+            f"{count if count is not None else entries - 1} samples) ends at byte {end}",
             f"re-copy {os.path.basename(path)} from the source (an interrupted copy/sync), or re-run "
             "`energon prepare` on the dataset folder if the shard was rewritten on purpose",
         )

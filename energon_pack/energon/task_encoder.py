@@ -30,7 +30,7 @@ from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasin
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
-from .checkpoint import ResumeGuard, loader_fingerprint, shard_bytes
+from .checkpoint import ResumeGuard, loader_fingerprint
 from .config import RESUME_SAFE_KNOBS, PackingConfig
 from .rounds import CountedSkip, RoundsPackingDataset
 from .shards import check_shards
@@ -129,9 +129,9 @@ class CarryOverPackingMixin:
 
     # ---------------------------------------------------------------- loading: cheap shard checks
     def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
-        check_shards(dataset.dataset)
         factory = dataset.dataset
-        shards = [(s.name, s.count, shard_bytes(s.path)) for s in getattr(factory, "shards", None) or ()]
+        sizes = check_shards(factory)  # one stat (remote: HEAD) per shard, for the check and the resume fingerprint
+        shards = [(s.name, s.count, sizes.get(str(s.path))) for s in getattr(factory, "shards", None) or ()]
         if not shards and hasattr(factory, "__len__"):  # a JSONL dataset: one file, its sample count
             shards = [(getattr(factory, "name", type(factory).__name__), len(factory), None)]
         self.__dict__.setdefault("_resume_shards", []).extend(shards)

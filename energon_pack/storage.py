@@ -1,0 +1,73 @@
+"""Local and object-storage paths, one abstraction: Energon's ``EPath``.
+
+Energon reads ``msc://PROFILE/bucket/prefix`` paths through NVIDIA's multi-storage-client (MSC);
+``pathlib.Path`` would turn ``msc://`` into ``msc:/`` (a local folder of that name). Everything of
+ours that takes a dataset path goes through here: :func:`is_remote` to tell the two apart,
+:func:`epath` to reach either one, :func:`file_sizes` for many sizes at once (one HEAD per object,
+on parallel threads: object stores answer many small requests at once, not fast one by one), and
+:func:`read_range` for a few bytes of a large object.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from energon_pack.errors import ConfigError
+
+#: threads that send HEAD / ranged GET requests at once (a remote check of many shards)
+REQUEST_THREADS = 16
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` names object storage (``msc://...``, a ``scheme://`` other than ``file://``)."""
+    text = str(path)
+    return "://" in text and not text.startswith("file://")
+
+
+def epath(path: Any) -> Any:
+    """``path`` as Energon's ``EPath``; an MSC profile or config problem is a one-line ConfigError."""
+    from megatron.energon.epathlib import EPath
+
+    if not is_remote(path):
+        return EPath(Path(path))
+    try:
+        return EPath(str(path))
+    except ImportError as exc:
+        raise ConfigError("path", f"{path}: reading object storage needs a package that is not installed ({exc})",
+                          "pip install 'energon-pack[s3]' (multi-storage-client with boto3)") from None
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise ConfigError("path", f"{path}: the MSC profile could not be set up ({' '.join(str(exc).split())})",
+                          "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; README "
+                          "'Object storage')") from None
+
+
+def file_size(path: Any) -> int | None:
+    """The size in bytes of a local file or an object (one HEAD); None when it does not exist."""
+    try:
+        return os.stat(path).st_size if not is_remote(path) else epath(path).size()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def file_sizes(paths: Sequence[Any]) -> list[int | None]:
+    """:func:`file_size` of each path, in order; remote ones on :data:`REQUEST_THREADS` threads."""
+    if not any(is_remote(p) for p in paths):
+        return [file_size(p) for p in paths]
+    with ThreadPoolExecutor(min(REQUEST_THREADS, max(1, len(paths)))) as pool:
+        return list(pool.map(file_size, paths))
+
+
+def read_range(path: Any, offset: int, size: int) -> bytes:
+    """``size`` bytes of a file or object from ``offset`` (one ranged GET remotely); fewer at its end."""
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    from multistorageclient.types import Range
+
+    p = epath(path)
+    return p.fs.read(p._internal_str_path, byte_range=Range(offset=offset, size=size))
