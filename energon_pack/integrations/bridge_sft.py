@@ -27,6 +27,7 @@ packing-metadata dict it wrote; :func:`check_bridge_sft_config` reads them from 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -408,24 +409,34 @@ def _build_sft_datasets(self, context: Any) -> tuple:
     return train, valid, None
 
 
+def _bridge_dataset_provider() -> type | None:
+    """Bridge's ``DatasetProvider``: ``data.base`` since 0.4, ``training.config`` in 0.3; None without Bridge."""
+    for module in ("megatron.bridge.data.base", "megatron.bridge.training.config"):
+        try:
+            return getattr(importlib.import_module(module), "DatasetProvider")
+        except Exception:  # absent, or a Bridge whose import needs what this machine lacks
+            continue
+    return None
+
+
 def _provider_class() -> type:
     """A dataclass subclassing Bridge's ``DatasetProvider`` when importable (Bridge dispatches on isinstance)."""
     global _PROVIDER_CLASS
     if _PROVIDER_CLASS is None:
-        try:
-            from megatron.bridge.data.base import DatasetProvider
-            bases: tuple = (DatasetProvider,)
-            extra: list = []
-        except Exception:  # Bridge absent: a plain dataclass with its dataloader fields
-            bases = ()
+        base = _bridge_dataset_provider()
+        bases: tuple = (base,) if base is not None else ()
+        extra: list = []
+        if base is None:  # Bridge absent: a plain dataclass with its dataloader fields
             extra = [(n, t, dataclasses.field(default=d)) for n, t, d in (
                 ("num_workers", int, 2), ("data_sharding", bool, True), ("pin_memory", bool, True),
                 ("drop_last", bool, True), ("persistent_workers", bool, True))]
         cls = dataclasses.make_dataclass(
             "EnergonPackSFTDatasetProvider", extra + _sft_fields() + [("dataloader_type", Optional[str],
                                                                        dataclasses.field(default="single"))],
-            bases=bases, kw_only=True, namespace={"build_datasets": _build_sft_datasets,
-                                                  "__doc__": "Bridge dataset provider over energon_pack GPT-SFT packs."})
+            bases=bases, kw_only=True, namespace={
+                "build_datasets": _build_sft_datasets, "__doc__": "Bridge dataset provider over energon_pack GPT-SFT packs.",
+                # Bridge < 0.4 (the last on Python < 3.12) names the in-batch flag so in its validate
+                "pack_sequences_in_batch": property(lambda self: self.enable_in_batch_packing)})
         cls.__module__ = __name__
         cls.__abstractmethods__ = frozenset()
         _PROVIDER_CLASS = cls
