@@ -32,6 +32,7 @@ from ..errors import SampleSkipped
 from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
 from . import vision as V
 from .presets import VisionPreset
+from .video import VideoFile, VideoPlan, pending_video_file
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ class VideoMeta:
     width: int
     height: int
     fps: float | None = None  # frame rate of the given (sampled) frames; preset.video_fps when None
+    #: a video file: Qwen's sampling of it from its header (frames, size, times); None for frame lists
+    plan: VideoPlan | None = None
+
+    @classmethod
+    def from_plan(cls, plan: VideoPlan) -> VideoMeta:
+        """The metadata of a planned video file: its sampled frames at their sampled rate."""
+        return cls(plan.num_frames, plan.width, plan.height, plan.sampled_fps, plan)
 
 
 @dataclass
@@ -69,12 +77,26 @@ class EncodedChat:
         return sum(self.image_token_counts) + sum(self.video_token_counts)
 
 
-def _qwen3_timestamps(num_frames: int, fps: float, temporal_patch_size: int) -> list[float]:
-    indices = list(range(num_frames))
+def _qwen3_timestamps(indices: Sequence[int], fps: float, temporal_patch_size: int) -> list[float]:
+    """Seconds written before each temporal step (transformers' ``Qwen3VLProcessor._calculate_timestamps``):
+    frame ``indices`` of a video at ``fps``, padded with the last one, first/last time of a step averaged."""
+    indices = list(indices)
     if len(indices) % temporal_patch_size:
         indices.extend([indices[-1]] * (temporal_patch_size - len(indices) % temporal_patch_size))
     times = [i / fps for i in indices]
     return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
+
+
+def video_frames_used(meta: VideoMeta, config: ChatConfig) -> int:
+    """Frames a video contributes: a file's planned count; a frame list truncated to ``max_num_frames``."""
+    return meta.plan.num_frames if meta.plan is not None else min(meta.num_frames, config.max_num_frames)
+
+
+def video_grid(meta: VideoMeta, preset: VisionPreset, config: ChatConfig) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of a video from metadata alone (a file's plan, or a frame list's size rule)."""
+    if meta.plan is not None:
+        return meta.plan.grid_thw
+    return V.video_grid_thw(video_frames_used(meta, config), meta.height, meta.width, preset)
 
 
 def _render(messages, image_metas, video_metas, tok, preset, config, materialize) -> tuple[ChatMLBuilder, dict]:
@@ -86,8 +108,8 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
     image_grids = [V.image_grid_thw(m.height, m.width, preset) for m in image_metas]
     merge2 = preset.merge_size**2
     image_counts = [t * h * w // merge2 for t, h, w in image_grids]
-    frames = [min(m.num_frames, config.max_num_frames) for m in video_metas]
-    video_grids = [V.video_grid_thw(n, m.height, m.width, preset) for n, m in zip(frames, video_metas)]
+    frames = [video_frames_used(m, config) for m in video_metas]
+    video_grids = [video_grid(m, preset, config) for m in video_metas]
     video_counts = [t * h * w // merge2 for t, h, w in video_grids]
     sec_per_grid = [V.second_per_grid_t(preset, m.fps) for m in video_metas]
     total = sum(image_counts) + sum(video_counts)
@@ -106,8 +128,13 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
             b.special(sp.vision_end, False)
         elif preset.rope_style == "qwen3":
             _t, h, w = video_grids[i]
-            fps = video_metas[i].fps or preset.video_fps
-            for ts in _qwen3_timestamps(frames[i], fps, preset.temporal_patch_size):
+            plan = video_metas[i].plan
+            if plan is not None:  # a file: original frame indices at the file's rate
+                times = _qwen3_timestamps(plan.frame_indices, plan.video_fps, preset.temporal_patch_size)
+            else:
+                times = _qwen3_timestamps(range(frames[i]), video_metas[i].fps or preset.video_fps,
+                                          preset.temporal_patch_size)
+            for ts in times:
                 b.text(f"<{ts:.1f} seconds>", False)
                 b.special(sp.vision_start, False)
                 b.special(sp.video_pad, False, h * w // merge2)
@@ -187,8 +214,8 @@ def image_metas_from_bytes(images: Sequence[bytes]) -> list[ImageMeta]:
 def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]] = (), *, preset: VisionPreset,
                      video_fps: Sequence[float | None] | None = None, config: ChatConfig | None = None,
                      expected: EncodedChat | None = None, lazy_layout: bool = False) -> VisualInputs:
-    """Decode + patchify images (bytes or PIL) and videos (lists of frames); videos are truncated to
-    ``config.max_num_frames``. Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
+    """Decode + patchify images (bytes or PIL) and videos (lists of frames, truncated to
+    ``config.max_num_frames``, or :class:`~.video.VideoFile`: only its planned frames are decoded). Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
     uint8). With ``expected``, the grids must equal the preencoded ones
     (SampleSkipped("image_size_mismatch") if a header lied about the size). With ``lazy_layout``
     the pixels are :class:`~.vision.PendingPatchRows` (decoded and resized here, so bad media is a
@@ -202,7 +229,11 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
     vpending, vgrids, spg = [], [], []
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
     for frames, fps in zip(videos, fps_list):
-        rows, g, s = V.pending_video(list(frames)[: config.max_num_frames], preset, fps)
+        if isinstance(frames, VideoFile):  # decode only the planned frames of the file
+            rows, g = pending_video_file(frames.data, frames.plan, preset)
+            s = V.second_per_grid_t(preset, frames.plan.sampled_fps)
+        else:
+            rows, g, s = V.pending_video(list(frames)[: config.max_num_frames], preset, fps)
         vpending.append(rows)
         vgrids.append(g)
         spg.append(s)

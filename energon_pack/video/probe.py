@@ -1,0 +1,69 @@
+"""A video's frame count, frame rate and size from its container, without decoding a frame.
+
+MP4/MOV store the frame count in the header (the sample table); Matroska/WebM do not, so their
+packets are counted by demuxing (reading packet headers, no decode). The frame rate is the
+stream's average rate, which is what qwen-vl-utils' readers (decord ``get_avg_fps``, torchcodec
+``average_fps``) report. Rotation metadata and non-square pixels are not applied (decord does not
+apply them either).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+
+from ..errors import SampleSkipped
+
+#: sample members (``KEY.0.mp4``, ...) read as video files
+VIDEO_EXTENSIONS = ("mp4", "m4v", "mov", "webm", "mkv", "avi")
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What the container says about the first video stream."""
+
+    num_frames: int
+    fps: float  # average frame rate of the stream
+    width: int
+    height: int
+    duration: float  # seconds (stream duration, else the container's; num_frames / fps when neither is stored)
+
+
+def open_container(data: bytes) -> av.container.InputContainer:
+    """PyAV input container over encoded bytes; SampleSkipped("corrupt_video") when FFmpeg refuses them."""
+    try:
+        return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except Exception as exc:  # av raises many types (InvalidDataError, ValueError, ...)
+        raise SampleSkipped("corrupt_video", f"unreadable video container: {type(exc).__name__}: {exc}"[:240]) from None
+
+
+def probe_video(data: bytes) -> VideoHeader:
+    """The :class:`VideoHeader` of an encoded video; SampleSkipped ``corrupt_video`` when there is
+    no readable video stream, no frame rate, no frame or no size."""
+    with open_container(data) as container:
+        if not container.streams.video:
+            raise SampleSkipped("corrupt_video", "the container has no video stream")
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
+        width, height = stream.codec_context.width, stream.codec_context.height
+        num_frames = stream.frames
+        if num_frames <= 0:
+            try:  # Matroska/WebM: no count in the header; count packets (demux only, nothing decoded)
+                num_frames = sum(1 for packet in container.demux(stream) if packet.size > 0)
+            except Exception as exc:
+                raise SampleSkipped("corrupt_video", f"cannot read packets: {type(exc).__name__}: {exc}"[:240]) from None
+        if stream.duration is not None and stream.time_base is not None:
+            duration = float(stream.duration * stream.time_base)
+        elif container.duration is not None:
+            duration = container.duration / av.time_base
+        else:
+            duration = num_frames / float(rate) if rate else 0.0
+    if not rate or float(rate) <= 0:
+        raise SampleSkipped("corrupt_video", "the video stream has no frame rate")
+    if num_frames <= 0:
+        raise SampleSkipped("corrupt_video", "the video stream has no frames")
+    if width <= 0 or height <= 0:
+        raise SampleSkipped("corrupt_video", f"the video stream has no size ({width}x{height})")
+    return VideoHeader(num_frames=num_frames, fps=float(rate), width=width, height=height, duration=duration)
