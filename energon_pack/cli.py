@@ -30,7 +30,12 @@ class CliError(Exception):
 def dataset_kind(path: str | Path) -> str:
     """What ``path`` holds: ``missing``, ``prepared`` (``.nv-meta/dataset.yaml``), ``prepared_jsonl``
     (a ``.jsonl`` with Energon's ``.idx``), ``raw`` (JSON / JSONL / Parquet file, or a folder with
-    such files), ``shards`` (``*.tar`` not prepared), ``empty`` (an empty folder) or ``unusable``."""
+    such files), ``shards`` (``*.tar`` not prepared), ``empty`` (an empty folder) or ``unusable``.
+    An ``msc://`` path is looked at in object storage (:func:`remote_dataset_kind`)."""
+    from energon_pack.storage import is_remote
+
+    if is_remote(path):
+        return remote_dataset_kind(str(path))
     path = Path(path)
     if not path.exists():
         return "missing"
@@ -49,19 +54,45 @@ def dataset_kind(path: str | Path) -> str:
     return "unusable"
 
 
+def remote_dataset_kind(url: str) -> str:
+    """:func:`dataset_kind` of an object-storage path: a file is one object; a folder is a prefix, and
+    one without objects is ``missing`` (object stores have no empty folders). One HEAD and, for a
+    prefix, one listing."""
+    from energon_pack.storage import epath, list_names
+
+    if epath(url).is_file():
+        if url.endswith(".jsonl") and epath(url + ".idx").is_file():
+            return "prepared_jsonl"
+        return "raw" if url.lower().endswith(RAW_SUFFIXES) else "unusable"
+    names = list_names(url)
+    if ".nv-meta/dataset.yaml" in names:
+        return "prepared"
+    if not names:
+        return "missing"
+    if any(n.endswith(".tar") for n in names):
+        return "shards"
+    return "raw" if any("/" not in n and n.lower().endswith(RAW_SUFFIXES) for n in names) else "unusable"
+
+
 def raw_sources(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in RAW_SUFFIXES)
 
 
-def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> Path:
-    """``path`` if it is a prepared Energon dataset; otherwise a :class:`CliError` naming the command
-    that fixes it. Never writes anything."""
-    path = Path(path)
+def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
+    """``path`` if it is a prepared Energon dataset (an ``msc://`` one as the string); otherwise a
+    :class:`CliError` naming the command that fixes it. Never writes anything."""
+    from energon_pack.storage import is_remote
+
     kind = dataset_kind(path)
     if kind == "prepared" or (jsonl_ok and kind == "prepared_jsonl"):
-        return path
+        return str(path) if is_remote(path) else Path(path)
+    if is_remote(path):
+        raise CliError(f"{path} is not a prepared Energon dataset in object storage (it {REMOTE_KIND[kind]}): "
+                       f"point --data at the prefix that holds .nv-meta/dataset.yaml (prepare shards there with "
+                       f"`energon-pack prepare {path}`)")
+    path = Path(path)
     if kind == "missing":
         hint = (f"`energon-pack make-demo {path}` writes demo data there" if str(path) == DEMO_DIR
                 else "check the path, or write demo data with `energon-pack make-demo DIR`")
@@ -82,11 +113,37 @@ def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> Path:
                    f"folder prepared with `energon-pack convert` or `energon-pack prepare`")
 
 
-def demo_dataset(path: str | Path, samples: int) -> Path:
-    """``energon-pack demo``: a prepared dataset is used as is; demo data is written only into a
-    folder that is absent or empty; any other folder is refused (see :func:`require_prepared`)."""
-    path = Path(path)
+#: the arguments that name what a command writes (reports, packs): local paths only
+OUTPUT_ARGS = ("out", "out_dir", "json_out", "cache_dir")
+
+#: what a remote path holds, for messages (the kinds of :func:`remote_dataset_kind`)
+REMOTE_KIND = {"missing": "holds no object", "prepared_jsonl": "is a prepared JSONL file",
+               "raw": "holds raw JSON/JSONL/Parquet data", "shards": "holds *.tar shards without .nv-meta/dataset.yaml",
+               "unusable": "holds no shards", "prepared": "is a prepared dataset"}
+
+
+def refuse_remote_output(path: Any, what: str) -> None:
+    """A :class:`CliError` when ``path`` (something a command would write) is in object storage."""
+    from energon_pack.storage import is_remote
+
+    if path is not None and is_remote(path):
+        raise CliError(f"{path}: {what} is written to local disk only, not to object storage: pass a local path "
+                       f"(and copy the result with your storage tools)")
+
+
+def demo_dataset(path: str | Path, samples: int) -> str | Path:
+    """``energon-pack demo``: a prepared dataset is used as is (also one in object storage); demo data
+    is written only into a local folder that is absent or empty; any other folder is refused (see
+    :func:`require_prepared`)."""
+    from energon_pack.storage import is_remote
+
     kind = dataset_kind(path)
+    if is_remote(path) and kind != "prepared":
+        raise CliError(f"{path} is not a prepared dataset (it {REMOTE_KIND[kind]}) and demo data is written to local "
+                       f"disk only: write it with `energon-pack make-demo DIR`, copy DIR (with .nv-meta/) there and "
+                       f"pass --data {path}")
+    if not is_remote(path):
+        path = Path(path)
     if kind in ("missing", "empty"):
         from energon_pack.energon.demo_data import make_demo_shards
 
@@ -96,7 +153,7 @@ def demo_dataset(path: str | Path, samples: int) -> Path:
     return require_prepared(path)
 
 
-def ensure_demo_data(path: str | Path, samples: int) -> Path:  # kept for callers of the old name
+def ensure_demo_data(path: str | Path, samples: int) -> str | Path:  # kept for callers of the old name
     return demo_dataset(path, samples)
 
 
@@ -383,6 +440,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_make_demo(args: argparse.Namespace) -> int:
     from energon_pack.energon.demo_data import make_demo_shards
 
+    refuse_remote_output(args.dir, "demo data")
     root = Path(args.dir)
     if root.is_file():
         raise CliError(f"{root} is a file: pass a new or empty folder")
@@ -399,7 +457,10 @@ def run_make_demo(args: argparse.Namespace) -> int:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from energon_pack.energon.prepare import prepare
+    from energon_pack.storage import is_remote
 
+    if is_remote(args.dir):
+        return _prepare_remote(args.dir, args.split)
     path = Path(args.dir)
     kind = dataset_kind(path)
     if kind == "missing":
@@ -415,20 +476,45 @@ def run_prepare(args: argparse.Namespace) -> int:
     count = prepare(path, **({} if path.is_file() else {"split": tuple(args.split)}))
     print(f"prepared {path}: {count} samples")
     if path.is_dir():
-        import yaml
-
-        parts = yaml.safe_load((path / ".nv-meta" / "split.yaml").read_text())["split_parts"]
-        shards = {name: len(parts.get(name) or []) for name in ("train", "val", "test")}
-        print("shards per split: " + ", ".join(f"{k} {v}" for k, v in shards.items()))
-        for name, ratio in zip(shards, args.split):
-            if ratio > 0 and shards[name] == 0:
-                print(f"warning: the {name} split got no shard (ratios apply to whole shards, {sum(shards.values())} "
-                      f"here): write more, smaller shards (e.g. `energon-pack convert --samples-per-shard`) or "
-                      f"change --split", file=sys.stderr)
-        if shards["val"] == 0:
-            print("no val split: get_val_dataset yields nothing; `energon-pack prepare DIR --split 0.9,0.1` makes one "
-                  "(needs several shards)")
+        _report_splits(path, args.split)
     return 0
+
+
+def _prepare_remote(url: str, split: tuple[float, float, float]) -> int:
+    """``energon-pack prepare msc://...``: a prefix of *.tar shards is indexed in place (Energon reads
+    each shard once); anything else is refused before a byte is written."""
+    from energon_pack.energon.prepare import prepare_webdataset
+
+    kind = dataset_kind(url)
+    if kind not in ("shards", "prepared"):
+        fix = ("JSONL files are indexed on local disk only: copy it here and prepare it there"
+               if url.endswith(".jsonl") else "pass the prefix of your *.tar shards")
+        raise CliError(f"{url} {REMOTE_KIND[kind]}: {fix}")
+    count = prepare_webdataset(url, split=tuple(split))
+    print(f"prepared {url}: {count} samples")
+    _report_splits(url, split)
+    return 0
+
+
+def _report_splits(path: str | Path, split: tuple[float, float, float]) -> None:
+    """Shards per split of a prepared folder or prefix, with a warning for a requested split left empty."""
+    import yaml
+    from braceexpand import braceexpand
+
+    from energon_pack.storage import epath
+
+    parts = yaml.safe_load((epath(path) / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+    # Energon collapses runs of shard names into brace patterns (demo-{000000..000002}.tar)
+    shards = {name: sum(1 for p in parts.get(name) or [] for _ in braceexpand(p)) for name in ("train", "val", "test")}
+    print("shards per split: " + ", ".join(f"{k} {v}" for k, v in shards.items()))
+    for name, ratio in zip(shards, split):
+        if ratio > 0 and shards[name] == 0:
+            print(f"warning: the {name} split got no shard (ratios apply to whole shards, {sum(shards.values())} "
+                  f"here): write more, smaller shards (e.g. `energon-pack convert --samples-per-shard`) or "
+                  f"change --split", file=sys.stderr)
+    if shards["val"] == 0:
+        print("no val split: get_val_dataset yields nothing; `energon-pack prepare DIR --split 0.9,0.1` makes one "
+              "(needs several shards)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -472,6 +558,13 @@ def _field_kw(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _jsonl_file(spec: str) -> Path:
+    """``spec`` as a local JSONL file; a :class:`CliError` otherwise (object storage included: the GPT-SFT
+    reader seeks by a line index of a local file)."""
+    from energon_pack.storage import is_remote
+
+    if is_remote(spec):
+        raise CliError(f"{spec}: JSONL files are read from local disk only (the line index seeks in the file): copy "
+                       f"it here first")
     path = Path(spec)
     if not path.is_file():
         raise CliError(f"{path} is not a file: pass a JSONL file" + (" (a folder was given)" if path.is_dir() else ""))
@@ -748,6 +841,8 @@ def _one_line_warnings(prog: str) -> Iterator[None]:
 def _run(args: argparse.Namespace, prog: str) -> int:
     """The command, with a user error as one line on stderr and exit status 2 (1 for a bug)."""
     try:
+        for name in OUTPUT_ARGS:  # before anything is read or written
+            refuse_remote_output(getattr(args, name, None), f"--{name.replace('_', '-')}")
         return _dispatch(args)
     except Exception as exc:
         if getattr(args, "debug", False):

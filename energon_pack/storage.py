@@ -71,3 +71,28 @@ def read_range(path: Any, offset: int, size: int) -> bytes:
 
     p = epath(path)
     return p.fs.read(p._internal_str_path, byte_range=Range(offset=offset, size=size))
+
+
+def list_names(path: Any) -> list[str]:
+    """The files under the folder or prefix ``path``, as sorted ``/``-separated names relative to it
+    (one paginated listing remotely; an object store has no empty folders: nothing there is ``[]``)."""
+    if not is_remote(path):
+        root = Path(path)
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    p = epath(path)
+    prefix = p._internal_str_path.strip("/") + "/"
+    return sorted(o.key.lstrip("/")[len(prefix):] for o in p.fs.list_recursive(prefix) if o.key.lstrip("/").startswith(prefix))
+
+
+def upload_tree(folder: str | Path, target: str) -> int:
+    """Copy every file under the local ``folder`` to the prefix ``target`` (``msc://...``), on
+    :data:`REQUEST_THREADS` threads; returns the number of files."""
+    folder, dest = Path(folder), epath(target)
+    names = list_names(folder)
+
+    def put(name: str) -> None:
+        (dest / name).fs.upload_file((dest / name)._internal_str_path, str(folder / name))
+
+    with ThreadPoolExecutor(min(REQUEST_THREADS, max(1, len(names)))) as pool:
+        list(pool.map(put, names))
+    return len(names)

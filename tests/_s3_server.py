@@ -1,9 +1,10 @@
 """A real S3-compatible server for the tests: moto's server mode on 127.0.0.1, and the MSC config
 that points Energon's ``msc://`` paths at it.
 
-The server runs as a child process (its own GIL: loader workers and the server do not share one),
-on a free port, and is stopped when the ``with`` block ends, however it ends (on Linux it also dies
-with the test process if that is killed). The MSC config names only the endpoint; the credentials
+The server runs in a process of its own (its own GIL: loader workers and the server do not share
+one), not a child of the test process (benchmarks wait for and measure their children), on a free
+port; it is stopped when the ``with`` block ends, however it ends, and ends itself within a second
+when the test process is gone (killed). The MSC config names only the endpoint; the credentials
 come from the environment (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), as a user's would.
 """
 
@@ -58,20 +59,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the test process dies (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
+#: the server process: moto's server, and a thread that ends it when the test process is gone
+_SERVER = """
+import os, sys, threading, time
+test_pid = int(sys.argv[1])
+def watch():
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(test_pid, 0)
+        except OSError:
+            os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+from moto.server import main
+main(["-H", "127.0.0.1", "-p", sys.argv[2]])
+"""
+#: starts the server in its own session and prints its pid: the server is not a child of the test
+#: process, whose benchmarks wait for and measure their own children (the loader workers)
+_LAUNCH = """
+import subprocess, sys
+proc = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], start_new_session=True,
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(proc.pid)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
     import signal
 
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _alive(pid):
+            return
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def _wait_listening(port: int, pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited with status {proc.returncode} before listening")
+        if not _alive(pid):
+            raise RuntimeError("moto server exited before listening")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.05)
@@ -86,12 +125,12 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
     import boto3
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    launched = subprocess.run([sys.executable, "-c", _LAUNCH, _SERVER, str(os.getpid()), str(port)],
+                              capture_output=True, text=True, check=True)
+    pid = int(launched.stdout)
     saved = {k: os.environ.get(k) for k in (*ENV, "MSC_CONFIG")}
     try:
-        _wait_listening(port, proc)
+        _wait_listening(port, pid)
         endpoint = f"http://127.0.0.1:{port}"
         config = Path(workdir) / "msc_config.json"
         config.write_text(json.dumps({"profiles": {PROFILE: {"storage_provider": {
@@ -107,9 +146,4 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(pid)

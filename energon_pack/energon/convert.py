@@ -65,6 +65,7 @@ from energon_pack.chat.conversation import ALPACA_FIELDS, alpaca_turns, check_co
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
+from energon_pack.storage import is_remote, list_names, upload_tree
 
 __all__ = ["FORMATS", "LAYOUTS", "SKIP_REASONS", "ConvertSummary", "build_parser", "convert", "detect_format", "main"]
 
@@ -889,6 +890,16 @@ def convert(
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 0:
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
+    for knob, value in (("source", source), ("image_root", image_root)):
+        if value is not None and is_remote(value):
+            raise ConfigError(knob, f"{value} is in object storage; convert reads its source and the images it names "
+                              "from local disk only", "copy them here first; OUT may be an msc:// prefix")
+    if is_remote(out_dir):
+        return _convert_to_object_storage(
+            source, str(out_dir), image_root=image_root, layout=layout, format=format,
+            samples_per_shard=samples_per_shard, workers=workers, progress=progress, overwrite=overwrite,
+            verify=verify, prepare_workers=prepare_workers, allow_outside_paths=allow_outside_paths,
+            max_media_mb=max_media_mb)
     source, out = Path(source), Path(out_dir)
     src = _open_source(source, format)
     root_given = image_root is not None
@@ -951,6 +962,37 @@ def convert(
         return summary
     finally:
         os.close(lock)
+
+
+def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool, **kw: Any) -> ConvertSummary:
+    """:func:`convert` into an ``msc://`` prefix: converted and prepared in a temporary local folder
+    (removed after), then uploaded as it is. A prefix that holds objects is refused before anything is
+    converted (``overwrite`` does not apply: a remote output is never deleted)."""
+    import tempfile
+
+    held = _remote_call(out, lambda: list_names(out))
+    if held:
+        raise ConfigError("out_dir", f"{out} already holds {len(held)} object(s) (e.g. {held[0]})"
+                          + ("; --overwrite replaces local outputs only" if overwrite else ""),
+                          "write to a new prefix")
+    with tempfile.TemporaryDirectory(prefix="energon_pack_convert_") as tmp:
+        local = Path(tmp) / "out"
+        summary = convert(source, local, **kw)
+        summary.out_dir = out
+        (local / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        _remote_call(out, lambda: upload_tree(local, out))
+    return summary
+
+
+def _remote_call(out: str, call: Any) -> Any:
+    """``call()``, with a failure of the store (endpoint, credentials, bucket) as a one-line ConfigError."""
+    try:
+        return call()
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError("out_dir", f"object storage at {out} failed: {type(exc).__name__}: {' '.join(str(exc).split())}",
+                          "check the MSC profile's endpoint, bucket and credentials (README 'Object storage')") from None
 
 
 def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -> list[_ChunkResult]:
@@ -1018,7 +1060,8 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
                + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
-    p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite)")
+    p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite), or an msc:// prefix "
+                   "without objects (converted locally in a temporary folder, then uploaded)")
     p.add_argument("--image-root", default=None,
                    help="folder that relative image paths resolve against (default: the source file's folder; "
                         "images missing there are called out in a hint line)")

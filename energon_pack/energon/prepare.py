@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from energon_pack.errors import ConfigError
+from energon_pack.storage import epath, is_remote, list_names
 
 DATASET_YAML = "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
 
@@ -15,6 +16,10 @@ def prepare_jsonl(path: str | Path) -> int:
     from megatron.energon.epathlib import EPath
     from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
 
+    if is_remote(path):
+        raise ConfigError("path", f"{path}: JSONL files are indexed on local disk only (Energon's JSONL reader "
+                          "needs the file and its .idx side by side)", "copy the file here and prepare it, or "
+                          "convert it into shards with `energon-pack convert` and upload those")
     if not Path(path).is_file():
         raise FileNotFoundError(f"no JSONL file at {path}: check the path (`energon-pack prepare FILE.jsonl`)")
     try:
@@ -58,21 +63,23 @@ def prepare_webdataset(root: str | Path, *, split: tuple[float, float, float] = 
 
     Writes ``.nv-meta/{split.yaml,.info.json,index.sqlite,dataset.yaml}`` and one ``.tar.idx``
     per shard. ``split`` is the (train, val, test) ratio of shards. Returns the sample count.
+    ``root`` may be in object storage (``msc://...``): Energon reads each shard once and writes the
+    index there (the sqlite index is built in a temporary local file first).
     """
     from megatron.energon import BaseWebdatasetFactory
 
-    root = Path(root)
-    shards = sorted(str(p.relative_to(root)) for p in root.rglob("*.tar"))
+    shards = [name for name in list_names(root) if name.endswith(".tar")]
     if not shards:
         raise FileNotFoundError(f"no *.tar shards under {root}: for JSON/JSONL/Parquet VLM data run "
                                 f"`energon-pack convert SOURCE OUT` (it writes and prepares the shards)")
+    where = epath(root)
     BaseWebdatasetFactory.prepare_dataset(
-        root,
+        where,
         shards,
         split_parts_ratio=[("train", split[0]), ("val", split[1]), ("test", split[2])],
         shuffle_seed=None,
         workers=workers,
     )
-    meta = root / ".nv-meta"
+    meta = where / ".nv-meta"
     (meta / "dataset.yaml").write_text(DATASET_YAML)
     return sum(json.loads((meta / ".info.json").read_text())["shard_counts"].values())

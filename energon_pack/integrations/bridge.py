@@ -298,10 +298,14 @@ class BridgeChatMLDataset:
 
 
 def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
-    """Parse ``path/.nv-meta/dataset.yaml`` (Bridge writes ``__module__``, ``__class__``, ``field_map``, ``subflavors``)."""
-    meta = Path(path) / ".nv-meta" / "dataset.yaml"
+    """Parse ``path/.nv-meta/dataset.yaml`` (Bridge writes ``__module__``, ``__class__``, ``field_map``, ``subflavors``);
+    ``path`` may be an ``msc://`` prefix in object storage."""
+    from ..storage import epath
+
+    meta = epath(path) / ".nv-meta" / "dataset.yaml"
     if not meta.is_file():
-        raise ConfigError("dataset path", f"{meta} does not exist", "prepare the dataset (Energon / Bridge prepare_webdataset) first")
+        raise ConfigError("dataset path", f"{str(path).rstrip('/')}/.nv-meta/dataset.yaml does not exist",
+                          "prepare the dataset (Energon / Bridge prepare_webdataset) first")
     data = yaml.safe_load(meta.read_text()) or {}
     return BridgeChatMLDataset(
         module=str(data.get("__module__", "")), cls=str(data.get("__class__", "")),
