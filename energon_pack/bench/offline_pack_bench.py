@@ -220,13 +220,14 @@ def compare(path: Path, fmt: str, *, width: int, tokenizer: str, workers: int, s
                 check(f"{fmt}: peak memory (tree PSS) <= 1/4 of Bridge's (MiB){note}", ours["peak_pss_bytes"] / 2**20,
                       "<=", min(r["peak_pss_bytes"] for r in bounded) / 4 / 2**20),
                 check(f"{fmt}: wall time <= Bridge's (s){note}", ours["wall_s"], "<=", min(r["wall_s"] for r in bounded))]
-    counts = {r["runtime_tokens"] for r in rows.values() if "error" not in r}
+    finished = [r["runtime_tokens"] for r in rows.values() if "error" not in r]
     return {"file": str(path), "bytes": path.stat().st_size, "lines": sum(1 for _ in open(path, "rb")), "format": fmt,
-            "same_tokens": len(counts) == 1, "rows": rows, "targets": targets}
+            "same_tokens": len(set(finished)) == 1 if len(finished) > 1 else None, "rows": rows, "targets": targets}
 
 
 def format_table(result: dict[str, Any]) -> str:
-    same = "the same runtime tokens on every side" if result["same_tokens"] else "runtime tokens DIFFER between sides"
+    same = {True: "the same runtime tokens on every side", False: "runtime tokens DIFFER between sides",
+            None: "one finished side"}[result["same_tokens"]]
     lines = [f"{result['format']}: {result['bytes'] / 2**20:.1f} MiB, {result['lines']} lines, {same}",
              f"  {'packer':<24} {'packs':>8} {'samples':>8} {'fill %':>8} {'tree PSS MiB':>13} {'tree RSS MiB':>13} {'main HWM MiB':>13} {'wall s':>8}"]
     for name, r in result["rows"].items():
