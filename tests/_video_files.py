@@ -19,20 +19,24 @@ def frame_rgb(i: int, width: int, height: int) -> np.ndarray:
     return rgb
 
 
-def write_video(path, num_frames: int, fps, width: int, height: int) -> None:
-    """Encode ``num_frames`` frames at ``fps`` (int, float or Fraction) into ``path`` (codec from its extension)."""
+def write_video(path, num_frames: int, fps, width: int, height: int, gop: int | None = None) -> None:
+    """Encode ``num_frames`` frames at ``fps`` (int, float or Fraction) into ``path`` (codec from its
+    extension), a keyframe every ``gop`` frames when given."""
     ext = str(path).rsplit(".", 1)[-1]
     rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
     with av.open(str(path), "w") as container:
         stream = container.add_stream(CODECS[ext], rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         for i in range(num_frames):
             frame = av.VideoFrame.from_ndarray(frame_rgb(i, width, height), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
 
 
-def video_bytes(num_frames: int, fps, width: int, height: int, tmp_path, ext: str = "mp4") -> bytes:
-    path = tmp_path / f"v{num_frames}_{width}x{height}.{ext}"
-    write_video(path, num_frames, fps, width, height)
+def video_bytes(num_frames: int, fps, width: int, height: int, tmp_path, ext: str = "mp4",
+                gop: int | None = None) -> bytes:
+    path = tmp_path / f"v{num_frames}_{width}x{height}_{gop}.{ext}"
+    write_video(path, num_frames, fps, width, height, gop)
     return path.read_bytes()

@@ -5,7 +5,8 @@ Supported shard layouts (one tar member per field, webdataset naming ``KEY.FIELD
 - ours: ``json`` holds the conversation (a list of turns, or a dict with ``messages`` /
   ``conversations`` / ``conversation``); images are ``jpg``/``png``/... members, several per
   sample as ``0.jpg``, ``1.png``, ... (ordered by name, numbers as numbers; extensions in any
-  case: ``0.JPG`` is an image);
+  case: ``0.JPG`` is an image); video files are ``mp4``/``webm``/``mkv``/... members, ordered
+  the same way (kept encoded: the task encoder reads their headers, then decodes sampled frames);
 - Megatron-Bridge's ChatML layout: ``conversation.json`` (or ``json``), ``jpgs`` / ``imgs`` (a
   pickled list of encoded images) and ``videos`` (a pickled list of frame lists).
 
@@ -32,6 +33,7 @@ from megatron.energon import Cooker, Sample, basic_sample_keys, edataclass, stat
 
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import decode_json_record
+from energon_pack.video.probe import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
@@ -41,6 +43,7 @@ ALLOW_UNSAFE_PICKLE_ENV = "ENERGON_PACK_ALLOW_UNSAFE_PICKLE"
 # Energon hands the cooker tar member suffixes as stored (``x.0.JPG`` -> field ``0.JPG``; no
 # lower-casing), so extensions match case-insensitively.
 _IMAGE_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(IMAGE_EXTENSIONS), re.IGNORECASE)
+_VIDEO_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(VIDEO_EXTENSIONS), re.IGNORECASE)
 
 
 @edataclass
@@ -65,8 +68,9 @@ def _natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name)]
 
 
-def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[bytes]]]:
-    """Conversation object, encoded images and videos (frame lists) of a stored sample.
+def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[bytes | list[bytes]]]:
+    """Conversation object, encoded images and videos of a stored sample: video file members
+    (encoded bytes, in name order), then Bridge's pickled ``videos`` (frame lists).
 
     Raises :class:`SampleSkipped` with reason ``missing_conversation``, ``invalid_json`` (or
     ``invalid_utf8``, ``empty_line``), ``unsafe_pickle`` or ``bad_media`` for samples that cannot be used.
@@ -77,12 +81,12 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[list[byte
         raise SampleSkipped("missing_conversation", f"no field among {CONVERSATION_FIELDS} in {sorted(fields)}")
     conversation = decode_json_record(raw) if isinstance(raw, (bytes, bytearray, str)) else raw
     images = [fields[k] for k in sorted(fields, key=_natural_key) if _IMAGE_FIELD.match(k)]
-    videos: list[list[bytes]] = []
+    videos: list[bytes | list[bytes]] = [fields[k] for k in sorted(fields, key=_natural_key) if _VIDEO_FIELD.match(k)]
     for name in PICKLED_IMAGE_FIELDS:
         if name in fields:
             images.extend(unpickle_media(fields[name], name))
     if "videos" in fields:
-        videos = unpickle_media(fields["videos"], "videos", frames=True)
+        videos.extend(unpickle_media(fields["videos"], "videos", frames=True))
     return conversation, images, videos
 
 

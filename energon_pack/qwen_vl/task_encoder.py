@@ -1,8 +1,9 @@
 """The Qwen-VL Energon task encoder: ChatML WebDataset -> fixed-width THD packs.
 
-* ``preencode_sample`` (before the packing buffer): parse the JSON, read image *headers*, and
-  compute the exact token length from metadata; the buffered :class:`PackCandidate` holds
-  the conversation and the encoded image bytes, never decoded pixels.
+* ``preencode_sample`` (before the packing buffer): parse the JSON, read image and video-file
+  *headers* (a video's frames are sampled from its header, :mod:`.video`), and compute the exact
+  token length from metadata; the buffered :class:`PackCandidate` holds the conversation and the
+  encoded image / video bytes, never decoded pixels.
 * ``postencode_sample`` (only for members of an emitted pack): tokenize, decode + patchify
   the media, and compute M-RoPE positions -> one :class:`ThdSegment`.
 * ``batch``: the THD row of README.md, "The batch contract" (with ``mrope_position_ids``) as a dict,
@@ -14,6 +15,7 @@ samples become counted skips with a reason.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -32,10 +34,13 @@ from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
 from . import vision as V
 from energon_pack.chat import ChatConfig
 
-from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat
+from energon_pack.video import FrameSampling, probe_video
+
+from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat, video_grid
 from .mrope import mrope_position_ids
 from .presets import VisionPreset, get_preset
 from .static_visual import static_visual_rows
+from .video import VideoFile, check_sampling, plan_video
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
@@ -53,6 +58,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         config: PackingConfig | None = None,
         static_visual: bool = False,
         max_vision_frames: int | None = None,
+        video_sampling: FrameSampling | None = None,
         **config_overrides: Any,
     ) -> None:
         super().__init__()
@@ -60,6 +66,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         if config.overlength == "truncate":
             raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
         self.preset = get_preset(preset)
+        #: how video files (``KEY.0.mp4``, ...) are sampled; qwen-vl-utils' defaults
+        self.video_sampling = check_sampling(video_sampling or FrameSampling(), self.preset)
         #: pad every pack's patch rows to max_patches_per_pack (:mod:`energon_pack.qwen_vl.static_visual`)
         self.static_visual = bool(static_visual)
         unit = self.preset.merge_size ** 2
@@ -94,17 +102,18 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         try:
             conversation, images, videos = parse_chatml(sample)
             image_metas = [ImageMeta(*V.image_size_from_bytes(img)) for img in images]
-            video_metas = [self._video_meta(frames) for frames in videos]
+            video_metas = [self._video_meta(video) for video in videos]
             length = encoded_length(conversation, image_metas, video_metas, tokenizer=self.tokenizer,
                                     preset=self.preset, config=self.chat)
         except SampleSkipped as skip:
             return SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
+        # video files stay encoded in the buffer, with their plan (frames are decoded after selection)
+        videos = [VideoFile(v, m.plan) if m.plan is not None else v for v, m in zip(videos, video_metas)]
+        video_grids = [video_grid(m, self.preset, self.chat) for m in video_metas]
         patches = sum(math.prod(V.image_grid_thw(m.height, m.width, self.preset)) for m in image_metas)
-        patches += sum(math.prod(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width, self.preset))
-                       for m in video_metas)
+        patches += sum(math.prod(grid) for grid in video_grids)
         cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
-        frames = len(image_metas) + sum(V.video_grid_thw(min(m.num_frames, self.chat.max_num_frames), m.height, m.width,
-                                                         self.preset)[0] for m in video_metas)
+        frames = len(image_metas) + sum(grid[0] for grid in video_grids)
         cost += (frames,) if self.max_vision_frames is not None else ()
         payload = {"conversation": conversation, "images": images, "videos": videos,
                    "image_metas": image_metas, "video_metas": video_metas, "length": length}
@@ -116,7 +125,8 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
 
     def packing_fingerprint(self, packing_buffer_size: int) -> dict:
         """The config's knobs and the frame budget of static packs (it changes which packs come next)."""
-        return {**super().packing_fingerprint(packing_buffer_size), "max_vision_frames": self.max_vision_frames}
+        return {**super().packing_fingerprint(packing_buffer_size), "max_vision_frames": self.max_vision_frames,
+                "video_sampling": dataclasses.asdict(self.video_sampling)}
 
     @stateless
     def batch(self, samples: list[Any]) -> dict:
@@ -132,7 +142,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                 row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=V._TORCH_DTYPES[p.pixel_dtype])
         return batch
 
-    def _video_meta(self, frames: list) -> VideoMeta:
+    def _video_meta(self, frames: bytes | list) -> VideoMeta:
+        if isinstance(frames, (bytes, bytearray)):  # a video file: its header, Qwen's sampling of it
+            return VideoMeta.from_plan(plan_video(probe_video(frames), self.preset, self.video_sampling))
         if not frames:
             raise SampleSkipped("empty_video", "video has no frames")
         width, height = V.image_size_from_bytes(frames[0])

@@ -1,0 +1,67 @@
+"""energon_pack.video: header probe and chosen-frame decoding (seeking) against a full decode."""
+
+import av
+import numpy as np
+import pytest
+
+from _video_files import video_bytes
+from energon_pack.errors import SampleSkipped
+from energon_pack.video import decode as video_decode
+from energon_pack.video import decode_frames, probe_video
+
+
+def _all_frames(data: bytes) -> list[np.ndarray]:
+    import io
+
+    with av.open(io.BytesIO(data)) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+
+
+@pytest.mark.parametrize("ext,gop", [("mp4", 4), ("mp4", None), ("webm", 5), ("mkv", 3), ("mov", 6)])
+def test_seeking_decode_equals_full_decode(tmp_path, ext, gop):
+    """Chosen frames (sparse, dense, repeated, first and last) are byte-equal to the same frames of
+    a decode of every frame; the header's frame count is the decoded one."""
+    data = video_bytes(61, 25, 64, 48, tmp_path, ext=ext, gop=gop)
+    full = _all_frames(data)
+    assert probe_video(data).num_frames == len(full) == 61
+    for indices in ([0, 60], [3, 4, 5, 30, 31, 59], [10, 10, 40], list(range(0, 61, 12)), [60]):
+        got = [np.asarray(img) for img in decode_frames(data, indices)]
+        assert len(got) == len(indices)
+        for i, frame in zip(indices, got):
+            assert np.array_equal(frame, full[i]), (ext, gop, indices, i)
+
+
+def test_sparse_samples_seek_past_unneeded_gops(tmp_path, monkeypatch):
+    """With a keyframe every 4 frames, two frames 100 apart decode a handful of frames, not 100."""
+    data = video_bytes(121, 30, 32, 32, tmp_path, gop=4)
+    seeks = []
+    real_seek = av.container.InputContainer.seek
+
+    def seek(self, offset, **kw):
+        seeks.append(offset)
+        return real_seek(self, offset, **kw)
+
+    monkeypatch.setattr(av.container.InputContainer, "seek", seek)
+    assert len(list(decode_frames(data, [2, 110]))) == 2
+    assert len(seeks) == 2  # one seek per sampled frame: to the keyframe before it
+
+
+def test_corrupt_and_truncated_videos_are_skips_with_a_reason(tmp_path):
+    data = video_bytes(20, 10, 32, 32, tmp_path)
+    for bad in (b"", b"garbage" * 100, data[: len(data) // 2], b"\x1aE\xdf\xa3" + b"\x00" * 64):
+        with pytest.raises(SampleSkipped) as skip:
+            probe_video(bad)
+        assert skip.value.reason == "corrupt_video"
+    with pytest.raises(SampleSkipped) as skip:
+        list(decode_frames(data, [0, 25]))  # past the end
+    assert skip.value.reason == "corrupt_video"
+    with pytest.raises(ValueError):
+        list(decode_frames(data, [5, 2]))
+
+
+def test_streams_without_packet_timestamps_decode_from_the_start(tmp_path, monkeypatch):
+    data = video_bytes(15, 10, 32, 32, tmp_path, ext="mkv")
+    monkeypatch.setattr(video_decode, "packet_timeline", lambda _data: None)
+    got = [np.asarray(img) for img in decode_frames(data, [1, 7, 14])]
+    full = _all_frames(data)
+    assert all(np.array_equal(g, full[i]) for g, i in zip(got, [1, 7, 14]))
