@@ -19,14 +19,20 @@ Inputs (the layouts most published VLM SFT sets use), detected from the content:
 An image value is a path (relative paths resolve against ``image_root``, default the source
 file's folder), a ``{"path"}`` / ``{"bytes"}`` dict, raw bytes or a ``data:`` URI. Images are
 stored with their ORIGINAL encoded bytes (never re-encoded), named by the format sniffed from
-the bytes. Output layouts:
+the bytes. Videos (LLaVA-Video / ShareGPT ``"video"`` / ``"videos"`` with ``<video>``
+placeholders, ``{"type": "video", "video": ...}`` parts, Parquet ``video`` columns) take the same
+values and are copied byte for byte too, after the header check the loader's costing needs
+(:func:`~energon_pack.video.probe_video`: a video stream with a rate, a size and >= 2 frames),
+named ``mp4`` (MP4/MOV), ``mkv`` (Matroska/WebM) or ``avi`` by their container. Output layouts:
 
-- ``ours``: ``KEY.json`` (the record without its image fields) + ``KEY.0.jpg``, ``KEY.1.png``, ...
-  in placeholder order;
+- ``ours``: ``KEY.json`` (the record without its image / video fields) + ``KEY.0.jpg``,
+  ``KEY.1.png``, ... and ``KEY.0.mp4``, ... in placeholder order;
 - ``bridge``: Megatron-Bridge's ChatML layout, ``KEY.json`` + ``KEY.jpgs`` (a pickled list of the
   encoded images) + ``KEY.videos`` (a pickled empty list), as Bridge's preparers write it. The
   pickles are there for Bridge's own reader; ours loads them without running code
   (:func:`~energon_pack.energon.chatml.unpickle_media`), and ``ours`` needs no pickle at all.
+  A record with a video is the skip ``video_not_supported`` here (Bridge's ``videos`` are decoded
+  frame lists; writing them is not implemented).
 
 Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
 included), only from regular files up to ``max_media_mb``, and only past an image header.
@@ -87,7 +93,15 @@ SKIP_REASONS = {
     "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
     "empty_assistant_turn": "an assistant turn with no content and no tool calls",
     "media_count_mismatch": "the number of <image> placeholders / image parts differs from the number of images",
-    "video_not_supported": "the record has a video (convert handles images only for now)",
+    "video_not_supported": "a video with --layout bridge (Bridge's layout holds decoded frame lists; the default "
+                           "layout keeps the video file)",
+    "bad_video_ref": "a video value that is neither a path, bytes nor a {path}/{bytes} dict",
+    "remote_video": "an http(s) video URL (convert never downloads)",
+    "missing_video": "a video path that does not exist (check --image-root, which video paths share)",
+    "unreadable_video": "a video path that exists but cannot be read (no permission)",
+    "not_a_video": "a file whose first bytes are no video container header (mp4/mov, mkv/webm, avi)",
+    "corrupt_video": "video bytes FFmpeg cannot read: no video stream, frame rate, frame or size in the header",
+    "video_too_few_frames": "a video of fewer than 2 frames (Qwen's sampling, and so the loader, refuses it)",
     "bad_image_ref": "an image value that is neither a path, bytes, a data: URI nor a {path}/{bytes} dict",
     "remote_image": "an http(s) image URL (convert never downloads)",
     "missing_image": "an image path that does not exist (check --image-root)",
@@ -123,6 +137,9 @@ _CONVERSATION_KEYS = ("messages", "conversations", "conversation")
 _IMAGE_KEYS = ("images", "image")
 _VIDEO_KEYS = ("videos", "video")
 _IMAGE_PART_SOURCES = ("image", "image_url", "url", "path", "bytes")
+_VIDEO_PART_SOURCES = ("video", "video_url", "url", "path", "bytes")
+#: container format (FFmpeg's demuxer name) -> member extension the loader reads as a video
+VIDEO_FORMAT_EXTENSIONS = {"mov,mp4,m4a,3gp,3g2,mj2": "mp4", "matroska,webm": "mkv", "avi": "avi"}
 
 
 # ------------------------------------------------------------------------------------ summary
@@ -143,6 +160,8 @@ class ConvertSummary:
     shards: int = 0
     images: int = 0
     image_bytes: int = 0
+    videos: int = 0
+    video_bytes: int = 0
     bytes: int = 0  # size of the written shards
     seconds: float = 0.0
     workers: int = 1
@@ -169,8 +188,8 @@ class ConvertSummary:
             lines.extend(f"             e.g. {ex}" for ex in self.examples.get(reason, []))
         lines.extend(f"  hint     {h}" for h in self.hints)
         lines += [
-            f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)} "
-            "(original bytes)",
+            f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)}"
+            + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "") + " (original bytes)",
             f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
             f"get_train_dataset({self.out_dir!r}, ...)",
         ]
@@ -456,12 +475,13 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
                         f"{sorted(rec)[:12]}")
 
 
-def _split_image_parts(turns: Any) -> tuple[Any, list]:
-    """Typed image parts with an inline source -> bare ``{"type": "image"}`` parts; returns the new
-    turns and the inline sources in order (None for a part without one)."""
+def _split_media_parts(turns: Any) -> tuple[Any, list, list]:
+    """Typed image / video parts with an inline source -> bare ``{"type": "image"}`` / ``{"type":
+    "video"}`` parts; returns the new turns and the inline sources of each kind in order (None for a
+    part without one)."""
     if not isinstance(turns, list):
-        return turns, []
-    sources: list = []
+        return turns, [], []
+    sources: dict = {"image": [], "video": []}
     out = []
     for turn in turns:
         content = turn.get("content") if isinstance(turn, dict) else None
@@ -470,23 +490,34 @@ def _split_image_parts(turns: Any) -> tuple[Any, list]:
             continue
         parts = []
         for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            is_image = kind in ("image", "image_url") or (isinstance(part, dict) and kind is None
-                                                          and any(k in part for k in ("image", "image_url")))
-            if not is_image:
+            media = _media_kind(part)
+            if media is None:
                 parts.append(part)
                 continue
-            src = next((part[k] for k in _IMAGE_PART_SOURCES if part.get(k) not in (None, "")), None)
+            keys = _IMAGE_PART_SOURCES if media == "image" else _VIDEO_PART_SOURCES
+            src = next((part[k] for k in keys if part.get(k) not in (None, "")), None)
             if isinstance(src, dict):  # {"image_url": {"url": ...}}
                 src = src.get("url", src) if "url" in src else src
-            sources.append(src)
-            parts.append({"type": "image", **{k: v for k, v in part.items() if k not in (*_IMAGE_PART_SOURCES, "type")}})
+            sources[media].append(src)
+            parts.append({"type": media, **{k: v for k, v in part.items() if k not in (*keys, "type")}})
         out.append({**turn, "content": parts})
-    return out, sources
+    return out, sources["image"], sources["video"]
 
 
-def _image_refs(rec: dict) -> list:
-    for key in _IMAGE_KEYS:
+def _media_kind(part: Any) -> str | None:
+    """"image" / "video" for a typed (or untyped, keyed) media part, None for anything else."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    for media in ("image", "video"):
+        if kind in (media, f"{media}_url") or (kind is None and any(k in part for k in (media, f"{media}_url"))):
+            return media
+    return None
+
+
+def _media_refs(rec: dict, keys: tuple) -> list:
+    """The record's top-level image (``keys`` = _IMAGE_KEYS) or video values, as a list."""
+    for key in keys:
         value = rec.get(key)
         if value is None or (isinstance(value, str) and value == ""):
             continue
@@ -494,49 +525,45 @@ def _image_refs(rec: dict) -> list:
     return []
 
 
-def _has_video(rec: dict) -> bool:
-    return any(rec.get(k) not in (None, "", [], ()) for k in _VIDEO_KEYS)
-
-
-def _read_image(ref: Any, i: int, ctx: _Context) -> tuple[bytes, str]:
-    """(encoded bytes, where they came from) of one image value."""
+def _read_media(ref: Any, i: int, ctx: _Context, kind: str = "image") -> tuple[bytes, str]:
+    """(encoded bytes, where they came from) of one image (or ``kind="video"``) value."""
     if isinstance(ref, memoryview):
         ref = ref.tobytes()
     if isinstance(ref, (bytes, bytearray)):
-        _check_size(len(ref), f"image {i}: inline bytes", ctx)
+        _check_size(len(ref), f"{kind} {i}: inline bytes", ctx)
         return bytes(ref), "inline bytes"
     if isinstance(ref, dict):
         if ref.get("bytes") is not None:
-            data, _ = _read_image(ref["bytes"], i, ctx)
+            data, _ = _read_media(ref["bytes"], i, ctx, kind)
             return data, f"bytes of {ref['path']}" if ref.get("path") else "inline bytes"
-        for key in ("path", "url", "image", "image_url"):
+        for key in ("path", "url", kind, f"{kind}_url"):
             if ref.get(key) not in (None, ""):
-                return _read_image(ref[key], i, ctx)
-        raise SampleSkipped("bad_image_ref", f"image {i}: dict without bytes/path ({sorted(ref)})")
+                return _read_media(ref[key], i, ctx, kind)
+        raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: dict without bytes/path ({sorted(ref)})")
     if not isinstance(ref, str):
-        raise SampleSkipped("bad_image_ref", f"image {i}: {type(ref).__name__} value")
+        raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: {type(ref).__name__} value")
     if ref.startswith("data:"):
-        _check_size(len(ref) * 3 // 4, f"image {i}: data URI", ctx)
+        _check_size(len(ref) * 3 // 4, f"{kind} {i}: data URI", ctx)
         try:
             return base64.b64decode(ref.split(",", 1)[1], validate=False), "data URI"
         except (IndexError, binascii.Error, ValueError) as exc:
-            raise SampleSkipped("bad_image_ref", f"image {i}: bad data URI ({exc})") from None
+            raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: bad data URI ({exc})") from None
     if ref.startswith(("http://", "https://")):
-        raise SampleSkipped("remote_image", f"image {i}: {ref[:120]}")
+        raise SampleSkipped(f"remote_{kind}", f"{kind} {i}: {ref[:120]}")
     if "\x00" in ref:
-        raise SampleSkipped("bad_image_ref", f"image {i}: the path holds a NUL byte ({ref[:120]!r})")
+        raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: the path holds a NUL byte ({ref[:120]!r})")
     path = Path(ref[7:] if ref.startswith("file://") else ref)
     relative = not path.is_absolute()
     if relative:
         path = Path(ctx.image_root) / path
     try:
-        return _read_file(path, i, ctx), str(path)
+        return _read_file(path, i, ctx, kind), str(path)
     except SampleSkipped as skip:
-        if relative and skip.reason == "missing_image":
+        if relative and skip.reason == f"missing_{kind}":
             raise _MissingRelative(skip.reason, skip.detail) from None
         raise
     except UnicodeEncodeError:
-        raise SampleSkipped("bad_image_ref", f"image {i}: the path is not valid text ({ref[:120]!r})") from None
+        raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: the path is not valid text ({ref[:120]!r})") from None
 
 
 class _MissingRelative(SampleSkipped):
@@ -548,10 +575,10 @@ def _check_size(size: int, what: str, ctx: _Context) -> None:
         raise SampleSkipped("media_too_large", f"{what}: {_mb(size)} > --max-media-mb {ctx.max_media_bytes >> 20}")
 
 
-def _read_file(path: Path, i: int, ctx: _Context) -> bytes:
-    """The bytes of one image file, read only when it resolves inside ``ctx.roots``, is a regular
-    file no larger than the cap and starts with an image header."""
-    what = f"image {i}: {path}"
+def _read_file(path: Path, i: int, ctx: _Context, kind: str = "image") -> bytes:
+    """The bytes of one image (or video) file, read only when it resolves inside ``ctx.roots``, is a
+    regular file no larger than the cap and starts with an image (video container) header."""
+    what = f"{kind} {i}: {path}"
     real = os.path.realpath(path)
     if not ctx.allow_outside and not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in ctx.roots):
         raise SampleSkipped("path_outside_root", f"{what} resolves to {real}, outside {' and '.join(ctx.roots)} "
@@ -561,19 +588,20 @@ def _read_file(path: Path, i: int, ctx: _Context) -> bytes:
         # O_NOFOLLOW: a symlink swapped in after realpath fails instead of leading out of the roots
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise SampleSkipped("missing_image", f"{what} not found") from None
+        raise SampleSkipped(f"missing_{kind}", f"{what} not found") from None
     except OSError as exc:
-        raise SampleSkipped("unreadable_image", f"{what}: {exc.strerror or exc}") from None
+        raise SampleSkipped(f"unreadable_{kind}", f"{what}: {exc.strerror or exc}") from None
     try:
         _check_regular(os.fstat(fd), what, ctx)  # what was opened, should the path have changed meanwhile
         head = _read_upto(fd, HEADER_BYTES)
-        if not _looks_like_image(head):
-            raise SampleSkipped("not_an_image", f"{what}: its first bytes are no image header")
+        if not (_looks_like_image if kind == "image" else _looks_like_video)(head):
+            reason = "not_an_image" if kind == "image" else "not_a_video"
+            raise SampleSkipped(reason, f"{what}: its first bytes are no {kind} header")
         data = head + _read_upto(fd, ctx.max_media_bytes + 1 - len(head))
         _check_size(len(data), what, ctx)
         return data
     except OSError as exc:
-        raise SampleSkipped("unreadable_image", f"{what}: {exc.strerror or exc}") from None
+        raise SampleSkipped(f"unreadable_{kind}", f"{what}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
@@ -610,6 +638,31 @@ def _looks_like_image(head: bytes) -> bool:
         return False
 
 
+def _looks_like_video(head: bytes) -> bool:
+    """A video container header: an MP4/MOV box, Matroska/WebM's EBML magic, or RIFF AVI."""
+    return (head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip") or head.startswith(b"\x1aE\xdf\xa3")
+            or (head[:4] == b"RIFF" and head[8:12] == b"AVI "))
+
+
+def _sniff_video(data: bytes, what: str) -> str:
+    """Member extension of a video file, verified by its header (what the loader reads before
+    costing it): a readable video stream with a frame rate, a size and at least 2 frames."""
+    from energon_pack.video.probe import open_container, probe_video
+    from energon_pack.video.sampling import FrameSampling, smart_nframes
+
+    try:
+        header = probe_video(data)
+        smart_nframes(header.num_frames, header.fps, FrameSampling())
+        with open_container(data) as container:
+            name = container.format.name
+    except SampleSkipped as skip:
+        raise SampleSkipped(skip.reason, f"{what}: {skip.detail}") from None
+    ext = VIDEO_FORMAT_EXTENSIONS.get(name)
+    if ext is None:
+        raise SampleSkipped("not_a_video", f"{what}: container {name!r} is none the loader reads (mp4/mov, mkv/webm, avi)")
+    return ext
+
+
 def _sniff(data: bytes, what: str, verify: str) -> str:
     """Member extension of encoded image bytes (PIL header read; full decode with verify='decode')."""
     from PIL import Image, UnidentifiedImageError
@@ -639,15 +692,17 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
-    """One record -> (webdataset fields, image count, image bytes); SampleSkipped when unusable."""
+def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int, int]:
+    """One record -> (webdataset fields, image count, image bytes, video count, video bytes);
+    SampleSkipped when unusable."""
     if not isinstance(rec, dict):
         raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
     check_depth(rec)
     conv_key, turns = _conversation_of(rec, ctx.shape)
-    turns, part_sources = _split_image_parts(turns)
-    refs = _image_refs(rec) or [s for s in part_sources if s is not None]
-    dropped = (*_IMAGE_KEYS, *_CONVERSATION_KEYS, "texts", *(ALPACA_FIELDS if conv_key not in rec else ()))
+    turns, part_sources, video_part_sources = _split_media_parts(turns)
+    refs = _media_refs(rec, _IMAGE_KEYS) or [s for s in part_sources if s is not None]
+    video_refs = _media_refs(rec, _VIDEO_KEYS) or [s for s in video_part_sources if s is not None]
+    dropped = (*_IMAGE_KEYS, *_VIDEO_KEYS, *_CONVERSATION_KEYS, "texts", *(ALPACA_FIELDS if conv_key not in rec else ()))
     doc = {k: v for k, v in rec.items() if k not in dropped}
     doc[conv_key] = turns
     try:
@@ -657,13 +712,17 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
                             f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r})") from None
     # the loader's structural rules, on exactly what it will read: what passes here, it takes
     messages = normalize_conversation(decode_json_record(raw))
-    if _has_video(rec) or any(kind == "video" for m in messages for kind, _ in m.parts):
-        raise SampleSkipped("video_not_supported", "the record has a video")
-    check_conversation(messages, len(refs))
+    if ctx.layout == "bridge" and (video_refs or any(kind == "video" for m in messages for kind, _ in m.parts)):
+        raise SampleSkipped("video_not_supported", "the record has a video (--layout bridge writes frame lists)")
+    check_conversation(messages, len(refs), len(video_refs))
     images = []
     for i, ref in enumerate(refs):
-        data, origin = _read_image(ref, i, ctx)
+        data, origin = _read_media(ref, i, ctx)
         images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
+    videos = []  # copied byte for byte, verified by their header
+    for i, ref in enumerate(video_refs):
+        data, origin = _read_media(ref, i, ctx, "video")
+        videos.append((data, _sniff_video(data, f"video {i} ({origin})")))
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
@@ -671,7 +730,9 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int]:
     else:
         for i, (data, ext) in enumerate(images):
             fields[f"{i}.{ext}"] = data
-    return fields, len(images), sum(len(d) for d, _ in images)
+        for i, (data, ext) in enumerate(videos):
+            fields[f"{i}.{ext}"] = data
+    return fields, len(images), sum(len(d) for d, _ in images), len(videos), sum(len(d) for d, _ in videos)
 
 
 # ------------------------------------------------------------------------------------ chunks
@@ -685,6 +746,8 @@ class _ChunkResult:
     examples: dict = field(default_factory=dict)
     images: int = 0
     image_bytes: int = 0
+    videos: int = 0
+    video_bytes: int = 0
     missing_relative: int = 0  # missing_image skips of a relative path
     tar: str | None = None
     tar_bytes: int = 0
@@ -703,7 +766,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 if isinstance(payload, SampleSkipped):
                     raise payload
                 rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
-                fields, nimages, nbytes = build_sample(rec, f"{rec_index:09d}", ctx)
+                fields, nimages, nbytes, nvideos, nvbytes = build_sample(rec, f"{rec_index:09d}", ctx)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
                 skip = exc if isinstance(exc, SampleSkipped) else \
                     SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -717,6 +780,8 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
             res.written += 1
             res.images += nimages
             res.image_bytes += nbytes
+            res.videos += nvideos
+            res.video_bytes += nvbytes
     if res.written:
         res.tar, res.tar_bytes = str(path), path.stat().st_size
     else:
@@ -931,6 +996,8 @@ def convert(
             summary.blank_lines += res.blank
             summary.images += res.images
             summary.image_bytes += res.image_bytes
+            summary.videos += res.videos
+            summary.video_bytes += res.video_bytes
             skipped.update(res.skipped)
             for reason, ex in res.examples.items():
                 examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
