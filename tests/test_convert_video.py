@@ -6,7 +6,6 @@ grids equal to the header plans."""
 import json
 
 import pytest
-import torch
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from _video_files import video_bytes
