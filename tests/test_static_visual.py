@@ -149,3 +149,36 @@ def test_bench_visual_budget_command(tmp_path):
                  "--tokenizer", "demo", "--out-dir", str(tmp_path / "out")]) == 0
     rec = json.loads((tmp_path / "out" / "visual_budget.json").read_text())
     assert rec["fill_delta_points"] <= 0.5 and rec["budget"] > 0 and rec["buffer"] == 16 and rec["max_segments"] >= 1
+
+
+def test_place_visual_rows_equals_masked_scatter_without_a_data_dependent_backward():
+    """The static hook's placement: HF's masked_scatter numbers (forward and gradients, padding rows
+    get zero), and a backward graph with no op whose size depends on the data (CUDA-graph capturable)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 3, (2, 11), generator=g)
+    visual = ids == 2
+    n = int(visual.sum())
+    embeds = torch.randn(2, 11, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    rows = torch.randn(n + 3, 4, generator=g, dtype=torch.float64, requires_grad=True)  # 3 padding rows
+    weight = torch.randn(2, 11, 4, generator=g, dtype=torch.float64)
+
+    ours = H.place_visual_rows(embeds, visual, rows)
+    ours_grads = torch.autograd.grad((ours * weight).sum(), (embeds, rows))
+    hf = embeds.masked_scatter(visual.unsqueeze(-1).expand_as(embeds), rows)
+    hf_grads = torch.autograd.grad((hf * weight).sum(), (embeds, rows))
+    assert torch.equal(ours, hf)
+    assert all(torch.equal(a, b) for a, b in zip(ours_grads, hf_grads))
+    assert torch.equal(ours_grads[1][n:], torch.zeros(3, 4, dtype=torch.float64))
+
+    def step(fn):
+        def f(e, r, w):
+            return torch.autograd.grad((fn(e, r) * w).sum(), (e, r))
+        graph = make_fx(f)(embeds.detach().requires_grad_(), rows.detach().requires_grad_(), weight)
+        return {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
+
+    data_dependent = {"aten.masked_select.default", "aten.nonzero.default", "aten.masked_scatter_backward.default",
+                      "aten._local_scalar_dense.default"}
+    assert not step(lambda e, r: H.place_visual_rows(e, visual, r)) & data_dependent
+    assert step(lambda e, r: e.masked_scatter(visual.unsqueeze(-1).expand_as(e), r)) & data_dependent  # HF's has one

@@ -616,8 +616,8 @@ def _deepstack_full_width(self: Any, hidden_states: torch.Tensor, visual_pos_mas
 
 def _static_visual_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook: run the vision tower on the static rows and place its features by one
-    ``masked_scatter`` over the image and video tokens (real media first, in token order; the padding's
-    features are never read, so they get a zero gradient); the model then gets ``inputs_embeds``."""
+    :func:`place_visual_rows` over the image and video tokens (real media first, in token order; the
+    padding's features are never read, so they get a zero gradient); the model then gets ``inputs_embeds``."""
     vis = kwargs.pop(_STATIC_KWARG, None)
     if vis is None:
         return None
@@ -629,14 +629,30 @@ def _static_visual_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> t
     feats = out.pooler_output if hasattr(out, "pooler_output") else (out[0] if isinstance(out, tuple) else out)
     ids = kwargs["input_ids"]
     embeds = module.get_input_embeddings()(ids)
-    mask = ((ids == config.image_token_id) | (ids == config.video_token_id)).unsqueeze(-1).expand_as(embeds)
-    kwargs.update(input_ids=None, inputs_embeds=embeds.masked_scatter(mask, feats.to(embeds.dtype)))
+    visual_tokens = (ids == config.image_token_id) | (ids == config.video_token_id)
+    kwargs.update(input_ids=None, inputs_embeds=place_visual_rows(embeds, visual_tokens, feats))
     deepstack = getattr(out, "deepstack_features", None)
     if deepstack:
         text = getattr(module, "model", module).language_model
-        text._energon_deepstack = (mask[..., 0], [torch.zeros_like(embeds).masked_scatter(mask, f.to(embeds.dtype))
-                                                  for f in deepstack])
+        text._energon_deepstack = (visual_tokens, [place_visual_rows(torch.zeros_like(embeds), visual_tokens, f)
+                                                   for f in deepstack])
     return args, kwargs
+
+
+def place_visual_rows(embeds: torch.Tensor, visual_tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``embeds`` with its visual tokens' rows replaced, in token order, by the first rows of ``rows``:
+    the numbers of HF's ``embeds.masked_scatter(mask, rows)``, without its data-dependent size.
+
+    Each token gathers row ``cumsum(visual) - 1`` (an ``index_select`` of fixed shape) and a
+    ``where`` keeps it on visual tokens only, so forward and backward (an ``index_add``) have one
+    shape per pack width and patch budget and no host sync: a CUDA-graph capture of the step can
+    hold them, where ``masked_scatter``'s backward (a ``masked_select``) cannot. Rows past the
+    visual tokens (a static pack's padding) are never read and get a zero gradient."""
+    if rows.shape[0] == 0:
+        return embeds
+    source = (visual_tokens.reshape(-1).cumsum(0) - 1).clamp(min=0)
+    placed = rows.to(embeds.dtype).index_select(0, source).view_as(embeds)
+    return torch.where(visual_tokens.unsqueeze(-1), placed, embeds)
 
 
 def _deepstack_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
