@@ -230,9 +230,15 @@ def _real(b):
 def test_qwen25_positions_equal_bridge_model_recomputation(packs25):
     """Run Bridge's Qwen25VLModel.forward (pre_process=False) and capture the M-RoPE positions it
     recomputes per segment and hands to the language model; ours equal them on every real token."""
+    te, batches = packs25
+    assert qwen25_positions_equal_bridge(te, batches) >= 1  # packs with images among them
+
+
+def qwen25_positions_equal_bridge(te, batches) -> int:
+    """Assert Bridge's Qwen25VLModel recomputes our positions on every real token of ``batches``
+    (converted to Bridge's form); returns how many batches had images."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
-    te, batches = packs25
     mod = bridge_module("models.qwen_vl.modeling_qwen25_vl")
     captured = {}
 
@@ -260,21 +266,26 @@ def test_qwen25_positions_equal_bridge_model_recomputation(packs25):
         model(input_ids=b["input_ids"], position_ids=b["position_ids"], image_grid_thw=v.image_grid_thw,
               video_grid_thw=v.video_grid_thw, second_per_grid_ts=v.second_per_grid_ts, packed_seq_params=params)
         theirs = captured.pop("position_ids")
-        assert theirs.shape == b["position_ids"].shape == (3, 1, 1024)
+        assert theirs.shape == b["position_ids"].shape == (3, 1, b["input_ids"].shape[1])
         real = _real(b)
         assert torch.equal(theirs[:, :, real], b["position_ids"][:, :, real])
         checked += int(v.image_grid_thw is not None)
-    assert checked >= 1
+    return checked
 
 
 @needs_bridge
 def test_qwen3_positions_equal_bridge_rope_index(bridge_dataset, tmp_path):
     """Bridge's Qwen3-VL per-segment get_rope_index (what the model computes when no 3-D positions
     are passed) equals the [3,1,T] positions we pass on every real token."""
-    rope = bridge_module("models.qwen_vl.modelling_qwen3_vl.rope")
     te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen3-vl", seq_length=1024, cp=2)
     batches = stream(bridge_dataset, te, **B.bridge_dataset_kwargs(bridge_dataset, config_dir=tmp_path))
     assert sorted(k for b in batches for k in b["__keys__"]) == KEYS
+    qwen3_positions_equal_bridge(te, batches)
+
+
+def qwen3_positions_equal_bridge(te, batches) -> None:
+    """Assert Bridge's Qwen3-VL get_rope_index gives our positions on every real token of ``batches``."""
+    rope = bridge_module("models.qwen_vl.modelling_qwen3_vl.rope")
     sp = te.tokenizer.special
     for b in batches:
         v = b["visual_inputs"]
