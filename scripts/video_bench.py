@@ -4,8 +4,8 @@ each (the process is pinned to one CPU); and peak RSS of each side on a 10-minut
 
     .venv/bin/python scripts/video_bench.py --out docs/video_bench.json
 
-Needs .venv/video-reference (setup.sh). Videos are generated once into --cache (H.264, veryfast,
-moving bars over ramps). Each measurement runs in a fresh pinned subprocess; times are the median of
+Needs .venv/video-reference (setup.sh). Videos are generated once into --cache (H.264, veryfast, crf
+28, :mod:`energon_pack.bench.video_files`). Each measurement runs in a fresh pinned subprocess; times are the median of
 --repeats runs after one warm-up.
 """
 
@@ -31,29 +31,17 @@ LONG = ("600s_480x270_30fps", 600, 30, 480, 270)  # the RSS file: 18,000 frames
 
 
 def make_videos(cache: Path, specs) -> list[Path]:
-    import av
-    import numpy as np
+    from energon_pack.bench.video_files import write_video
 
     cache.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, seconds, fps, w, h in specs:
         path = cache / f"{name}.mp4"
         paths.append(path)
-        if path.exists():
-            continue
-        y, x = np.mgrid[0:h, 0:w]
-        tmp = path.with_suffix(".tmp.mp4")
-        with av.open(str(tmp), "w") as c:
-            s = c.add_stream("libx264", rate=fps, options={"preset": "veryfast", "crf": "28"})
-            s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-            for i in range(seconds * fps):
-                rgb = np.empty((h, w, 3), np.uint8)
-                rgb[..., 0] = (x * 255 // (w - 1) + 3 * i) % 256
-                rgb[..., 1] = (y * 255 // (h - 1) + i) % 256
-                rgb[..., 2] = np.where((x + 4 * i) % 61 < 20, 230, 30)
-                c.mux(s.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-            c.mux(s.encode())
-        tmp.rename(path)
+        if not path.exists():
+            tmp = path.with_suffix(".tmp.mp4")
+            write_video(tmp, seconds * fps, fps, w, h, options={"preset": "veryfast", "crf": "28"})
+            tmp.rename(path)
     return paths
 
 

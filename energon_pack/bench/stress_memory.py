@@ -78,7 +78,7 @@ def _write(root: Path, items: list[dict]) -> None:
     prepare_webdataset(root)
 
 
-def _measure(root: Path, preset, seq_length: int, workers: int, buffer: int) -> dict:
+def _measure(root: Path, preset, seq_length: int, workers: int, buffer: int, **encoder_kwargs) -> dict:
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
     from energon_pack.bench.loader_bench import RssSampler, _wait_for_workers_to_exit
@@ -86,7 +86,7 @@ def _measure(root: Path, preset, seq_length: int, workers: int, buffer: int) -> 
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
     _wait_for_workers_to_exit()
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=seq_length)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=seq_length, **encoder_kwargs)
     ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
                            task_encoder=te, packing_buffer_size=buffer, repeat=False)
