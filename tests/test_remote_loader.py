@@ -79,3 +79,15 @@ def test_resume_across_copies(demo_shards, remote_demo, mode):
         restored.restore_state_rank(state)
         assert_same(take(restored, 6), stream[5:])
         close(restored)
+
+
+def test_split_changed_dataset_refuses_object_storage(remote_demo, demo_shards, tmp_path):
+    """Its views symlink shards: a remote dataset or output is a ConfigError before anything is written."""
+    from energon_pack.energon import split_changed_dataset
+    from energon_pack.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^path: {remote_demo} is in object storage"):
+        split_changed_dataset(remote_demo, {}, tmp_path / "views")
+    with pytest.raises(ConfigError, match=rf"^out: {remote_demo}/views is in object storage"):
+        split_changed_dataset(demo_shards, {}, f"{remote_demo}/views")
+    assert list(tmp_path.iterdir()) == []

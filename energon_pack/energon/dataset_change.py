@@ -75,8 +75,15 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
     """Write ``out/resume`` (the checkpoint's shards) and ``out/added`` (shards added since) as prepared views.
 
     ``state`` is one rank's ``save_state_rank()`` result. Raises :class:`ResumeConfigError` when a
-    shard was removed or resized (naming it) and :class:`ConfigError` when nothing was added.
+    shard was removed or resized (naming it) and :class:`ConfigError` when nothing was added. The
+    views symlink the shards, so both folders are local (an ``msc://`` one is refused).
     """
+    from energon_pack.storage import is_remote
+
+    for knob, value in (("path", path), ("out", out)):
+        if is_remote(value):
+            raise ConfigError(knob, f"{value} is in object storage; the views symlink shards, so the dataset and the "
+                              "views are local folders", "run it on a local copy of the dataset")
     path, out = Path(path).resolve(), Path(out)
     old = saved_shards(state)
     current = _current_shards(path, split_part)
