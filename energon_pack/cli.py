@@ -58,13 +58,14 @@ def remote_dataset_kind(url: str) -> str:
     """:func:`dataset_kind` of an object-storage path: a file is one object; a folder is a prefix, and
     one without objects is ``missing`` (object stores have no empty folders). One HEAD and, for a
     prefix, one listing."""
-    from energon_pack.storage import epath, list_names
+    from energon_pack.storage import epath, list_names, store_errors
 
-    if epath(url).is_file():
-        if url.endswith(".jsonl") and epath(url + ".idx").is_file():
-            return "prepared_jsonl"
-        return "raw" if url.lower().endswith(RAW_SUFFIXES) else "unusable"
-    names = list_names(url)
+    with store_errors(url):
+        if epath(url).is_file():
+            if url.endswith(".jsonl") and epath(url + ".idx").is_file():
+                return "prepared_jsonl"
+            return "raw" if url.lower().endswith(RAW_SUFFIXES) else "unusable"
+        names = list_names(url)
     if ".nv-meta/dataset.yaml" in names:
         return "prepared"
     if not names:

@@ -10,8 +10,9 @@ on parallel threads: object stores answer many small requests at once, not fast 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,20 @@ def epath(path: Any) -> Any:
         raise ConfigError("path", f"{path}: the MSC profile could not be set up ({' '.join(str(exc).split())})",
                           "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; README "
                           "'Object storage')") from None
+
+
+@contextlib.contextmanager
+def store_errors(url: Any) -> Iterator[None]:
+    """A failed request to the store (endpoint, credentials, bucket: MSC raises RuntimeError, boto
+    its own errors) as one ConfigError naming ``url``; a missing object stays FileNotFoundError."""
+    try:
+        yield
+    except (ConfigError, FileNotFoundError):
+        raise
+    except Exception as exc:
+        raise ConfigError("object storage", f"a request for {url} failed ({type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())})", "check the MSC profile's endpoint, bucket and credentials "
+                          "(README 'Object storage')") from None
 
 
 def file_size(path: Any) -> int | None:

@@ -65,6 +65,8 @@ REFUSALS = {
     "bench-unprepared": (["bench", "--data", "REMOTE/raw"], "energon-pack prepare REMOTE/raw"),
     "bench-out-dir": (["bench", "--data", "DEMO", "--out-dir", "REMOTE/res"], "--out-dir is written to local disk"),
     "bench-profile": (["bench", "--data", "msc://no-such-profile/b/x"], 'Profile "no-such-profile" not found'),
+    "bench-unreachable": (["bench", "--data", "msc://energon-s3-down/energon-pack-test/demo"],
+                          "Fix: check the MSC profile's endpoint, bucket and credentials"),
     "inspect": (["inspect", "REMOTE/chat.jsonl"], "JSONL files are read from local disk only"),
     "prepare-jsonl": (["prepare", "REMOTE/chat.jsonl"], "JSONL files are indexed on local disk only"),
     "prepare-nothing": (["prepare", "REMOTE/nothing"], "holds no object: pass the prefix of your *.tar shards"),

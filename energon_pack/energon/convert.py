@@ -71,7 +71,7 @@ from energon_pack.chat.conversation import ALPACA_FIELDS, alpaca_turns, check_co
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
-from energon_pack.storage import is_remote, list_names, upload_tree
+from energon_pack.storage import is_remote, list_names, store_errors, upload_tree
 
 __all__ = ["FORMATS", "LAYOUTS", "SKIP_REASONS", "ConvertSummary", "build_parser", "convert", "detect_format", "main"]
 
@@ -1037,7 +1037,8 @@ def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool,
     converted (``overwrite`` does not apply: a remote output is never deleted)."""
     import tempfile
 
-    held = _remote_call(out, lambda: list_names(out))
+    with store_errors(out):
+        held = list_names(out)
     if held:
         raise ConfigError("out_dir", f"{out} already holds {len(held)} object(s) (e.g. {held[0]})"
                           + ("; --overwrite replaces local outputs only" if overwrite else ""),
@@ -1047,19 +1048,9 @@ def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool,
         summary = convert(source, local, **kw)
         summary.out_dir = out
         (local / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-        _remote_call(out, lambda: upload_tree(local, out))
+        with store_errors(out):
+            upload_tree(local, out)
     return summary
-
-
-def _remote_call(out: str, call: Any) -> Any:
-    """``call()``, with a failure of the store (endpoint, credentials, bucket) as a one-line ConfigError."""
-    try:
-        return call()
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError("out_dir", f"object storage at {out} failed: {type(exc).__name__}: {' '.join(str(exc).split())}",
-                          "check the MSC profile's endpoint, bucket and credentials (README 'Object storage')") from None
 
 
 def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -> list[_ChunkResult]:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from energon_pack.errors import ConfigError
-from energon_pack.storage import REQUEST_THREADS, file_size, is_remote, read_range
+from energon_pack.storage import REQUEST_THREADS, file_size, is_remote, read_range, store_errors
 
 
 def check_shards(factory: Any) -> dict[str, int | None]:
@@ -25,7 +25,7 @@ def check_shards(factory: Any) -> dict[str, int | None]:
     shards = [(str(getattr(s, "path", "")), getattr(s, "count", None)) for s in getattr(factory, "shards", None) or ()]
     shards = [(path, count) for path, count in shards if path]
     if any(is_remote(path) for path, _ in shards):
-        with ThreadPoolExecutor(min(REQUEST_THREADS, len(shards))) as pool:
+        with store_errors(shards[0][0].rsplit("/", 1)[0]), ThreadPoolExecutor(min(REQUEST_THREADS, len(shards))) as pool:
             facts = list(pool.map(lambda s: _shard_facts(*s), shards))
     else:
         facts = [_shard_facts(path, count) for path, count in shards]
