@@ -1,4 +1,5 @@
-"""Bridge's own ``ConfigContainer.validate()`` on a finetune config whose dataset is our GPT-SFT provider.
+"""Bridge 0.3.1 with real Megatron-Core on our GPT-SFT provider: its ``ConfigContainer.validate()``
+on finetune configs, and its data loader, GPT-step batch, packed-seq params and loss on our packs.
 
 Runs in the compatibility environment ``megatron-bridge-0.3.1`` (``scripts/compat_envs.py``;
 ``tests/test_compat_matrix.py`` runs it): Megatron-Core 0.16.1 from PyPI (real, CPU) and
@@ -46,13 +47,13 @@ class _DeepStub(type):
 
 
 class _GpuLibraryStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import-time stand-ins for GPU-only libraries Bridge's modules import at module level."""
+    """Import-time stand-ins for libraries Bridge's modules import at module level and nothing here runs."""
 
-    def __init__(self, roots: set[str]) -> None:
-        self.roots = roots
+    def __init__(self, prefixes: set[str]) -> None:
+        self.prefixes = prefixes
 
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.roots:
+        if any(name == p or name.startswith(p + ".") for p in self.prefixes):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
@@ -70,17 +71,21 @@ class _GpuLibraryStubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 @pytest.fixture(scope="module")
 def bridge():
     """Bridge's config classes, its ``DatasetProvider`` and ``GPTModelProvider`` (real), imported once."""
-    roots = {"transformer_engine", "triton"} | ({"datasets"} if importlib.util.find_spec("datasets") is None else set())
-    finder = _GpuLibraryStubs(roots)
+    # GPU libraries, and TensorBoard's writer (Bridge's training state imports it; not installed here)
+    prefixes = {"transformer_engine", "triton", "modelopt", "torch.utils.tensorboard"} | (
+        {"datasets"} if importlib.util.find_spec("datasets") is None else set())
+    finder = _GpuLibraryStubs(prefixes)
     sys.meta_path.insert(0, finder)
     try:
         import transformers  # noqa: F401  (before the stand-ins can shadow anything it probes)
+        from megatron.bridge.data import samplers
         from megatron.bridge.models import GPTModelProvider
-        from megatron.bridge.training import config
+        from megatron.bridge.training import config, gpt_step, losses
         from megatron.bridge.training.tokenizers.config import TokenizerConfig
     finally:
         sys.meta_path.remove(finder)
-    return types.SimpleNamespace(config=config, GPTModelProvider=GPTModelProvider, TokenizerConfig=TokenizerConfig)
+    return types.SimpleNamespace(config=config, GPTModelProvider=GPTModelProvider, TokenizerConfig=TokenizerConfig,
+                                 gpt_step=gpt_step, losses=losses, samplers=samplers)
 
 
 @pytest.fixture()
@@ -181,3 +186,62 @@ def test_bridge_builds_our_datasets_through_its_build_context(bridge, world, tmp
     assert len(train) >= context.train_samples  # every pack Bridge's sampler may ask for exists
     seen = sorted(i for k in range(len(train)) for i in train.pack_indices(k))
     assert seen == sorted(list(range(40)) * train.epochs)  # whole epochs: every line once per epoch
+
+
+# ------------------------------------------------------------------------------ Bridge 0.3.1's GPT step
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-process gloo world: Megatron-Core's pipeline and CP predicates read real process groups."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/init", rank=0, world_size=1)
+    yield types.SimpleNamespace(pp=dist.group.WORLD, cp=dist.group.WORLD)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fmt", ["prompt_completion", "chat"])
+@pytest.mark.parametrize("mbs", [1, 2])
+def test_bridge_0_3_gpt_step_reads_our_packs(bridge, world, process_group, monkeypatch, tmp_path, fmt, mbs):
+    """Bridge 0.3.1's loader builder, ``get_batch`` (its pre-0.6 names: ``cu_seqlens`` + argmins,
+    Megatron-Core's own ``get_batch_on_this_cp_rank``), ``get_packed_seq_params`` (Megatron-Core's
+    ``PackedSeqParams``) and ``masked_next_token_loss`` (Megatron-Core's rerun state machine) on our
+    packs: the tensors are ours, the cu_seqlens ours, the loss our supervised-token sum."""
+    import torch
+    from _bridge_light import tiny_tokenizer
+
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)  # the step moves device keys to the GPU
+    if fmt == "chat":
+        rows = [{"messages": [{"role": "user", "content": f"Say {i}" + " please" * (i % 4)},
+                              {"role": "assistant", "content": f"{i} " * (2 + i % 5)}]} for i in range(24)]
+    else:
+        rows = [{"prompt": f"Q{i}: " + "what " * (i % 9), "completion": "yes " * (1 + i % 6)} for i in range(24)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = finetune_config(bridge, mbs=max(mbs, 2), gbs=4, seq_length=128, dataset_seq_length=128, cp=1,
+                          dataset_kw={"enable_in_batch_packing": mbs > 1})
+    cfg.dataset.path, cfg.dataset.tokenizer, cfg.dataset.format = str(path), tiny_tokenizer(), fmt
+    cfg.dataset.cache_dir = str(tmp_path / "cache")
+    train, _, _ = cfg.dataset.build_datasets(bridge.config.DatasetBuildContext(train_samples=16, valid_samples=0,
+                                                                                test_samples=0))
+    loader = bridge.samplers.build_pretraining_data_loader(
+        train, 0, "single", mbs, 0, True, collate_fn=train.collate_fn, pin_memory=False, data_parallel_rank=0,
+        data_parallel_size=1, global_batch_size=mbs * 2)
+    seen = 0
+    for b in loader:
+        tokens, labels, loss_mask, attention, positions, cu, cu_argmin, max_seqlen, cu_unpadded, cu_unpadded_argmin = (
+            bridge.gpt_step.get_batch(iter([b]), cfg, pg_collection=process_group))
+        assert tokens is b["tokens"] and labels is b["labels"] and loss_mask is b["loss_mask"] and attention is None
+        assert positions is b["position_ids"] and tokens.shape[0] == 1
+        assert int(b["cu_seqlens_q_padded"][-1]) == tokens.shape[1] <= 128 * mbs
+        params = bridge.gpt_step.get_packed_seq_params({"cu_seqlens": cu, "cu_seqlens_argmin": cu_argmin,
+                                                        "max_seqlen": max_seqlen, "cu_seqlens_unpadded": cu_unpadded,
+                                                        "cu_seqlens_unpadded_argmin": cu_unpadded_argmin})
+        assert type(params).__module__ == "megatron.core.packed_seq_params" and params.qkv_format == "thd"
+        assert torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
+        assert torch.equal(params.cu_seqlens_q_padded, b["cu_seqlens_q_padded"]) and params.max_seqlen_q == int(b["max_seqlen_q"])
+        losses = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seen))
+        loss, num_tokens, _ = bridge.losses.masked_next_token_loss(loss_mask, losses)
+        assert int(num_tokens) == b["supervised_tokens"] == int((labels != -100).sum()) > 0
+        assert torch.equal(loss, torch.sum(losses.view(-1) * (labels.view(-1) != -100).float()))
+        seen += 1
+    assert seen == len(train) // mbs
