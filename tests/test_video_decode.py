@@ -65,3 +65,21 @@ def test_streams_without_packet_timestamps_decode_from_the_start(tmp_path, monke
     got = [np.asarray(img) for img in decode_frames(data, [1, 7, 14])]
     full = _all_frames(data)
     assert all(np.array_equal(g, full[i]) for g, i in zip(got, [1, 7, 14]))
+
+
+def test_encode_chat_takes_a_video_file(tmp_path):
+    """The functional API: a video file's bytes are planned from the header and only its sampled
+    frames decoded; the grid, token count and pixel rows agree with the plan."""
+    from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
+    from energon_pack.qwen_vl.chat import encode_chat
+    from energon_pack.qwen_vl.video import plan_video
+
+    preset = get_preset("qwen2.5-vl", video_min_pixels=4 * 784, video_max_pixels=8 * 784)
+    data = video_bytes(33, 12, 64, 48, tmp_path, ext="webm")
+    conv = [{"role": "user", "content": "<video>\nwhat moves?"}, {"role": "assistant", "content": "a bar"}]
+    enc, media = encode_chat(conv, videos=[data], tokenizer=load_demo_tokenizer(), preset=preset)
+    plan = plan_video(probe_video(data), preset)
+    t, h, w = plan.grid_thw
+    assert enc.video_grid_thw.tolist() == [[t, h, w]] and media.video_grid_thw.tolist() == [[t, h, w]]
+    assert enc.video_token_counts == [t * h * w // 4] and media.pixel_values_videos.shape == (t * h * w, 1176)
+    assert media.second_per_grid_ts == [2 / plan.sampled_fps] == enc.second_per_grid_ts

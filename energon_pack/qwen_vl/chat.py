@@ -32,7 +32,8 @@ from ..errors import SampleSkipped
 from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
 from . import vision as V
 from .presets import VisionPreset
-from .video import VideoFile, VideoPlan, pending_video_file
+from ..video import FrameSampling, probe_video
+from .video import VideoFile, VideoPlan, pending_video_file, plan_video
 
 
 @dataclass(frozen=True)
@@ -257,20 +258,29 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
     return out
 
 
-def encode_chat(conversation: Any, images: Sequence[bytes] = (), videos: Sequence[Sequence[Any]] = (), *,
+def encode_chat(conversation: Any, images: Sequence[bytes] = (), videos: Sequence[Any] = (), *,
                 tokenizer: Any, preset: VisionPreset, config: ChatConfig | None = None,
-                video_fps: Sequence[float | None] | None = None) -> tuple[EncodedChat, VisualInputs]:
-    """Both phases at once (convenience): header sizes -> preencode, then decode + patchify."""
+                video_fps: Sequence[float | None] | None = None,
+                video_sampling: FrameSampling | None = None) -> tuple[EncodedChat, VisualInputs]:
+    """Both phases at once (convenience): header sizes -> preencode, then decode + patchify. A video
+    is a list of frames or an encoded video file (bytes: sampled from its header with
+    ``video_sampling``, qwen-vl-utils' defaults when None, then only those frames decoded)."""
     config = config or ChatConfig()
     ims = [ImageMeta(*V.image_size_from_bytes(x)) if isinstance(x, (bytes, bytearray)) else ImageMeta(*V.open_image(x).size)
            for x in images]
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
-    vids = []
+    vids, media = [], []
     for frames, fps in zip(videos, fps_list):
+        if isinstance(frames, (bytes, bytearray)):  # a video file
+            plan = plan_video(probe_video(bytes(frames)), preset, video_sampling)
+            vids.append(VideoMeta.from_plan(plan))
+            media.append(VideoFile(bytes(frames), plan))
+            continue
         if len(frames) == 0:
             raise SampleSkipped("empty_video", "video has no frames")
         first = frames[0]
         w, h = V.image_size_from_bytes(first) if isinstance(first, (bytes, bytearray)) else V.open_image(first).size
         vids.append(VideoMeta(len(frames), w, h, fps))
+        media.append(frames)
     enc = preencode_chat(conversation, ims, vids, tokenizer=tokenizer, preset=preset, config=config)
-    return enc, postencode_media(images, videos, preset=preset, video_fps=video_fps, config=config, expected=enc)
+    return enc, postencode_media(images, media, preset=preset, video_fps=video_fps, config=config, expected=enc)
