@@ -168,3 +168,35 @@ def _video_members(root) -> dict:
                 if ext.split(".")[-1] in ("mp4", "webm", "mkv", "mov"):
                     out[key] = tar.extractfile(member).read()
     return out
+
+
+def _savable(root, sampling):
+    from megatron.energon import get_savable_loader
+
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=PRESET, seq_length=1024, video_sampling=sampling)
+    ds = get_train_dataset(root, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=6, repeat=False)
+    return get_savable_loader(ds, checkpoint_every_min_n_samples=1, checkpoint_every_sec=0)
+
+
+def test_video_sampling_is_part_of_the_resume_fingerprint(video_shards):
+    """A state saved with one frame sampling resumes exactly with the same one and is refused, naming
+    ``video_sampling``, with another (costs, hence packs, would differ)."""
+    from energon_pack.energon.checkpoint import restore_state_rank
+    from energon_pack.energon.stream import ResumeConfigError
+    from energon_pack.video import FrameSampling
+
+    root, _ = video_shards
+    first = _savable(root, FrameSampling())
+    it = iter(first)
+    next(it)
+    state = first.save_state_rank()
+    rest = [b["__key__"] for b in it]
+    again = _savable(root, FrameSampling())
+    restore_state_rank(again, state)
+    assert [b["__key__"] for b in again] == rest and rest
+    other = _savable(root, FrameSampling(fps=1.0))
+    with pytest.raises(ResumeConfigError) as err:
+        restore_state_rank(other, state)
+    assert err.value.knob == "video_sampling"
