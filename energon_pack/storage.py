@@ -3,16 +3,18 @@
 Energon reads ``msc://PROFILE/bucket/prefix`` paths through NVIDIA's multi-storage-client (MSC);
 ``pathlib.Path`` would turn ``msc://`` into ``msc:/`` (a local folder of that name). Everything of
 ours that takes a dataset path goes through here: :func:`is_remote` to tell the two apart,
-:func:`epath` to reach either one, :func:`file_sizes` for many sizes at once (one HEAD per object,
-on parallel threads: object stores answer many small requests at once, not fast one by one), and
-:func:`read_range` for a few bytes of a large object.
+:func:`epath` to reach either one, :func:`file_size` (one HEAD) and :func:`read_range` (one ranged
+GET) for what the shard check needs, :func:`list_names` for what a prefix holds, :func:`upload_tree`
+for ``convert``'s output, and :func:`store_errors` to turn a failed request into one line. Many
+small requests go out on :data:`REQUEST_THREADS` threads: object stores answer many at once, not
+fast one by one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,14 +68,6 @@ def file_size(path: Any) -> int | None:
         return os.stat(path).st_size if not is_remote(path) else epath(path).size()
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def file_sizes(paths: Sequence[Any]) -> list[int | None]:
-    """:func:`file_size` of each path, in order; remote ones on :data:`REQUEST_THREADS` threads."""
-    if not any(is_remote(p) for p in paths):
-        return [file_size(p) for p in paths]
-    with ThreadPoolExecutor(min(REQUEST_THREADS, max(1, len(paths)))) as pool:
-        return list(pool.map(file_size, paths))
 
 
 def read_range(path: Any, offset: int, size: int) -> bytes:
