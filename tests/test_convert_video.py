@@ -1,8 +1,9 @@
 """energon-pack convert with videos: LLaVA-Video / ShareGPT ``"video"`` records, OpenAI-style video
 parts and Parquet bytes are copied byte for byte as ``KEY.N.mp4`` / ``.mkv`` members after a header
 check; bad videos are counted skips with a reason; the loader then packs every written sample with
-grids equal to the header plans."""
+grids equal to the header plans. ``--layout bridge`` writes the sampled frames as frame lists."""
 
+import io
 import json
 
 import pytest
@@ -10,7 +11,6 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from _video_files import video_bytes
 from energon_pack.energon.convert import convert
-from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
@@ -86,7 +86,7 @@ def test_llava_video_records_and_openai_parts_copied_byte_for_byte(tmp_path):
     assert grids == want
 
 
-def test_parquet_video_bytes_and_bridge_layout(tmp_path):
+def test_parquet_video_bytes(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
@@ -98,5 +98,35 @@ def test_parquet_video_bytes_and_bridge_layout(tmp_path):
     summary = convert(tmp_path / "set.parquet", tmp_path / "out", progress=False, workers=1)
     assert (summary.written, summary.videos, summary.skipped) == (1, 1, {"corrupt_video": 1})
     assert shard_members(tmp_path / "out")["000000000.0.mp4"] == clip
-    with pytest.raises(ConfigError, match=r"video_not_supported=2 .*--layout bridge writes frame lists"):
-        convert(tmp_path / "set.parquet", tmp_path / "bridge", progress=False, workers=1, layout="bridge")
+
+
+def test_bridge_layout_writes_the_sampled_frames(tmp_path):
+    """``--layout bridge``: each video becomes the frame list qwen-vl-utils' default sampling takes
+    (JPEG, within a few levels of the decoded frames), which the loader then packs as a video."""
+    import pickle
+
+    import numpy as np
+    from PIL import Image
+
+    from energon_pack.video import FrameSampling, decode_frames, sample_frame_indices, smart_nframes
+
+    clip = video_bytes(50, 10, 64, 48, tmp_path)  # 5 s at 10 fps: 10 frames at 2 per second
+    (tmp_path / "c.mp4").write_bytes(clip)
+    rec = {"video": "c.mp4", "conversations": [{"from": "human", "value": "<video>\nWhat?"}, {"from": "gpt", "value": "Bars."}]}
+    (tmp_path / "set.json").write_text(json.dumps([rec]))
+    summary = convert(tmp_path / "set.json", tmp_path / "bridge", progress=False, workers=1, layout="bridge")
+    assert (summary.written, summary.videos, summary.skipped) == (1, 1, {})
+    members = shard_members(tmp_path / "bridge")
+    (frames,) = pickle.loads(members["000000000.videos"])
+    header = probe_video(clip)
+    indices = sample_frame_indices(header.num_frames, smart_nframes(header.num_frames, header.fps, FrameSampling()))
+    assert len(frames) == len(indices) == 10 and pickle.loads(members["000000000.jpgs"]) == []
+    for jpeg, image in zip(frames, decode_frames(clip, indices)):
+        diff = np.abs(np.asarray(Image.open(io.BytesIO(jpeg)), np.int16) - np.asarray(image, np.int16))
+        assert diff.mean() < 2.0, diff.mean()
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=PRESET, seq_length=1024)
+    ds = get_train_dataset(str(tmp_path / "bridge"), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
+                           packing_buffer_size=4, repeat=False)
+    (batch,) = list(get_loader(ds))
+    assert batch["video_grid_thw"][:, 0].tolist() == [5]  # 10 frames, 2 per temporal step

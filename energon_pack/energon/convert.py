@@ -31,8 +31,9 @@ named ``mp4`` (MP4/MOV), ``mkv`` (Matroska/WebM) or ``avi`` by their container. 
   encoded images) + ``KEY.videos`` (a pickled empty list), as Bridge's preparers write it. The
   pickles are there for Bridge's own reader; ours loads them without running code
   (:func:`~energon_pack.energon.chatml.unpickle_media`), and ``ours`` needs no pickle at all.
-  A record with a video is the skip ``video_not_supported`` here (Bridge's ``videos`` are decoded
-  frame lists; writing them is not implemented).
+  A video becomes a frame list there: the frames qwen-vl-utils' default sampling takes (2 per
+  second, 4 to 768, :mod:`energon_pack.video.sampling`), decoded and stored as JPEG (quality 95, 4:4:4)
+  in ``KEY.videos``; the frame rate of the file is not kept (readers assume 2 frames per second).
 
 Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
 included), only from regular files up to ``max_media_mb``, and only past an image header.
@@ -93,8 +94,6 @@ SKIP_REASONS = {
     "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
     "empty_assistant_turn": "an assistant turn with no content and no tool calls",
     "media_count_mismatch": "the number of <image> placeholders / image parts differs from the number of images",
-    "video_not_supported": "a video with --layout bridge (Bridge's layout holds decoded frame lists; the default "
-                           "layout keeps the video file)",
     "bad_video_ref": "a video value that is neither a path, bytes nor a {path}/{bytes} dict",
     "remote_video": "an http(s) video URL (convert never downloads)",
     "missing_video": "a video path that does not exist (check --image-root, which video paths share)",
@@ -663,6 +662,28 @@ def _sniff_video(data: bytes, what: str) -> str:
     return ext
 
 
+#: JPEG quality of the frames ``--layout bridge`` writes for a video
+BRIDGE_FRAME_QUALITY = 95
+
+
+def sampled_jpeg_frames(data: bytes, what: str) -> list[bytes]:
+    """The frames qwen-vl-utils' default sampling takes from a video file, as JPEG bytes (Bridge's
+    frame-list layout); SampleSkipped ``corrupt_video`` when decoding fails."""
+    from energon_pack.video import FrameSampling, decode_frames, probe_video, sample_frame_indices, smart_nframes
+
+    header = probe_video(data)
+    indices = sample_frame_indices(header.num_frames, smart_nframes(header.num_frames, header.fps, FrameSampling()))
+    frames = []
+    try:
+        for image in decode_frames(data, indices):
+            buf = io.BytesIO()
+            image.save(buf, format="JPEG", quality=BRIDGE_FRAME_QUALITY, subsampling=0)  # 4:4:4: no chroma loss
+            frames.append(buf.getvalue())
+    except SampleSkipped as skip:
+        raise SampleSkipped(skip.reason, f"{what}: {skip.detail}") from None
+    return frames
+
+
 def _sniff(data: bytes, what: str, verify: str) -> str:
     """Member extension of encoded image bytes (PIL header read; full decode with verify='decode')."""
     from PIL import Image, UnidentifiedImageError
@@ -712,8 +733,6 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
                             f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r})") from None
     # the loader's structural rules, on exactly what it will read: what passes here, it takes
     messages = normalize_conversation(decode_json_record(raw))
-    if ctx.layout == "bridge" and (video_refs or any(kind == "video" for m in messages for kind, _ in m.parts)):
-        raise SampleSkipped("video_not_supported", "the record has a video (--layout bridge writes frame lists)")
     check_conversation(messages, len(refs), len(video_refs))
     images = []
     for i, ref in enumerate(refs):
@@ -726,7 +745,8 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
-        fields["videos"] = pickle.dumps([], protocol=4)
+        fields["videos"] = pickle.dumps([sampled_jpeg_frames(d, f"video {i}") for i, (d, _) in enumerate(videos)],
+                                        protocol=4)
     else:
         for i, (data, ext) in enumerate(images):
             fields[f"{i}.{ext}"] = data
