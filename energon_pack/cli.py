@@ -260,6 +260,31 @@ def _version() -> str:
         return __version__
 
 
+def object_read_options(p: argparse.ArgumentParser) -> None:
+    """How shards in object storage are read (``energon_pack.object_reads``; msc:// datasets only)."""
+    p.add_argument("--whole-object-limit", type=_non_negative_int, default=None,
+                   help="msc:// shards up to this many bytes are downloaded whole, larger ones range-read "
+                        "(default: multi-storage-client's 512 MiB)")
+    p.add_argument("--read-ahead", type=_non_negative_int, default=0,
+                   help="bytes each range read of an msc:// shard asks for at least (e.g. 1048576: a sample and its "
+                        "neighbours in one request; 0: one request per read, multi-storage-client's own)")
+
+
+@contextlib.contextmanager
+def object_reads(args: argparse.Namespace) -> Iterator[None]:
+    """``--whole-object-limit`` / ``--read-ahead`` while the command runs (MSC's own reads again after)."""
+    if getattr(args, "whole_object_limit", None) is None and not getattr(args, "read_ahead", 0):
+        yield
+        return
+    from energon_pack.object_reads import configure_object_reads
+
+    configure_object_reads(whole_object_limit=args.whole_object_limit, read_ahead=args.read_ahead)
+    try:
+        yield
+    finally:
+        configure_object_reads()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="energon-pack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"energon-pack {_version()}")
@@ -286,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--packs", type=_positive_int, default=150, help="packs to stream per mode (at least 1)")
     demo.add_argument("--width", type=_positive_int, default=8192, help="pack width in tokens (seq_length)")
     demo.add_argument("--out", default="bench_results/demo.json", help="JSON report path")
+    object_read_options(demo)
 
     make = add("make-demo", "write demo ChatML WebDataset shards into a new or empty folder and prepare them for Energon")
     make.add_argument("dir", help="output folder (new, empty, or an earlier make-demo output)")
@@ -322,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead of the K sweep: recommend max_patches_per_pack for static_visual packs (fill within "
                             "0.5 points of packs without a patch budget), at --width and the largest --buffers K")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    object_read_options(bench)
     bench.add_argument("--check", action="store_true",
                        help="exit 1 when one of the project's own benchmark targets is missed (they are printed as "
                             "information otherwise)")
@@ -844,7 +871,8 @@ def _run(args: argparse.Namespace, prog: str) -> int:
     try:
         for name in OUTPUT_ARGS:  # before anything is read or written
             refuse_remote_output(getattr(args, name, None), f"--{name.replace('_', '-')}")
-        return _dispatch(args)
+        with object_reads(args):
+            return _dispatch(args)
     except Exception as exc:
         if getattr(args, "debug", False):
             raise

@@ -107,6 +107,34 @@ def test_bench_on_object_storage_equals_local(demo_shards, remote_demo, cwd, cap
     assert sorted(os.listdir(cwd)) == ["local", "remote"]
 
 
+def test_bench_read_ahead_flags_same_cells_fewer_requests(demo_shards, remote_demo, cwd, capsys, monkeypatch):
+    """--whole-object-limit 0 --read-ahead 1 MiB: range reads through the read-ahead (no whole-shard GET),
+    the same cells as the local copy, and MSC's own reads again after the command."""
+    import botocore.endpoint
+    from multistorageclient.file import ObjectFile
+
+    ranged, original = [], botocore.endpoint.Endpoint.make_request
+
+    def make_request(self, operation_model, request_dict):
+        if operation_model.name == "GetObject" and request_dict.get("url_path", "").endswith(".tar"):
+            ranged.append("Range" in request_dict.get("headers", {}))
+        return original(self, operation_model, request_dict)
+
+    monkeypatch.setattr(botocore.endpoint.Endpoint, "make_request", make_request)
+    before = ObjectFile.__init__, ObjectFile._open_large_file
+    cells = {}
+    for name, data, flags in (("local", str(demo_shards), []),
+                              ("remote", remote_demo, ["--whole-object-limit", "0", "--read-ahead", "1048576"])):
+        assert main(["bench", "--data", data, "--tokenizer", "demo", "--buffers", "8", "--packs", "3", "--workers", "0",
+                     "--modes", "carry", "--no-plots", "--out-dir", name, *flags]) == 0
+        cells[name] = [{k: c[k] for k in ("packs", "samples", "real_tokens", "skips")}
+                       for c in json.loads((cwd / name / "buffer_sizes.json").read_text())["cells"]]
+    assert cells["remote"] == cells["local"]
+    assert ranged and all(ranged)  # every shard GET was a range read
+    assert len(ranged) <= 6  # one 1 MiB request per shard opened (6 shards)
+    assert (ObjectFile.__init__, ObjectFile._open_large_file) == before
+
+
 def test_demo_streams_a_remote_prepared_dataset(remote_demo, cwd, capsys):
     assert main(["demo", "--data", remote_demo, "--packs", "2", "--workers", "0", "--buffer", "8",
                  "--out", "demo.json"]) == 0
