@@ -58,11 +58,11 @@ def test_remote_packs_equal_local(demo_shards, remote_demo, mode, workers):
     assert_same(got, expected)
 
 
-@pytest.mark.parametrize("mode", ["carry", "rounds"])
-def test_resume_across_copies(demo_shards, remote_demo, mode):
+@pytest.mark.parametrize("mode, workers", [("carry", 2), ("rounds", 0)])
+def test_resume_across_copies(demo_shards, remote_demo, mode, workers):
     """A state saved on the local copy restores on the remote one and vice versa: the same next packs."""
     copies = {"local": str(demo_shards), "remote": remote_demo}
-    reference = loader(copies["local"], mode, 2)
+    reference = loader(copies["local"], mode, workers)
     it = iter(reference)
     stream = [next(it) for _ in range(5)]
     state = roundtrip(reference.save_state_rank())
@@ -70,12 +70,12 @@ def test_resume_across_copies(demo_shards, remote_demo, mode):
     close(reference)
     for saved_on, restored_on in (("local", "remote"), ("remote", "local")):
         if saved_on == "remote":
-            source = loader(copies["remote"], mode, 2)
+            source = loader(copies["remote"], mode, workers)
             it = iter(source)
             assert_same([next(it) for _ in range(5)], stream[:5])
             state = roundtrip(source.save_state_rank())
             close(source)
-        restored = loader(copies[restored_on], mode, 2)
+        restored = loader(copies[restored_on], mode, workers)
         restored.restore_state_rank(state)
         assert_same(take(restored, 6), stream[5:])
         close(restored)
