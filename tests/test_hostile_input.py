@@ -24,6 +24,7 @@ from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import SampleSkipped
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
+from energon_pack import pixels as P
 from energon_pack.qwen_vl import vision as V
 from energon_pack.qwen_vl.chat import encode_chat
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
@@ -179,7 +180,7 @@ def test_upper_case_image_extensions_are_images_in_natural_order():
 def test_exif_orientation_applied_in_header_read_and_decode(orientation):
     data = _jpeg(300, 140, orientation=orientation, seed=orientation)
     upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
-    assert V.image_size_from_bytes(data) == upright.size == ((140, 300) if orientation >= 5 else (300, 140))
+    assert P.image_size_from_bytes(data) == upright.size == ((140, 300) if orientation >= 5 else (300, 140))
     pv, grid = V.patchify_image(data, PRESET)
     ref_pv, ref_grid = V.patchify_image(upright, PRESET)  # decoded + exif_transpose + our path
     np.testing.assert_array_equal(pv, ref_pv)
@@ -206,7 +207,7 @@ def test_exif_orientation_applied_in_header_read_and_decode(orientation):
 
 def test_exif_orientation_malformed_value_counts_as_upright():
     data = _jpeg(90, 30, orientation=42)
-    assert V.image_size_from_bytes(data) == (90, 30)
+    assert P.image_size_from_bytes(data) == (90, 30)
     assert V.patchify_image(data, PRESET)[1][0].tolist() == list(V.image_grid_thw(30, 90, PRESET))
 
 

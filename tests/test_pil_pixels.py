@@ -11,9 +11,11 @@ import pytest
 from PIL import Image
 
 from energon_pack.bench.pixel_bench import make_image_set
-from energon_pack.qwen_vl import get_preset, pixel_simd
+from energon_pack.pixels import pixel_simd
+from energon_pack.qwen_vl import get_preset
+from energon_pack import pixels as P
 from energon_pack.qwen_vl import vision as V
-from energon_pack.qwen_vl.pil_pixels import rgbx_view
+from energon_pack.pixels.pil_pixels import rgbx_view
 
 
 #: Pillow 11.2+ exports its pixel memory through the Arrow C data interface; older ones (10.x) cannot
@@ -57,10 +59,10 @@ def test_no_view_where_pil_cannot_export_one(img):
 def test_the_worker_reads_pils_memory_instead_of_copying():
     preset = get_preset("qwen2.5-vl")
     img = Image.new("RGB", (448, 448), (10, 200, 30))  # on the grid already: no resize
-    hwc = V._resized_u8(img, 448, 448, preset, fast=True)
+    hwc = P.resize(img, 448, 448, preset.resample, fast=True)
     assert hwc.strides[1] == 4  # PIL's 4-byte pixels, not a packed RGB copy
     pv, _ = V.patchify_image(img, preset)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(pixel_simd.PIXEL_SIMD_ENV, "off")
-        assert V._resized_u8(img, 448, 448, preset, fast=True).strides[1] == 3
+        assert P.resize(img, 448, 448, preset.resample, fast=True).strides[1] == 3
         np.testing.assert_array_equal(V.patchify_image(img, preset)[0], pv)

@@ -9,9 +9,10 @@ from PIL import Image
 
 from energon_pack.bench.pixel_bench import make_image_set
 from energon_pack.qwen_vl import get_preset
-from energon_pack.qwen_vl import pil_resample as R
-from energon_pack.qwen_vl import pixel_kernels as K
-from energon_pack.qwen_vl import pixel_simd
+from energon_pack.pixels import pil_resample as R
+from energon_pack.pixels import pixel_kernels as K
+from energon_pack.pixels import pixel_simd
+from energon_pack import pixels as P
 from energon_pack.qwen_vl import vision as V
 
 
@@ -61,7 +62,7 @@ def test_resize_equals_pil_byte_for_byte(resample):
 def test_real_photos_resize_to_pils_bytes():
     preset = get_preset("qwen2.5-vl")
     for im in make_image_set(12, seed=3):
-        rgb = np.asarray(V.to_rgb_image(V.open_image(im["data"])))
+        rgb = np.asarray(P.to_rgb_image(P.open_image(im["data"])))
         oh, ow = V.resized_image_size(rgb.shape[0], rgb.shape[1], preset)
         np.testing.assert_array_equal(R.resize_rgb(rgb, oh, ow), _pil(rgb, oh, ow, "bicubic"))
 
@@ -104,9 +105,9 @@ def test_compiled_and_numpy_paths_give_identical_images_and_videos(dtype, monkey
     images = [im["data"] for im in make_image_set(8, seed=7)]
     frames = [images[i] for i in (0, 0, 1, 1, 2)]  # 5 frames: the last is repeated to fill tp=2
     fast = [V.patchify_image(d, preset) for d in images], V.patchify_video(frames, video_preset, fps=2.0)
-    assert V._fast_kernels(preset) is not None
-    monkeypatch.setenv(V.PIXEL_KERNELS_ENV, "off")
-    assert V._fast_kernels(preset) is None
+    assert P.compiled(preset.resample) is not None
+    monkeypatch.setenv(P.PIXEL_KERNELS_ENV, "off")
+    assert P.compiled(preset.resample) is None
     slow = [V.patchify_image(d, preset) for d in images], V.patchify_video(frames, video_preset, fps=2.0)
     for (pf, gf), (ps, gs) in zip(fast[0], slow[0]):
         assert pf.dtype == ps.dtype
@@ -132,8 +133,8 @@ def test_without_numba_the_pixel_path_still_works(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_numba)
-    monkeypatch.delitem(sys.modules, "energon_pack.qwen_vl.pixel_kernels", raising=False)
-    monkeypatch.delattr(sys.modules["energon_pack.qwen_vl"], "pixel_kernels", raising=False)
+    monkeypatch.delitem(sys.modules, "energon_pack.pixels.pixel_kernels", raising=False)
+    monkeypatch.delattr(sys.modules["energon_pack.pixels"], "pixel_kernels", raising=False)
     R._verified_rule.cache_clear()
     try:
         assert not R.fast_resize_available("bicubic")

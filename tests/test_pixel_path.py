@@ -13,6 +13,7 @@ from PIL import Image
 from energon_pack.bench.pixel_bench import encode, make_image, make_image_set
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer, normalize_pixels, pixels_to_torch
+from energon_pack import pixels as P
 from energon_pack.qwen_vl import vision as V
 
 BOUNDS = dict(min_pixels=200_704, max_pixels=1_003_520)
@@ -20,12 +21,12 @@ BOUNDS = dict(min_pixels=200_704, max_pixels=1_003_520)
 
 def _old_video(frames, preset):
     """The pre-issue-13 video path (float frames, float 9-axis transpose)."""
-    first = V.to_rgb_array(V.open_image(frames[0]))
+    first = P.to_rgb_array(P.open_image(frames[0]))
     rh, rw = V.resized_video_size(len(frames), *first.shape[:2], preset)
     total = len(frames) + (-len(frames) % preset.temporal_patch_size)
     out = np.empty((total, 3, rh, rw), dtype=np.float32)
     for i, f in enumerate(frames):
-        out[i] = V._resize_normalize(V.to_rgb_array(V.open_image(f)), rh, rw, preset)
+        out[i] = V._resize_normalize(P.to_rgb_array(P.open_image(f)), rh, rw, preset)
     out[len(frames):] = out[len(frames) - 1]
     return V._patchify(out, preset)[0]
 
@@ -110,11 +111,11 @@ def test_jpeg_draft_keeps_grids_and_stays_within_the_documented_bound():
     photo = make_image(rng, 2400, 1800, "photo")
     for orientation in (1, 6):  # rotated by EXIF: the header size and grid swap, draft follows
         exif = Image.Exif()
-        exif[V.EXIF_ORIENTATION] = orientation
+        exif[P.EXIF_ORIENTATION] = orientation
         buf = io.BytesIO()
         photo.save(buf, format="JPEG", quality=90, exif=exif.tobytes())
         data = buf.getvalue()
-        w, h = V.image_size_from_bytes(data)
+        w, h = P.image_size_from_bytes(data)
         full, grid = V.patchify_image(data, base)
         pv, dgrid = V.patchify_image(data, draft)
         np.testing.assert_array_equal(grid, dgrid)
@@ -212,7 +213,7 @@ def test_pending_rows_lay_out_exactly_what_patchify_gives(images, dtype):
              for i in range(3)]
     eager = postencode_media(datas, [video], preset=preset)
     lazy = postencode_media(datas, [video], preset=preset, lazy_layout=True)
-    assert isinstance(lazy.pixel_values, V.PendingPatchRows) and isinstance(lazy.pixel_values_videos, V.PendingPatchRows)
+    assert isinstance(lazy.pixel_values, P.PendingPatchRows) and isinstance(lazy.pixel_values_videos, P.PendingPatchRows)
     expected = torch.cat([pixels_to_torch(V.patchify_image(d, preset)[0], preset) for d in datas])
     for rows, tensor, want in ((lazy.pixel_values, eager.pixel_values, expected),
                                (lazy.pixel_values_videos, eager.pixel_values_videos,
@@ -257,7 +258,7 @@ def test_pending_rows_without_the_compiled_kernels_give_the_same_values(images, 
     """With ENERGON_PACK_PIXEL_KERNELS=off (PIL + numpy) the deferred layout writes the same rows."""
     preset = get_preset("qwen2.5-vl", pixel_dtype=dtype, max_pixels=300_000)
     expected = [V.pending_image(im["data"], preset)[0].to_tensor() for im in images[:3]]
-    monkeypatch.setenv(V.PIXEL_KERNELS_ENV, "off")
+    monkeypatch.setenv(P.PIXEL_KERNELS_ENV, "off")
     for im, want in zip(images[:3], expected):
         rows, _ = V.pending_image(im["data"], preset)
         assert torch.equal(rows.to_tensor().view(torch.uint8), want.view(torch.uint8))

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from energon_pack.qwen_vl import pixel_kernels as K
-from energon_pack.qwen_vl import pixel_simd
+from energon_pack.pixels import pixel_kernels as K
+from energon_pack.pixels import pixel_simd
+from energon_pack import pixels as P
 from energon_pack.qwen_vl import vision as V
 from energon_pack.qwen_vl.presets import get_preset
 
@@ -22,11 +23,11 @@ needs_simd = pytest.mark.skipif(not pixel_simd.available(), reason="AVX-512 VBMI
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or shutil.which("gcc") is None,
                     reason="the extension is only built on x86-64 with a C compiler")
 def test_the_extension_is_built_by_the_install():
-    assert importlib.util.find_spec("energon_pack.qwen_vl._pixel_simd") is not None
+    assert importlib.util.find_spec("energon_pack.pixels._pixel_simd") is not None
 
 
 def _numba_layout(img: np.ndarray, preset) -> np.ndarray:
-    p, table = preset.patch_size, V._storage_table(preset)
+    p, table = preset.patch_size, P.storage_table(preset)
     out = np.empty(((img.shape[0] // p) * (img.shape[1] // p), preset.patch_dim), table.dtype)
     K.layout(img[None], p, preset.merge_size, table, out)
     return out
@@ -66,7 +67,7 @@ def test_simd_video_layout_equals_the_numba_kernel_bit_for_bit(name, dtype):
     past the end (odd counts), for 1..5 frames, contiguous and strided (every other frame)."""
     preset = get_preset(name, pixel_dtype=dtype)
     p, m, tp = preset.patch_size, preset.merge_size, preset.temporal_patch_size
-    f, table = p * m, V._storage_table(preset)
+    f, table = p * m, P.storage_table(preset)
     rng = np.random.default_rng(11)
     for count in range(1, 6):
         every = rng.integers(0, 256, (2 * count, 2 * f, 3 * f, 3), dtype=np.uint8)
@@ -122,7 +123,7 @@ def test_other_dtypes_and_the_off_switch_leave_the_numba_kernel_in_charge(monkey
 def test_simd_resize_passes_equal_the_numba_passes_byte_for_byte(resample):
     """Both passes, RGB and RGBX sources, up- and downscaling (600 -> 100 needs the 256-byte
     window); past the horizontal pass's reach (over ~6x down) it declines and writes nothing."""
-    from energon_pack.qwen_vl.pil_resample import coefficients
+    from energon_pack.pixels.pil_resample import coefficients
 
     rng = np.random.default_rng(3 if resample == "bicubic" else 4)
     sizes = [tuple(int(v) for v in rng.integers(1, 300, 4)) for _ in range(60)]
@@ -153,7 +154,7 @@ def test_simd_resize_passes_equal_the_numba_passes_byte_for_byte(resample):
 
 @needs_simd
 def test_simd_resize_refuses_mismatched_shapes():
-    from energon_pack.qwen_vl.pil_resample import coefficients
+    from energon_pack.pixels.pil_resample import coefficients
 
     src = np.zeros((10, 20, 3), np.uint8)
     xmin, xlen, xcoef = coefficients(20, 8, "bicubic")

@@ -11,6 +11,7 @@ from PIL import Image
 
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.qwen_vl import presets as P
+from energon_pack import pixels as PX
 from energon_pack.qwen_vl import vision as V
 
 transformers = pytest.importorskip("transformers")
@@ -171,11 +172,11 @@ def test_image_size_from_bytes_header_only():
     buf = io.BytesIO()
     _image(321, 123, "RGB", 0).save(buf, format="PNG")
     data = buf.getvalue()
-    assert V.image_size_from_bytes(data) == (321, 123)
+    assert PX.image_size_from_bytes(data) == (321, 123)
     # truncated body: the header still gives the size without decoding
-    assert V.image_size_from_bytes(data[:200]) == (321, 123)
+    assert PX.image_size_from_bytes(data[:200]) == (321, 123)
     with pytest.raises(SampleSkipped) as err:
-        V.image_size_from_bytes(b"not an image at all")
+        PX.image_size_from_bytes(b"not an image at all")
     assert err.value.reason == "corrupt_image"
     with pytest.raises(SampleSkipped) as err:
         V.patchify_image(data[:200], P.get_preset("qwen2-vl"))

@@ -8,7 +8,7 @@ For one set of generated photos and scans (JPEG and PNG, sides 102..1,411 px, Qw
   any path with HF-identical pixels); ``floor + our PIL-exact resize``: the same bytes, our way;
 * ``ours/<dtype>``: :func:`energon_pack.qwen_vl.vision.patchify_image` with ``pixel_dtype``
   float32, bfloat16, uint8 (and float32 with ``jpeg_draft``, without the AVX-512 kernels of
-  :mod:`energon_pack.qwen_vl.pixel_simd`, and without numba);
+  :mod:`energon_pack.pixels.pixel_simd`, and without numba);
 * ``reference``: the pre-issue-13 float path (:func:`~energon_pack.qwen_vl.vision.reference_patchify_image`);
 * ``hf``: transformers' ``Qwen2VLImageProcessor`` (PIL backend), fed the decoded RGB image.
 
@@ -37,7 +37,8 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from energon_pack.env import environ_set
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl import vision as V
-from energon_pack.qwen_vl.pixel_simd import PIXEL_SIMD_ENV
+from energon_pack import pixels
+from energon_pack.pixels import PIXEL_KERNELS_ENV, PIXEL_SIMD_ENV
 
 MIN_PIXELS, MAX_PIXELS = 200_704, 1_003_520
 TARGETS = {"f32_vs_hf": 2.0, "f32_vs_floor": 0.5}
@@ -135,11 +136,11 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
 
     def floor():
         for d in datas:
-            V.to_rgb_image(V.open_image(d))
+            pixels.to_rgb_image(pixels.open_image(d))
 
     def floor_resize():
         for d in datas:
-            rgb = V.to_rgb_image(V.open_image(d))
+            rgb = pixels.to_rgb_image(pixels.open_image(d))
             rh, rw = V.resized_image_size(rgb.height, rgb.width, base)
             if (rgb.height, rgb.width) != (rh, rw):
                 rgb = rgb.resize((rw, rh), resample=Image.Resampling.BICUBIC)
@@ -149,9 +150,9 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
 
     def floor_our_resize():  # what a worker does before the layout: PIL's pixels read in place where SIMD runs
         for d in datas:
-            rgb = V.to_rgb_image(V.open_image(d))
+            rgb = pixels.to_rgb_image(pixels.open_image(d))
             rh, rw = V.resized_image_size(rgb.height, rgb.width, base)
-            V._resized_u8(rgb, rh, rw, base, fast)
+            pixels.resize(rgb, rh, rw, base.resample, fast)
 
     def ours(preset):
         def run():  # each result dropped before the next image, as the floor and HF rows do
@@ -173,13 +174,13 @@ def bench_paths(images: list[dict], rounds: int = 5, hf: bool = True) -> dict[st
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for d in datas:
-                proc(images=[V.to_rgb_image(V.open_image(d))], return_tensors="np")
+                proc(images=[pixels.to_rgb_image(pixels.open_image(d))], return_tensors="np")
 
     paths = {"floor": floor, "floor + PIL bicubic resize": floor_resize, "floor + our PIL-exact resize": floor_our_resize,
              "ours/float32": ours(presets["float32"]), "ours/bfloat16": ours(presets["bfloat16"]),
              "ours/uint8": ours(presets["uint8"]), "ours/float32+draft": ours(draft),
              "ours/float32 without the SIMD kernels": float32_switched_off(PIXEL_SIMD_ENV),
-             "ours/float32 without numba": float32_switched_off(V.PIXEL_KERNELS_ENV),
+             "ours/float32 without numba": float32_switched_off(PIXEL_KERNELS_ENV),
              "reference (old float path)": lambda: [V.reference_patchify_image(d, base) for d in datas]}
     if hf:
         paths["hf Qwen2VLImageProcessor (PIL)"] = hf_path

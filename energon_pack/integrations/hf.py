@@ -530,7 +530,7 @@ def hf_forward_kwargs(
                 raise ConfigError("pixel_dtype", f"{key} is uint8 and would reach the vision tower as raw 0..255 values",
                                   "pass preset=task_encoder.preset (normalised on the device), or use pixel_dtype "
                                   "'float32' / 'bfloat16'")
-            from energon_pack.qwen_vl.vision import normalize_pixels
+            from energon_pack.pixels import normalize_pixels
 
             pixels[key] = normalize_pixels(pixels[key], preset)
     return kwargs

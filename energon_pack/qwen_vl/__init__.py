@@ -2,7 +2,8 @@
 
 Pure functions (no megatron.energon import); the Energon task encoder builds on them. The
 model-neutral chat names (``ChatConfig``, the tokenizer adapter, ...) live in
-:mod:`energon_pack.chat` and are re-exported here for convenience.
+:mod:`energon_pack.chat`, the pixel engine's (``PendingPatchRows``, ``normalize_pixels``, ...) in
+:mod:`energon_pack.pixels`; both are re-exported here for convenience.
 """
 
 from ..chat import (
@@ -31,18 +32,14 @@ from .chat import (
     postencode_media,
     preencode_chat,
 )
+from ..pixels import PendingPatchRows, image_size_from_bytes, normalization_lut, normalize_pixels, pixels_to_torch
 from .mrope import mrope_position_ids
 from .video import VideoFile, VideoPlan, plan_video
 from .presets import PIXEL_DTYPES, PRESETS, VisionPreset, get_preset
 from .vision import (
-    PendingPatchRows,
     image_grid_thw,
-    image_size_from_bytes,
-    normalization_lut,
-    normalize_pixels,
     patchify_image,
     patchify_video,
-    pixels_to_torch,
     second_per_grid_t,
     smart_resize,
     video_grid_thw,

@@ -30,6 +30,7 @@ from ..chat.templates import template_supports_tools
 from ..chat.tokenizer import as_qwen_tokenizer
 from ..errors import SampleSkipped
 from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
+from ..pixels import PendingPatchRows, image_size_from_bytes, open_image
 from . import vision as V
 from .presets import VisionPreset
 from ..video import FrameSampling, probe_video
@@ -200,16 +201,16 @@ def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, in
 class VisualInputs:
     # preset.pixel_dtype [sum patches, C*tp*p*p] or None without images; a PendingPatchRows of
     # that shape and dtype (laid out when written into a pack) from postencode_media(lazy_layout=True)
-    pixel_values: torch.Tensor | V.PendingPatchRows | None
+    pixel_values: torch.Tensor | PendingPatchRows | None
     image_grid_thw: torch.Tensor  # int64 [num_images, 3]
-    pixel_values_videos: torch.Tensor | V.PendingPatchRows | None  # like pixel_values
+    pixel_values_videos: torch.Tensor | PendingPatchRows | None  # like pixel_values
     video_grid_thw: torch.Tensor  # int64 [num_videos, 3]
     second_per_grid_ts: list[float]
 
 
 def image_metas_from_bytes(images: Sequence[bytes]) -> list[ImageMeta]:
     """Header-only sizes of encoded images (SampleSkipped("corrupt_image") when unreadable)."""
-    return [ImageMeta(*V.image_size_from_bytes(data)) for data in images]
+    return [ImageMeta(*image_size_from_bytes(data)) for data in images]
 
 
 def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]] = (), *, preset: VisionPreset,
@@ -239,10 +240,10 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
         vgrids.append(g)
         spg.append(s)
 
-    def pixels(parts: list[V.PendingPatchRows]) -> torch.Tensor | V.PendingPatchRows | None:
+    def pixels(parts: list[PendingPatchRows]) -> torch.Tensor | PendingPatchRows | None:
         if not parts:
             return None
-        joined = V.PendingPatchRows.join(parts)
+        joined = PendingPatchRows.join(parts)
         return joined if lazy_layout else joined.to_tensor()
 
     out = VisualInputs(
@@ -266,7 +267,7 @@ def encode_chat(conversation: Any, images: Sequence[bytes] = (), videos: Sequenc
     is a list of frames or an encoded video file (bytes: sampled from its header with
     ``video_sampling``, qwen-vl-utils' defaults when None, then only those frames decoded)."""
     config = config or ChatConfig()
-    ims = [ImageMeta(*V.image_size_from_bytes(x)) if isinstance(x, (bytes, bytearray)) else ImageMeta(*V.open_image(x).size)
+    ims = [ImageMeta(*image_size_from_bytes(x)) if isinstance(x, (bytes, bytearray)) else ImageMeta(*open_image(x).size)
            for x in images]
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
     vids, media = [], []
@@ -279,7 +280,7 @@ def encode_chat(conversation: Any, images: Sequence[bytes] = (), videos: Sequenc
         if len(frames) == 0:
             raise SampleSkipped("empty_video", "video has no frames")
         first = frames[0]
-        w, h = V.image_size_from_bytes(first) if isinstance(first, (bytes, bytearray)) else V.open_image(first).size
+        w, h = image_size_from_bytes(first) if isinstance(first, (bytes, bytearray)) else open_image(first).size
         vids.append(VideoMeta(len(frames), w, h, fps))
         media.append(frames)
     enc = preencode_chat(conversation, ims, vids, tokenizer=tokenizer, preset=preset, config=config)

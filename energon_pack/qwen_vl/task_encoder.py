@@ -29,6 +29,7 @@ from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
 from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.pixels import TORCH_DTYPES, image_size_from_bytes
 from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
 
 from . import vision as V
@@ -101,7 +102,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def preencode_sample(self, sample: ChatMLSample) -> PackCandidate | SkippedSample:
         try:
             conversation, images, videos = parse_chatml(sample)
-            image_metas = [ImageMeta(*V.image_size_from_bytes(img)) for img in images]
+            image_metas = [ImageMeta(*image_size_from_bytes(img)) for img in images]
             video_metas = [self._video_meta(video) for video in videos]
             length = encoded_length(conversation, image_metas, video_metas, tokenizer=self.tokenizer,
                                     preset=self.preset, config=self.chat)
@@ -139,7 +140,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                 batch, self.packing.max_patches_per_pack, image_pad=special.image_pad, video_pad=special.video_pad,
                 merge=p.merge_size, max_frame_patches=max(p.max_pixels, p.video_max_pixels) // p.patch_size ** 2,
                 max_frames=self.max_vision_frames,
-                row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=V._TORCH_DTYPES[p.pixel_dtype])
+                row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=TORCH_DTYPES[p.pixel_dtype])
         return batch
 
     def _video_meta(self, frames: bytes | list) -> VideoMeta:
@@ -147,7 +148,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             return VideoMeta.from_plan(plan_video(probe_video(frames), self.preset, self.video_sampling))
         if not frames:
             raise SampleSkipped("empty_video", "video has no frames")
-        width, height = V.image_size_from_bytes(frames[0])
+        width, height = image_size_from_bytes(frames[0])
         return VideoMeta(len(frames), width, height)
 
     # ------------------------------------------------------------------ post-encode (pixels)

@@ -6,7 +6,7 @@ frames to transformers' processor (Qwen2/2.5-VL: the video processor's own resiz
 size; Qwen3-VL: called with ``do_resize=False``, as its model card does). :func:`plan_video`
 computes all of it from a :class:`~energon_pack.video.VideoHeader` alone, so the packer costs a
 video before any frame is decoded; :func:`pending_video_file` decodes the planned frames of a
-selected sample into the image engine's patch rows.
+selected sample into the pixel engine's patch rows (:mod:`energon_pack.pixels`).
 
 Per version: patch 14 (factor 28) for Qwen2/2.5-VL, 16 (factor 32) for Qwen3-VL; Qwen2.5-VL's
 ``second_per_grid_ts`` is temporal_patch_size / sampled fps (transformers' ``sampled_fps``);
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import pixels
 from ..errors import ConfigError, SampleSkipped
 from ..video import decode as video_decode
 from ..video.probe import VideoHeader
@@ -125,22 +126,22 @@ def plan_video(header: VideoHeader, preset: VisionPreset, sampling: FrameSamplin
 
 def video_file_frames(data: bytes, plan: VideoPlan, preset: VisionPreset) -> np.ndarray:
     """uint8 [T, H, W, 3]: the planned frames of ``data`` decoded one at a time and resized (PIL's
-    bicubic bytes, the image engine's resize) straight into the output."""
-    fast = V._fast_kernels(preset) is not None
+    bicubic bytes, :func:`energon_pack.pixels.resize`, the engine images use too) straight into the output."""
+    fast = pixels.compiled(preset.resample) is not None
     out = np.empty((plan.num_frames, plan.resized_height, plan.resized_width, 3), dtype=np.uint8)
     count = 0
     for i, image in enumerate(video_decode.decode_frames(data, plan.frame_indices)):
         if image.size != (plan.width, plan.height):
             raise SampleSkipped("video_size_mismatch", f"frame {plan.frame_indices[i]} is {image.size[0]}x"
                                 f"{image.size[1]}, the header said {plan.width}x{plan.height}")
-        out[i] = V._resized_u8(image, plan.resized_height, plan.resized_width, preset, fast)
+        out[i] = pixels.resize(image, plan.resized_height, plan.resized_width, preset.resample, fast)
         count += 1
     if count != plan.num_frames:
         raise SampleSkipped("corrupt_video", f"decoded {count} of {plan.num_frames} planned frames")
     return out
 
 
-def pending_video_file(data: bytes, plan: VideoPlan, preset: VisionPreset) -> tuple[V.PendingPatchRows, np.ndarray]:
+def pending_video_file(data: bytes, plan: VideoPlan, preset: VisionPreset) -> tuple[pixels.PendingPatchRows, np.ndarray]:
     """(patch rows left for the pack's layout, video_grid_thw int64 [1, 3]) of a planned video file."""
     frames = video_file_frames(data, plan, preset)
-    return V.PendingPatchRows([frames], preset), np.asarray([plan.grid_thw], dtype=np.int64)
+    return pixels.PendingPatchRows([frames], preset), np.asarray([plan.grid_thw], dtype=np.int64)

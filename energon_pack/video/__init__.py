@@ -7,7 +7,8 @@
 * :mod:`.decode`: decode the chosen frames of a selected sample, one frame in memory at a time.
 
 Decoding uses PyAV (FFmpeg bundled in its wheel). Model rules (resize, grids, token counts, the
-M-RoPE time scale) live with the model: :mod:`energon_pack.qwen_vl.video`.
+M-RoPE time scale) live with the model: :mod:`energon_pack.qwen_vl.video`; the decoded frames are resized
+and laid out by the pixel engine images use too, :mod:`energon_pack.pixels`.
 """
 
 from .decode import decode_frames

@@ -14,7 +14,7 @@
  * before it is written, which ordinary stores would do. Measured on one core (float32):
  * 0.46 ms per image against 1.4 ms for the numba kernel.
  *
- * Loaded with ctypes (energon_pack/qwen_vl/pixel_simd.py); the module init below only makes
+ * Loaded with ctypes (energon_pack/pixels/pixel_simd.py); the module init below only makes
  * the file a valid extension module for setuptools. Callers check ep_simd_supported() first.
  */
 #include <Python.h>

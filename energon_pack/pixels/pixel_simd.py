@@ -73,7 +73,7 @@ def layout_frames(frames: np.ndarray, patch: int, merge: int, temporal: int, mea
                   std: tuple[float, ...], out: np.ndarray) -> bool:
     """Write uint8 frames [T, H, W, 3] (an image: T = 1) into ``out`` ([ceil(T/tp)*(H/p)*(W/p),
     3*tp*p*p], C-contiguous; float32 values, uint16 bfloat16 bits or uint8 bytes, as
-    :func:`.vision._storage_table` stores them) in HF's patch order: temporal slot t of group g
+    :func:`.layout.storage_table` stores them) in HF's patch order: temporal slot t of group g
     holds frame g*tp + t, or the last frame past the end (an image fills every slot). False
     (nothing written) where the SIMD kernel is not available or the sizes are outside what it
     handles."""

@@ -1,0 +1,154 @@
+"""The one backend dispatch of the pixel engine: which code resizes and lays out pixels here.
+
+Every choice between the four ways of computing the same bytes is made in this module, for
+images and video frames alike:
+
+* **SIMD** (:mod:`.pixel_simd`, the optional AVX-512 extension): both resampling passes and the
+  layout, where the extension is built, the CPU has VBMI + VNNI and ``ENERGON_PACK_PIXEL_SIMD``
+  is not ``off``; it declines (returns False) sizes it does not handle, and numba takes them;
+* **numba** (:mod:`.pixel_kernels`): the compiled passes and layout, used when PIL's resize of the
+  filter is reproduced byte for byte here (:func:`.pil_resample.fast_resize_available`) and
+  ``ENERGON_PACK_PIXEL_KERNELS`` is not ``off``;
+* **PIL + numpy** otherwise: ``Image.resize`` and the numpy layout of :mod:`.layout`.
+
+All paths give the same values (tested); only the speed differs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+from ..env import switched_off
+from . import pixel_simd
+from .layout import PixelSpec, finish, frames_grid, patch_layout_u8, storage_table
+from .pil_pixels import rgbx_view
+
+#: environment variable: "off" makes every worker use the PIL + numpy pixel path (same values)
+PIXEL_KERNELS_ENV = "ENERGON_PACK_PIXEL_KERNELS"
+
+#: PIL filter of each ``resample`` name
+RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+def compiled(resample: str):
+    """:mod:`.pixel_kernels` when the compiled path reproduces PIL's ``resample`` resize here
+    (numba installed, probe passed, not turned off by ``ENERGON_PACK_PIXEL_KERNELS=off``); None
+    otherwise (the PIL + numpy path)."""
+    from .pil_resample import fast_resize_available
+
+    if switched_off(PIXEL_KERNELS_ENV):
+        return None
+    if not fast_resize_available(resample):
+        return None
+    from . import pixel_kernels
+
+    return pixel_kernels
+
+
+def horizontal(src: np.ndarray, y0: int, y1: int, out_w: int, resample: str) -> np.ndarray:
+    """PIL's horizontal pass over source rows [y0, y1): the SIMD kernel where it runs, else numba."""
+    from . import pixel_kernels as K
+    from .pil_resample import coefficients
+
+    xmin, xlen, xcoef = coefficients(src.shape[1], out_w, resample)
+    out = np.empty((y1 - y0, out_w, 3), dtype=np.uint8)
+    if not pixel_simd.resize_horizontal(src, y0, y1, xmin, xlen, xcoef, out):
+        K.horizontal(np.ascontiguousarray(src), y0, y1, xmin, xlen, xcoef, out)
+    return out
+
+
+def vertical(src: np.ndarray, ymin: np.ndarray, ylen: np.ndarray, ycoef: np.ndarray) -> np.ndarray:
+    """PIL's vertical pass: the SIMD kernel where it runs, else numba."""
+    from . import pixel_kernels as K
+
+    out = np.empty((ymin.shape[0], src.shape[1], 3), dtype=np.uint8)
+    if not pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out):
+        K.vertical(np.ascontiguousarray(src), ymin, ylen, ycoef, out)
+    return out
+
+
+def resize(rgb: Image.Image, height: int, width: int, resample: str, fast: bool) -> np.ndarray:
+    """uint8 [height, width, 3] of an RGB image, resized exactly like ``rgb.resize`` (PIL's bytes);
+    ``fast``: :func:`compiled` said yes for ``resample``. Where the SIMD kernels run, they read
+    the pixels in PIL's own memory (no RGB copy first)."""
+    source = None
+    if fast and pixel_simd.available():
+        source = rgbx_view(rgb)
+    if source is None:
+        source = np.asarray(rgb, dtype=np.uint8)
+    if (rgb.height, rgb.width) == (height, width):
+        return source
+    if fast:
+        from .pil_resample import resize_rgb
+
+        return resize_rgb(source, height, width, resample)
+    return np.asarray(rgb.resize((width, height), resample=RESAMPLE[resample]), dtype=np.uint8)
+
+
+def layout(frames: np.ndarray, spec: PixelSpec, kernels,
+           out: np.ndarray | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``spec.pixel_dtype``'s storage, grid),
+    written into ``out`` when given (C-contiguous, that shape and storage dtype). Frames past T
+    (up to a multiple of tp) repeat the last one; a single image fills every slot. ``kernels``:
+    what :func:`compiled` gave (None: numpy)."""
+    p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    num_frames = frames.shape[0]
+    grid = frames_grid(frames, spec)
+    if kernels is not None:
+        table = storage_table(spec)
+        if out is None:
+            out = np.empty((math.prod(grid), spec.patch_dim), dtype=table.dtype)
+        if not pixel_simd.layout_frames(frames, p, m, tp, spec.image_mean, spec.image_std, out):
+            kernels.layout(frames, p, m, table, out)
+        return out, grid
+    if num_frames == 1:  # one temporal slot; finish repeats it tp times while writing
+        rows, _ = patch_layout_u8(frames, p, m, 1)
+        values = finish(rows, spec, repeat_t=True)
+    else:
+        total = grid[0] * tp
+        if total != num_frames:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], total - num_frames, axis=0)])
+        rows, _ = patch_layout_u8(frames, p, m, tp)
+        values = finish(rows, spec)
+    if out is None:
+        return values, grid
+    out[...] = values
+    return out, grid
+
+
+def warm(spec: PixelSpec) -> bool:
+    """Load (or compile) the pixel kernels and verify them against PIL now, e.g. in the main
+    process before data-loader workers fork, so no worker pays for it. True if they are used."""
+    kernels = compiled(spec.resample)
+    if kernels is None:
+        return False
+    from .pil_resample import coefficients, resize_rgb
+
+    side = 2 * spec.patch_size * spec.merge_size
+    # decoded images arrive read-only (np.asarray of a PIL image), resize outputs writable: numba
+    # compiles each kind once, so warm both, with both pass orders, here rather than in a worker;
+    # the numba passes directly too, for images the SIMD passes leave to them (over ~6x down)
+    readonly = np.zeros((side + 7, side + 5, 3), dtype=np.uint8)
+    readonly.flags.writeable = False
+    for out_h, out_w in ((side, side), (side // 4, side + 9)):
+        resize_rgb(readonly, out_h, out_w, spec.resample)
+    for src in (readonly, readonly.copy()):
+        height, width, _ = src.shape
+        kernels.horizontal(src, 0, height, *coefficients(width, side, spec.resample),
+                           np.empty((height, side, 3), np.uint8))
+        kernels.vertical(src, *coefficients(height, side, spec.resample), np.empty((side, width, 3), np.uint8))
+    frames = np.zeros((1, side, side, 3), dtype=np.uint8)
+    layout(frames, spec, kernels)
+    frames.flags.writeable = False
+    layout(frames, spec, kernels)
+    return True
