@@ -5,15 +5,14 @@ Energon reads remote shards through MSC; what we check is that nothing of ours (
 the rounds packer, the resume fingerprint, the shard check) tells the two copies apart.
 """
 
-import io
-
 import pytest
-import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
 from energon_pack.bench.stress_resume import batch_difference, close
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+from test_resume_robust import roundtrip  # the state as a checkpoint file gives it back
 
 SMALL_PRESET = get_preset("qwen2-vl", max_pixels=160 * 28 * 28)
 
@@ -30,14 +29,6 @@ def loader(path, mode, workers):
 def take(loader, n):
     it = iter(loader)
     return [next(it) for _ in range(n)]
-
-
-def roundtrip(state):
-    """The state as a checkpoint file would give it back."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=False)
 
 
 def assert_same(got, expected):
