@@ -3,7 +3,10 @@
 One packed row holds n segments (source samples) back to back. Each segment occupies its
 *aligned* span (real length rounded up to the CP/SP multiple); the rest of the span is a gap
 filled with the pad id, never supervised and never attended to by real tokens. With a fixed
-width the last segment's span also absorbs the tail, so the row is exactly ``width`` long.
+width the last segment's span also absorbs the tail, so the row is exactly ``seq_length`` long.
+
+``seq_length`` (Megatron's and Bridge's name) is the pack width everywhere in the public API; its
+old name ``width`` is still accepted (:func:`accepts_old_width`) with a DeprecationWarning.
 
 This module is pure torch/numpy: it must never import Megatron or Energon.
 """
@@ -13,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 from torch.utils.data import get_worker_info
@@ -41,6 +45,7 @@ __all__ = [
     "VISUAL_KEYS",
     "ThdLayout",
     "ThdSegment",
+    "accepts_old_width",
     "aligned_length",
     "alignment_multiple",
     "build_thd_batch",
@@ -96,17 +101,59 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def warn_old_width(owner: str, stacklevel: int = 2) -> None:
+    """The DeprecationWarning for the pack width's old name ``width`` (read or passed to ``owner``)."""
+    warnings.warn(f"{owner}: 'width' is deprecated, use 'seq_length' (the same pack width, in tokens)",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def accepts_old_width(fn: _F) -> _F:
+    """Let a function or class that takes ``seq_length`` also take ``width=``, the pack width's old name.
+
+    ``fn(..., width=N)`` runs as ``fn(..., seq_length=N)`` with a DeprecationWarning at the caller's
+    line, so code written against the old name keeps working; both names at once is a TypeError.
+    """
+    target = fn.__init__ if isinstance(fn, type) else fn
+    owner = fn.__qualname__
+
+    @functools.wraps(target)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "width" in kwargs:
+            if "seq_length" in kwargs:
+                raise TypeError(f"{owner}: pass seq_length or its deprecated name width, not both")
+            warn_old_width(owner)
+            kwargs["seq_length"] = kwargs.pop("width")
+        return target(*args, **kwargs)
+
+    if isinstance(fn, type):
+        fn.__init__ = wrapper
+        return fn
+    return wrapper  # type: ignore[return-value]
+
+
+@accepts_old_width
 @dataclass(frozen=True)
 class ThdLayout:
-    """How segments are laid out in one packed row; validated at construction.
+    """How segments are laid out in one packed row; validated at construction (ConfigError naming the knob).
 
-    ``width`` is the seq_length: the most physical tokens one row may hold. ``pad_multiple``
-    (from :func:`alignment_multiple`) aligns every segment. ``pad_to_max_length`` makes every
-    row exactly ``width`` long; ``pad_cu_seqlens`` additionally gives the cu_seqlens arrays the
-    static length ``max_segments + 1`` (CUDA graphs).
+    Args:
+        seq_length: the pack width in tokens: the most physical tokens one row may hold (Megatron's
+            ``seq_length``). A multiple of ``pad_multiple``. Old name ``width=`` still accepted (deprecated).
+        pad_multiple: every segment's span is its length rounded up to this (default 1: no alignment); use
+            :func:`alignment_multiple` for context/sequence parallelism.
+        pad_to_max_length: make every row exactly ``seq_length`` long (default False: rows end after the last
+            segment's aligned span); Bridge needs it with expert parallelism and CUDA graphs.
+        pad_cu_seqlens: give the cu_seqlens arrays the static length ``max_segments + 1`` (CUDA graphs); needs
+            ``pad_to_max_length`` and ``max_segments``.
+        max_segments: the most segments (samples) one row may hold; None: no limit.
+        pad_token_id: the id written into alignment gaps and the tail (the tokenizer's pad id; default 0).
+        ignore_index: the label of unsupervised positions (default -100, PyTorch cross-entropy's).
     """
 
-    width: int
+    seq_length: int
     pad_multiple: int = 1
     pad_to_max_length: bool = False
     pad_cu_seqlens: bool = False
@@ -115,16 +162,18 @@ class ThdLayout:
     ignore_index: int = IGNORE_INDEX
 
     def __post_init__(self) -> None:
-        if not _is_int(self.width) or self.width < 1:
-            raise ConfigError("width", f"seq_length must be an integer >= 1, got {self.width!r}", "set width (seq_length) to the packed row length, e.g. 4096")
+        if not _is_int(self.seq_length) or self.seq_length < 1:
+            raise ConfigError("seq_length", f"must be an integer >= 1, got {self.seq_length!r}",
+                              "set seq_length to the packed row length, e.g. 4096")
         if not _is_int(self.pad_multiple) or self.pad_multiple < 1:
             raise ConfigError("pad_multiple", f"must be an integer >= 1, got {self.pad_multiple!r}", "use alignment_multiple(cp, tp, sp); 1 disables alignment")
-        if self.width % self.pad_multiple:
-            lower = self.width // self.pad_multiple * self.pad_multiple
+        if self.seq_length % self.pad_multiple:
+            lower = self.seq_length // self.pad_multiple * self.pad_multiple
             raise ConfigError(
-                "width",
-                f"seq_length {self.width} is not divisible by pad_multiple {self.pad_multiple}",
-                f"use a multiple of {self.pad_multiple} for width/seq_length (e.g. {lower or self.pad_multiple} or {lower + self.pad_multiple})",
+                "seq_length",
+                f"{self.seq_length} is not divisible by pad_multiple {self.pad_multiple}",
+                f"use a multiple of {self.pad_multiple} for seq_length (e.g. {lower or self.pad_multiple} or "
+                f"{lower + self.pad_multiple})",
             )
         if self.max_segments is not None and (not _is_int(self.max_segments) or self.max_segments < 1):
             raise ConfigError("max_segments", f"must be an integer >= 1 or None, got {self.max_segments!r}", "set max_segments to the most samples one pack may hold")
@@ -136,6 +185,12 @@ class ThdLayout:
             raise ConfigError("pad_token_id", f"must be a non-negative token id, got {self.pad_token_id!r}", "use the tokenizer's pad id (or 0 if it has none)")
         if not _is_int(self.ignore_index):
             raise ConfigError("ignore_index", f"must be an integer, got {self.ignore_index!r}", "use -100 (the PyTorch cross-entropy default)")
+
+    @property
+    def width(self) -> int:
+        """Deprecated name of :attr:`seq_length` (reading it warns)."""
+        warn_old_width("ThdLayout.width")
+        return self.seq_length
 
     def segment_span(self, length: int) -> int:
         """Physical tokens a segment of ``length`` real tokens costs in a pack (its aligned length)."""
@@ -303,9 +358,9 @@ def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
     lengths = [len(s) for s in segments]
     spans = [layout.segment_span(length) for length in lengths]
     packed = sum(spans)
-    if packed > layout.width:
-        raise ValueError(f"Packed sequence length {packed} exceeds width {layout.width} (seq_length)")
-    total = layout.width if layout.pad_to_max_length else packed
+    if packed > layout.seq_length:
+        raise ValueError(f"Packed sequence length {packed} exceeds width {layout.seq_length} (seq_length)")
+    total = layout.seq_length if layout.pad_to_max_length else packed
     spans[-1] += total - packed  # the last segment's span absorbs the fixed-width tail
 
     ignore = layout.ignore_index
@@ -338,7 +393,7 @@ def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
     max_seqlen = max(spans)
     if layout.pad_cu_seqlens:
         size = layout.max_segments + 1
-        cu, cu_padded, max_seqlen = _static_cu(cu, size), _static_cu(cu_padded, size), layout.width
+        cu, cu_padded, max_seqlen = _static_cu(cu, size), _static_cu(cu_padded, size), layout.seq_length
     cu_seqlens = torch.tensor(cu, dtype=torch.int32)
     cu_seqlens_padded = torch.tensor(cu_padded, dtype=torch.int32)
     max_seqlen_t = torch.tensor(max_seqlen, dtype=torch.int32)

@@ -26,8 +26,8 @@ Several nodes (the same command on every node; c10d rendezvous on the first node
 
 Every rank builds its own Energon savable loader (``WorkerConfig.default_worker_config`` reads rank
 and world size from ``torch.distributed``, so ranks read disjoint shard ranges) with
-``QwenVLPackingTaskEncoder``. Attention: ``use_varlen_attention`` (torch's flash ``varlen_attn``
-on CUDA in bf16 for the LLM and the vision tower; block-diagonal SDPA on CPU). Loss:
+``QwenVLPackingTaskEncoder``. The model: ``prepare_model`` (our varlen attention, torch's flash ``varlen_attn``
+on CUDA in bf16 for the LLM and the vision tower, block-diagonal SDPA on CPU; the hooks static packs need). Loss:
 ``packed_loss`` summed over ``loss_mask``, divided by the supervised tokens of all ranks
 (``normalize_by_global_tokens``, x world size because DDP averages gradients).
 
@@ -59,7 +59,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from energon_pack.integrations.hf import hf_forward_kwargs, normalize_by_global_tokens, packed_loss, use_varlen_attention
+from energon_pack.integrations.hf import hf_forward_kwargs, normalize_by_global_tokens, packed_loss
+from energon_pack.integrations.hf import prepare_model as prepare_hf_model
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
@@ -152,9 +153,10 @@ def build_model(name: str, size: str, tokenizer: Any, *, device: torch.device | 
 
 
 def prepare_model(model: Any) -> Any:
-    """Our varlen attention for the LLM and the vision tower (flash ``varlen_attn`` on CUDA bf16), and the
-    vision patch embedding as one matmul (:func:`linear_patch_embed`)."""
-    use_varlen_attention(model)
+    """The library's ``prepare_model`` (our varlen attention for the LLM and the vision tower, flash ``varlen_attn``
+    on CUDA bf16; the vision tower guards and static-visual hooks), and the vision patch embedding as one matmul
+    (:func:`linear_patch_embed`)."""
+    prepare_hf_model(model)
     linear_patch_embed(model)
     return model
 

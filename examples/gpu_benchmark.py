@@ -122,7 +122,7 @@ def padded_batch(samples: list[dict], pad_id: int) -> dict:
 
 def set_attention(model: Any, name: str) -> None:
     if name == "varlen":
-        H.use_varlen_attention(model)
+        H.prepare_model(model)  # our varlen attention, the vision tower guards and static-visual hooks (once)
         return
     from transformers import PreTrainedModel
 

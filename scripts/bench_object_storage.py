@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "stress")]  # the S3 test server, the harness
 
 REGIMES = ("local", "remote whole-shard", "remote range-read", "remote range-read + read-ahead")
 
@@ -84,9 +84,9 @@ def run(path: str, packs: int, workers: int, width: int) -> dict:
     """First-batch latency, steady samples/s and the sample keys of ``packs`` packs."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-    from energon_pack.bench.stress_resume import close
     from energon_pack.qwen_vl import get_preset
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+    from harness.loaders import close
 
     te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=get_preset("qwen2-vl", max_pixels=160 * 28 * 28),
                                   seq_length=width)

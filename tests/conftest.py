@@ -1,9 +1,17 @@
 """Shared fixtures: demo WebDataset shards written by the tests themselves (seeded)."""
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+# The stress harness (tests/stress/harness/, never installed) is imported as ``harness``; loader workers
+# started by spawn inherit this sys.path, a subprocess needs it on PYTHONPATH.
+STRESS_DIR = str(Path(__file__).resolve().parent / "stress")
+if STRESS_DIR not in sys.path:
+    sys.path.insert(0, STRESS_DIR)
 
 
 def _session_cache_dir() -> str:

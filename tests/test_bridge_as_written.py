@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import energon_pack
 import energon_pack.chat.tokenizer as tokenizer_module
 from energon_pack.chat.tokenizer import is_demo_tokenizer, load_demo_tokenizer
 from energon_pack.errors import ConfigError
@@ -85,8 +86,9 @@ def bridge(demo_root, monkeypatch):
 def use_tokenizer(monkeypatch, make):
     """``load_tokenizer("qwen2.5-vl")`` returns ``make()``; other names load as usual."""
     real = tokenizer_module.load_tokenizer
-    monkeypatch.setattr(tokenizer_module, "load_tokenizer",
-                        lambda spec=None, **kw: make() if spec == REAL_TOKENIZER else real(spec, **kw))
+    fake = lambda spec=None, **kw: make() if spec == REAL_TOKENIZER else real(spec, **kw)  # noqa: E731
+    monkeypatch.setattr(tokenizer_module, "load_tokenizer", fake)
+    monkeypatch.setattr(energon_pack, "load_tokenizer", fake)  # the public face the README imports from
 
 
 def run(code: str) -> dict:

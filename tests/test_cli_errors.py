@@ -206,12 +206,12 @@ def test_missing_tokenizer_is_one_line(capsys, tmp_path):
 def test_energons_invalid_dataset_error_gets_the_next_step(tmp_path):
     from megatron.energon import WorkerConfig, get_train_dataset
 
-    from energon_pack.cli import _one_line
+    from energon_pack.cli.wording import one_line
 
     with pytest.raises(ValueError, match="Invalid dataset") as exc:
         get_train_dataset(str(tmp_path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
-    line = _one_line(exc.value)
+    line = one_line(exc.value)
     assert "\n" not in line and "energon-pack prepare DIR" in line and "energon-pack convert SOURCE OUT" in line
 
 
@@ -228,10 +228,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def test_every_option_has_help_and_its_default(capsys):
     subs = _subparsers(build_parser())
-    assert {"demo", "make-demo", "convert", "prepare", "bench", "bench-packing", "inspect", "stress", "bench-sft",
-            "bench-pixels"} <= set(subs)
+    assert {"demo", "make-demo", "convert", "prepare", "bench", "bench-packing", "inspect", "bench-sft",
+            "bench-pixels", "pack-offline", "bench-offline"} <= set(subs)
     for name, sub in subs.items():
-        if name == "convert":  # its own parser: energon_pack.energon.convert.build_parser
+        if name == "convert":  # its own parser: energon_pack.cli.convert.command.build_parser
             continue
         formatter = sub._get_formatter()
         for action in sub._actions:
@@ -500,17 +500,24 @@ def test_all_skipped_at_the_cli_is_one_line_exit_2_with_each_warning_once_and_cl
         assert noise not in run.stderr, noise
 
 
-def test_cli_terms_name_flags_and_worker_errors_show_their_own_message():
-    from energon_pack.cli import _one_line, cli_terms
+def test_skip_reports_name_flags_and_worker_errors_show_their_own_message(tmp_path):
+    from energon_pack.cli.inspect import KNOB_FLAGS
+    from energon_pack.cli.wording import one_line
     from energon_pack.errors import AllSkippedError
+    from energon_pack.sft import JsonlSFTDataset, TokenBudgetBatchSampler
 
-    text = ("TokenBudgetBatchSampler over d.jsonl: all 3 lines were skipped. Likely fix: the width (4096) or the "
-            "dataset's max_length may be too small for these lines, or set overlength='truncate' on the dataset.")
-    assert cli_terms(text).endswith("Likely fix: --width (4096) or --max-length may be too small for these lines.")
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "word " * 400, "completion": "a"}) + "\n")
+    with pytest.raises(AllSkippedError) as err:
+        TokenBudgetBatchSampler(JsonlSFTDataset(path, "demo", cache_dir=tmp_path), 512)
+    assert str(err.value).endswith("Likely fix: the width (512) or the dataset's max_length may be too small for "
+                                   "these lines, or set overlength='truncate' on the dataset.")
+    assert one_line(err.value, KNOB_FLAGS).endswith("Likely fix: --width (512) or --max-length may be too small for "
+                                                   "these lines.")  # overlength has no flag: that hint is left out
     wrapped = AllSkippedError("Caught AllSkippedError in DataLoader worker process 0.\nOriginal Traceback (most recent "
                               "call last):\n  File \"x.py\", line 1, in f\n    raise AllSkippedError(m)\n"
                               "energon_pack.errors.AllSkippedError: rank 0 worker 0 skipped the first 1000 samples")
-    assert _one_line(wrapped) == "rank 0 worker 0 skipped the first 1000 samples"
+    assert one_line(wrapped) == "rank 0 worker 0 skipped the first 1000 samples"
 
 
 def test_config_errors_at_the_cli_name_the_flags(tmp_path, capsys):
@@ -519,11 +526,17 @@ def test_config_errors_at_the_cli_name_the_flags(tmp_path, capsys):
     assert main(["inspect", str(data), "--tokenizer", "demo", "--width", "100", "--pad-multiple", "64"]) == 2
     line = one_error_line(capsys.readouterr().err, "inspect")
     assert line.endswith("error: --width: 100 is not divisible by --pad-multiple 64. Fix: use a multiple of --pad-multiple")
-    from energon_pack.cli import cli_terms
+    from energon_pack.cli import bench, demo
+    from energon_pack.cli.wording import name_flags, one_line
+    from energon_pack.errors import ConfigError
 
     text = "seq_length: 16 is below the shortest possible sample. Fix: use seq_length >= 25; a good width is 4096"
-    assert cli_terms(text, "bench") == "--width: 16 is below the shortest possible sample. Fix: use --width >= 25; a good width is 4096"
-    assert cli_terms("pass packing_buffer_size=K (e.g. 64)", "demo") == "pass --buffer=K (e.g. 64)"
+    assert name_flags(text, bench.KNOB_FLAGS) == ("--width: 16 is below the shortest possible sample. Fix: use --width "
+                                                  ">= 25; a good width is 4096")
+    assert name_flags("pass packing_buffer_size=K (e.g. 64)", demo.KNOB_FLAGS) == "pass --buffer=K (e.g. 64)"
+    error = ConfigError("packing_buffer_size", "must be >= 1, got 0", "use packing_buffer_size=64")
+    assert one_line(error, bench.KNOB_FLAGS) == "--buffers: must be >= 1, got 0. Fix: use --buffers=64"
+    assert one_line(error) == str(error)  # no flags: the Python names
 
 
 # ----------------------------------------------------------------------------- issue 21 item 9

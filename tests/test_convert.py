@@ -12,7 +12,7 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from PIL import Image
 
-from energon_pack.energon.convert import ConvertSummary, convert, detect_format, main
+from energon_pack.cli.convert import ConvertSummary, convert, detect_format, main
 from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder

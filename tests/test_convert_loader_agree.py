@@ -17,7 +17,7 @@ from test_convert import image
 from test_tool_calls import load
 
 from energon_pack.chat import load_demo_tokenizer_raw
-from energon_pack.energon.convert import convert
+from energon_pack.cli.convert import convert
 from energon_pack.errors import all_skipped_fix
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 

@@ -14,11 +14,11 @@ import tarfile
 
 import pytest
 
-import energon_pack.energon.convert as convert_mod
-from energon_pack.bench.stress_resume import hang_alarm  # fails the test instead of hanging on a FIFO
-from energon_pack.energon.convert import HEADER_BYTES, SKIP_REASONS, convert, main
+from energon_pack.cli.convert import SKIP_REASONS, convert, detect, main, media, records, shards
+from energon_pack.cli.convert.media import HEADER_BYTES
 from energon_pack.errors import ConfigError
 
+from harness.watchdog import hang_alarm  # fails the test instead of hanging on a FIFO
 from test_convert import image, turns
 
 
@@ -90,8 +90,8 @@ def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, 
     (src / "imgs" / "big.png").write_bytes(image("PNG", 30, 20, 5) + bytes(9 << 20))  # 9 MB
     (src / "data.json").write_text(json.dumps(records))
     reads = []
-    real_read = convert_mod._read_upto
-    monkeypatch.setattr(convert_mod, "_read_upto", lambda fd, n: reads.append(len(data := real_read(fd, n))) or data)
+    real_read = media._read_upto
+    monkeypatch.setattr(media, "_read_upto", lambda fd, n: reads.append(len(data := real_read(fd, n))) or data)
     with hang_alarm(60):
         s = convert(src / "data.json", tmp_path / "out", workers=0, progress=False, max_media_mb=8)
     assert (s.records, s.written) == (9, 1)
@@ -132,14 +132,14 @@ def test_one_bad_record_never_ends_the_run(tree, tmp_path, monkeypatch):
              json.dumps({"conversations": [[[[[[[[[[]]]]]]]]]] * 1, "deep": json.loads("[" * 80 + "]" * 80)}),
              json.dumps(rec("imgs/ok.jpg", q="boom"))]
     (src / "data.jsonl").write_text("\n".join(lines) + "\n")
-    real = convert_mod.normalize_conversation
+    real = records.normalize_conversation
 
     def flaky(turns_):
         if "boom" in json.dumps(turns_):
             raise KeyError("a bug we did not foresee")
         return real(turns_)
 
-    monkeypatch.setattr(convert_mod, "normalize_conversation", flaky)
+    monkeypatch.setattr(records, "normalize_conversation", flaky)
     s = convert(src / "data.jsonl", tmp_path / "out", workers=0, progress=False)
     assert (s.records, s.written) == (7, 1)
     assert s.skipped == {"invalid_text": 1, "bad_image_ref": 2, "invalid_json": 2, "unexpected_error": 1}
@@ -190,7 +190,7 @@ def test_a_running_convert_holds_the_folder_and_a_killed_one_leaves_no_lock(smal
     convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from energon_pack.energon.convert import _lock_out_dir; _lock_out_dir(Path(sys.argv[1])); "
+         "from energon_pack.cli.convert.outdir import _lock_out_dir; _lock_out_dir(Path(sys.argv[1])); "
          "print('locked', flush=True); time.sleep(120)", str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -213,7 +213,7 @@ def test_overwrite_recovers_from_a_run_killed_while_indexing(small_source, tmp_p
         (root / ".nv-meta" / "index.sqlite-journal").write_bytes(b"")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(convert_mod, "prepare_webdataset", killed_while_indexing)
+    monkeypatch.setattr(shards, "prepare_webdataset", killed_while_indexing)
     with pytest.raises(KeyboardInterrupt):
         convert(small_source, out, workers=0, progress=False, image_root=small_source.parent)
     monkeypatch.undo()
@@ -247,7 +247,7 @@ def test_iter_json_array_splits_exactly_like_json():
         if trial % 5 == 0:
             text = b"\xef\xbb\xbf \n" + text + b"\n\n"
         for chunk in (1, 2, 3, 7, 64, 1 << 20):
-            assert [json.loads(raw) for raw in convert_mod.iter_json_array(io.BytesIO(text), chunk)] == array
+            assert [json.loads(raw) for raw in detect.iter_json_array(io.BytesIO(text), chunk)] == array
 
 
 @pytest.mark.parametrize("text, elements", [
@@ -261,7 +261,7 @@ def test_iter_json_array_splits_exactly_like_json():
 ])
 def test_iter_json_array_edges(text, elements):
     for chunk in (1, 5, 1 << 20):
-        assert list(convert_mod.iter_json_array(io.BytesIO(text), chunk)) == elements
+        assert list(detect.iter_json_array(io.BytesIO(text), chunk)) == elements
 
 
 def test_a_json_array_with_hostile_records_converts_the_rest(tree, tmp_path):
@@ -290,7 +290,7 @@ def test_json_array_memory_is_bounded_by_the_largest_record(tmp_path):
             f.write(("," if i else "") + json.dumps({**record, "id": f"{i:09d}"}))
         f.write("]")
     script = (  # VmHWM: this process's peak (ru_maxrss would carry the forking pytest's peak across exec)
-        "import sys; from energon_pack.energon.convert import convert; import webdataset, PIL.Image; "
+        "import sys; from energon_pack.cli.convert import convert; import webdataset, PIL.Image; "
         "kb = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
         "base = kb('VmRSS'); "
         "s = convert(sys.argv[1], sys.argv[2], workers=0, progress=False, samples_per_shard=1000); "

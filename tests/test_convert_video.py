@@ -10,7 +10,7 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from _video_files import video_bytes
-from energon_pack.energon.convert import convert
+from energon_pack.cli.convert import convert
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder

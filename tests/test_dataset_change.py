@@ -7,10 +7,11 @@ import warnings
 
 import pytest
 
-from energon_pack.bench.stress_data import random_records, valid_keys, write_shards
 from energon_pack.energon import restore_state_rank, split_changed_dataset
-from energon_pack.energon.stream import ResumeConfigError
+from energon_pack.energon.fingerprint import ResumeConfigError
 from energon_pack.errors import ConfigError
+
+from harness.data import random_records, valid_keys, write_shards
 from test_resume_fingerprint import SHARDS, keys, loader, state_after
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")

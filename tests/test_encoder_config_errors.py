@@ -181,7 +181,7 @@ def test_our_errors_cross_process_boundaries_intact():
     must survive (ConfigError's constructor takes three arguments, its args hold one message)."""
     import pickle
 
-    from energon_pack.energon.stream import ResumeConfigError
+    from energon_pack.energon.fingerprint import ResumeConfigError
     from energon_pack.errors import ConfigError, SampleSkipped
 
     for exc in (ConfigError("width", "too small", "raise it"), SampleSkipped("corrupt_image", "bad header"),

@@ -22,7 +22,8 @@ from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
-from energon_pack.bench.stress_resume import batch_difference
+
+from harness.loaders import batch_difference
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 SAMPLES = 600

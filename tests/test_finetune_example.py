@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from _hf_helpers import alone_forward, split_pack
+from _hf_helpers import NO_IMPLICIT_PREPARE, alone_forward, split_pack
 
 pytest.importorskip("transformers")
+pytestmark = NO_IMPLICIT_PREPARE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "finetune_multi_gpu.py"

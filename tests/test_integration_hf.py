@@ -22,10 +22,14 @@ from PIL import Image
 from energon_pack.energon import prepare_webdataset
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import hf as H
+from energon_pack.integrations.hf import batch as hf_batch
+from energon_pack.integrations.hf import model as hf_model
+from energon_pack.integrations.hf import version as hf_version
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 from _hf_helpers import (
+    NO_IMPLICIT_PREPARE,
     PRESETS,
     alone_forward,
     max_seg_diff,
@@ -36,6 +40,7 @@ from _hf_helpers import (
 )
 
 transformers = pytest.importorskip("transformers")
+pytestmark = NO_IMPLICIT_PREPARE
 
 TOL = 1e-5
 MAX_DIFF: dict[str, dict[str, float]] = {}  # printed at the end (pytest -s)
@@ -93,7 +98,8 @@ def setup(request, shards):
     packs, te = load_packs(shards, small_preset(name))
     ref = tiny_model(name, tok)
     packed = copy.deepcopy(ref)
-    assert H.use_varlen_attention(packed) == H.VARLEN_ATTENTION
+    assert H.prepare_model(packed) is packed and packed.config._attn_implementation == H.VARLEN_ATTENTION
+    H.prepare_model(ref, attention=None, static_visual=False)  # HF's own sdpa, the vision tower guards only
     return name, tok, packs, te, ref, packed
 
 
@@ -361,7 +367,7 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
             fast = packed(**kw).logits
             assert seen and all("cu_seqlens" in s and ("max_seqlen" in s) == ("max_seqlen" in keys) for s in seen), seen
             seen.clear()
-            monkeypatch.setattr(H, "vision_precompute_keys", lambda model_type: frozenset())
+            monkeypatch.setattr(hf_batch, "vision_precompute_keys", lambda model_type: frozenset())
             kw_plain = H.hf_forward_kwargs(batch, model=packed)
             assert not any(k.startswith(("image_cu", "video_cu")) for k in kw_plain)
             plain = packed(**kw_plain).logits
@@ -404,12 +410,13 @@ def test_releases_outside_the_supported_range_get_a_config_error_from_every_entr
 
     def installed(release):
         monkeypatch.setattr(importlib.metadata, "version", lambda d: release if d == "transformers" else real_version(d))
-        monkeypatch.setattr(H, "_VERSION_CHECKED", None)
+        monkeypatch.setattr(hf_version, "_VERSION_CHECKED", None)
 
     for release in ("4.56.2", "4.46.0"):
         installed(release)
         for call in (lambda: H.hf_forward_kwargs(batch, model=packed), lambda: H.packed_forward(packed, batch),
-                     lambda: H.use_varlen_attention(copy.deepcopy(ref)), H.register_varlen_attention):
+                     lambda: H.use_varlen_attention(copy.deepcopy(ref)), H.register_varlen_attention,
+                     lambda: H.prepare_model(copy.deepcopy(ref))):
             with pytest.raises(ConfigError) as err:
                 call()
             assert err.value.knob == "transformers"
@@ -474,7 +481,8 @@ def _record(name):
 def every_version(shards):
     """Per version: the packs its preset builds through the real loader, and a tiny model of that version."""
     tok = load_demo_tokenizer()
-    return {name: (load_packs(shards, small_preset(name))[0], tiny_model(name, tok)) for name in PRESETS}
+    models = {name: H.prepare_model(tiny_model(name, tok), attention=None, static_visual=False) for name in PRESETS}
+    return {name: (load_packs(shards, small_preset(name))[0], models[name]) for name in PRESETS}
 
 
 def _forwards_run(model):
@@ -596,3 +604,93 @@ def test_a_hand_built_batch_of_another_patch_size_gets_the_sentence_not_a_tower_
     # the hand-built batch of the right width still runs, with the logits of the recorded one
     with torch.no_grad():
         assert torch.equal(H.packed_forward(packed, hand).logits, H.packed_forward(packed, batch).logits)
+
+
+# ------------------------------------------------------------------ prepare_model: the one place that installs
+def _installed(model):
+    """What is installed on ``model``: forward pre-hooks per module, the attention of every config, the record."""
+    from transformers import PreTrainedModel
+
+    hooks = {name: len(m._forward_pre_hooks) for name, m in model.named_modules() if m._forward_pre_hooks}
+    attention = sorted({m.config._attn_implementation for m in model.modules() if isinstance(m, PreTrainedModel)})
+    return hooks, attention, getattr(model, hf_model.PREPARED_ATTR, None)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_prepare_model_installs_what_it_says_once(name):
+    """The varlen attention on the model and every sub-model, one guard per vision tower, the static-visual
+    hooks (and Qwen3-VL's deepstack hook on the text model); a second call installs nothing more."""
+    model = tiny_model(name, load_demo_tokenizer())
+    assert _installed(model) == ({}, ["sdpa"], None)
+    assert H.prepare_model(model) is model
+    hooks, attention, record = _installed(model)
+    text_hooked = {"model.language_model": 1} if name == "qwen3-vl" else {}
+    assert hooks == {"": 1, "model.visual": 1, **text_hooked}
+    assert attention == [H.VARLEN_ATTENTION] and record.static_visual and record.explicit
+    H.prepare_model(model)
+    assert _installed(model) == (hooks, attention, record)  # idempotent
+    # the attention kept (None), no static-visual hooks; a DDP-like wrapper prepares its .module and is returned
+    plain = tiny_model(name, load_demo_tokenizer())
+    wrapper = torch.nn.Module()
+    wrapper.module = plain
+    assert H.prepare_model(wrapper, attention=None, static_visual=False) is wrapper
+    assert _installed(plain)[:2] == ({"model.visual": 1}, ["sdpa"])
+    assert not hasattr(wrapper, hf_model.PREPARED_ATTR)
+    with pytest.raises(ConfigError) as err:
+        H.prepare_model(plain.config)
+    assert err.value.knob == "model"
+
+
+def test_forward_kwargs_install_nothing_on_a_prepared_model_and_warn_once_on_an_unprepared_one(setup):
+    """hf_forward_kwargs / packed_forward only read a prepared model (no warning, nothing installed). An
+    unprepared one is prepared once, with a DeprecationWarning at the caller's line naming prepare_model, the
+    model's attention kept: the logits of the same model prepared explicitly with attention=None."""
+    import warnings
+
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["num_segments"])
+    before = _installed(packed)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        kw = H.hf_forward_kwargs(batch, model=packed)
+        with torch.no_grad():
+            H.packed_forward(packed, batch)
+        H.hf_forward_kwargs(batch, model=packed.config)  # a config: nothing to install
+    assert not [w for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert _installed(packed) == before and "energon_static_visual" not in kw
+
+    for call in (lambda m: H.hf_forward_kwargs(batch, model=m), lambda m: H.packed_forward(m, batch)):
+        fresh = tiny_model(name, tok)
+        explicit = H.prepare_model(copy.deepcopy(fresh), attention=None, static_visual=False)
+        with pytest.warns(DeprecationWarning, match=r"prepare_model\(model\)") as record:
+            with torch.no_grad():
+                call(fresh)
+        deprecations = [w for w in record if issubclass(w.category, DeprecationWarning)]
+        assert len(deprecations) == 1 and deprecations[0].filename == __file__  # the caller's line
+        hooks, attention, state = _installed(fresh)
+        assert (hooks, attention) == _installed(explicit)[:2] == ({"model.visual": 1}, ["sdpa"])
+        assert not state.explicit and not state.static_visual
+        with warnings.catch_warnings(record=True) as again:
+            warnings.simplefilter("always")
+            with torch.no_grad():
+                got = fresh(**H.hf_forward_kwargs(batch, model=fresh)).logits
+                want = explicit(**H.hf_forward_kwargs(batch, model=explicit)).logits
+        assert not [w for w in again if issubclass(w.category, DeprecationWarning)]  # once per model
+        assert torch.equal(got, want), name
+
+
+def test_a_static_batch_needs_the_static_hooks():
+    """A model prepared explicitly without the static-visual hooks refuses a static-visual batch (ConfigError); one
+    prepared by the deprecated path gets them then, with the warning again."""
+    model = tiny_model("qwen2-vl", load_demo_tokenizer())
+    with pytest.warns(DeprecationWarning, match="the vision tower guards on a model"):
+        hf_model.ensure_prepared(model, static_visual=False, stacklevel=1)
+    assert not _installed(model)[2].static_visual
+    with pytest.warns(DeprecationWarning, match="static-visual hooks"):
+        hf_model.ensure_prepared(model, static_visual=True, stacklevel=1)
+    assert _installed(model)[0] == {"": 1, "model.visual": 1}
+    explicit = H.prepare_model(tiny_model("qwen2-vl", load_demo_tokenizer()), static_visual=False)
+    hf_model.ensure_prepared(explicit, static_visual=False, stacklevel=1)
+    with pytest.raises(ConfigError) as err:
+        hf_model.ensure_prepared(explicit, static_visual=True, stacklevel=1)
+    assert err.value.knob == "static_visual" and "prepare_model(model)" in err.value.fix

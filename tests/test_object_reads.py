@@ -8,11 +8,12 @@ import botocore.endpoint
 import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-from energon_pack.bench.stress_resume import batch_difference
 from energon_pack.errors import ConfigError
 from energon_pack.object_reads import configure_object_reads
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+from harness.loaders import batch_difference
 
 
 @pytest.fixture

@@ -198,7 +198,7 @@ class _PackDataset(torch.utils.data.Dataset):
         for k, im in enumerate(self.images):
             rows, grid = V.pending_image(im["data"], self.preset)
             segments.append(_segment(5, {"pixel_values": rows, "image_grid_thw": torch.from_numpy(grid)}, f"s{k}"))
-        return build_thd_batch(segments, ThdLayout(width=64))
+        return build_thd_batch(segments, ThdLayout(seq_length=64))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
@@ -250,7 +250,7 @@ def test_pending_rows_refuse_a_buffer_of_another_shape_or_dtype(images):
     segments = [_segment(5, {"pixel_values": rows, "image_grid_thw": torch.from_numpy(grid)}, "a"),
                 _segment(5, {"pixel_values": other, "image_grid_thw": torch.tensor([[1, 2, 2]])}, "b")]
     with pytest.raises(ValueError, match="must share row shape, dtype"):
-        build_thd_batch(segments, ThdLayout(width=64))
+        build_thd_batch(segments, ThdLayout(seq_length=64))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

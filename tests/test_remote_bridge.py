@@ -5,11 +5,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from energon_pack.bench.stress_resume import batch_difference
 from energon_pack.integrations import bridge as B
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _bridge_light import bridge_module, load_bridge  # noqa: E402
+from harness.loaders import batch_difference  # noqa: E402
 from test_integration_bridge import write_bridge_dataset  # noqa: E402
 
 

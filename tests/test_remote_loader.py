@@ -8,10 +8,10 @@ the rounds packer, the resume fingerprint, the shard check) tells the two copies
 import pytest
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-from energon_pack.bench.stress_resume import batch_difference, close
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
+from harness.loaders import batch_difference, close
 from test_resume_robust import roundtrip  # the state as a checkpoint file gives it back
 
 SMALL_PRESET = get_preset("qwen2-vl", max_pixels=160 * 28 * 28)

@@ -6,10 +6,11 @@ import warnings
 
 import pytest
 
-from energon_pack.bench.stress_data import StressTaskEncoder, random_records, valid_keys, write_shards
-from energon_pack.energon.checkpoint import restore_state_rank, state_checksum, walk_state
-from energon_pack.energon.stream import ResumeConfigError
+from energon_pack.energon.checkpoint import restore_state_rank, walk_state
+from energon_pack.energon.fingerprint import ResumeConfigError, state_checksum
 from energon_pack.errors import ConfigError
+
+from harness.data import StressTaskEncoder, random_records, valid_keys, write_shards
 from test_resume_robust import loader as robust_loader
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
@@ -142,7 +143,7 @@ def test_state_without_its_fingerprint_is_refused(shards):
 @pytest.mark.parametrize("caller", ["ours", "energon"])
 @pytest.mark.parametrize("saved,restored", [(2, 0), (0, 2), (2, 4)])
 def test_another_worker_count_is_a_resume_config_error(shards, saved, restored, caller):
-    """Through ours and through Energon's own method (guarded once energon_pack.energon is imported)."""
+    """Through ours and through Energon's own method (guarded once our encoder is built)."""
     state, _ = state_after(loader(shards, workers=saved), 3)
     ld = loader(shards, workers=restored)
     with pytest.raises(ResumeConfigError, match=rf"num_workers: the state was saved by a loader with "
@@ -206,12 +207,12 @@ def test_jsonl_state_restored_after_lines_were_appended_is_refused(tmp_path):
 
 def test_blend_with_a_repeated_shard_name_still_says_what_changed():
     """Two blended datasets may both have a part-00000.tar: a changed count there is still named."""
-    from energon_pack.energon.checkpoint import check_loader_fingerprint
+    from energon_pack.energon.fingerprint import check_fingerprint
 
     saved = dict(rank=0, world_size=1, num_workers=2, encoder="E", shards=[["part-00000.tar", 5], ["part-00000.tar", 7]])
     with pytest.raises(ResumeConfigError, match=r"shards changed since the state was saved \(2 shards then, 2 now, "
                        r"same names\)"):
-        check_loader_fingerprint(saved, {**saved, "shards": [["part-00000.tar", 7], ["part-00000.tar", 7]]})
+        check_fingerprint(saved, {**saved, "shards": [["part-00000.tar", 7], ["part-00000.tar", 7]]})
 
 
 def test_a_shard_rewritten_with_the_same_sample_count_is_refused(tmp_path):

@@ -14,11 +14,12 @@ import pytest
 import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
 
-from energon_pack.bench.stress_data import StressTaskEncoder, random_records, valid_keys, write_shards
 from energon_pack.energon import AllSkippedError
 from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
-from energon_pack.bench.stress_resume import batch_difference
+
+from harness.data import StressTaskEncoder, random_records, valid_keys, write_shards
+from harness.loaders import batch_difference
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 N = 240
@@ -129,8 +130,9 @@ def test_restoring_the_same_state_object_twice_gives_identical_packs(shards, mod
 HANG = textwrap.dedent("""
     import sys, warnings
     warnings.filterwarnings("ignore")
+    sys.path.insert(0, sys.argv[3])  # tests/stress: the harness
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
-    from energon_pack.bench.stress_data import StressTaskEncoder
+    from harness.data import StressTaskEncoder
     from energon_pack.energon import save_state_rank
     def make():
         ds = get_train_dataset(sys.argv[1], batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
@@ -151,10 +153,12 @@ HANG = textwrap.dedent("""
 
 @pytest.mark.parametrize("caller", ["ours", "energon"])
 def test_save_state_after_iter_before_next_does_not_hang(shards, tmp_path, caller):
-    """Ours, and Energon's own method once energon_pack.energon is imported (it guards it)."""
+    """Ours, and Energon's own method once our encoder is built (it installs the guard)."""
     script = tmp_path / "hang.py"
     script.write_text(HANG)
-    out = subprocess.run([sys.executable, str(script), str(shards), caller], capture_output=True, text=True, timeout=120)
+    stress_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stress")
+    out = subprocess.run([sys.executable, str(script), str(shards), caller, stress_dir], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK True" in out.stdout  # nothing read yet: the initial state, which restores to the same stream
 

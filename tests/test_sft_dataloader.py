@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -12,7 +13,7 @@ from energon_pack.sft.dataset import JsonlSFTDataset
 from energon_pack.sft.sampler import TokenBudgetBatchSampler
 
 TOK = load_demo_tokenizer()
-WIDTH = 128
+SEQ_LENGTH = 128
 
 
 def write_mixed_chat_file(path, n=120):
@@ -35,19 +36,19 @@ def write_mixed_chat_file(path, n=120):
 def test_dataloader_two_workers_two_ranks_end_to_end(tmp_path):
     path = tmp_path / "chat.jsonl"
     write_mixed_chat_file(path)
-    ds = JsonlSFTDataset(path, TOK, format="chat", max_length=WIDTH)
+    ds = JsonlSFTDataset(path, TOK, format="chat", max_length=SEQ_LENGTH)
     assert ds.skips == {"invalid_json": 7}
-    collate = InBatchPacker.for_dataset(ds, WIDTH, pad_multiple=4, pad_to_max_length=True)
+    collate = InBatchPacker.for_dataset(ds, SEQ_LENGTH, pad_multiple=4, pad_to_max_length=True)
     seen, steps = [], []
     for rank in range(2):
-        sampler = TokenBudgetBatchSampler(ds, WIDTH, pad_multiple=4, num_replicas=2, rank=rank, seed=1)
+        sampler = TokenBudgetBatchSampler(ds, SEQ_LENGTH, pad_multiple=4, num_replicas=2, rank=rank, seed=1)
         sampler.set_epoch(1)
         loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2)
         batches = list(loader)
         steps.append(len(batches))
         expected_order = [mb for mb in sampler]
         for batch, mb in zip(batches, expected_order):
-            assert batch["input_ids"].shape == (1, WIDTH) and batch["labels"].shape == (1, WIDTH)
+            assert batch["input_ids"].shape == (1, SEQ_LENGTH) and batch["labels"].shape == (1, SEQ_LENGTH)
             if batch["padding_segments"]:
                 assert batch["loss_mask"].sum() == 0 and batch["real_tokens"] == 0
                 continue
@@ -63,3 +64,13 @@ def test_dataloader_two_workers_two_ranks_end_to_end(tmp_path):
     assert steps[0] == steps[1]
     good_lines = [i + 1 for i in range(len(ds)) if ds.lengths[i] > 0]
     assert sorted(seen) == good_lines  # each usable line exactly once over both ranks
+
+
+def test_for_dataset_old_name_width_still_works_and_warns(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    write_mixed_chat_file(path, n=20)
+    ds = JsonlSFTDataset(path, TOK, format="chat", max_length=SEQ_LENGTH)
+    with pytest.warns(DeprecationWarning, match=r"InBatchPacker\.for_dataset: 'width' is deprecated, use 'seq_length'"):
+        old = InBatchPacker.for_dataset(ds, width=SEQ_LENGTH, pad_multiple=4)
+    assert old.layout == InBatchPacker.for_dataset(ds, seq_length=SEQ_LENGTH, pad_multiple=4).layout
+    assert old.layout.seq_length == SEQ_LENGTH and old.layout.pad_token_id == ds.pad_token_id

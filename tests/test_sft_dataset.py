@@ -226,22 +226,20 @@ def test_prompt_completion_lean_pass_identical_to_serial(tmp_path, monkeypatch, 
     _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
 
 
-def test_fresh_interpreter_workers_identical_raise_and_fall_back(tmp_path, monkeypatch):
-    """Large files run the workers in fresh interpreters (larger malloc cache): same results,
-    a task's exception raised in the caller, forked workers when the dataset does not pickle."""
+def test_pool_workers_identical_and_raise_as_the_serial_pass(tmp_path, monkeypatch):
+    """The parallel pass is one process pool over line ranges: each range's result is the in-process
+    one, a task's exception is raised in the caller as the serial pass raises it (one that does not
+    pickle as a RuntimeError naming it), and a dataset that does not pickle works (workers inherit it)."""
     from energon_pack.sft import length_pass as D
 
-    if not D._glibc():
-        pytest.skip("fresh-interpreter workers are used on glibc only")
     monkeypatch.setattr(D, "LENGTH_CHUNK", 16)
-    monkeypatch.setattr(D, "FRESH_WORKERS_MIN_BYTES", 0)
     path = write(tmp_path / "d.jsonl", _pc_lines(300))
     ds = JsonlSFTDataset(path, TOK, max_length=30, overlength="truncate", cache_tokens=True)
     serial = ds.compute_lengths(workers=1, batch=False)
     tasks = [(0, 100, True), (100, 250, True), (250, 300, False)]
-    fresh = D._fresh_worker_results(ds, tasks, 2)
-    assert fresh is not None and len(fresh) == 3
-    for (a, b, batch), got in zip(tasks, fresh):
+    pooled = D._pool_results(ds, tasks, 2)
+    assert len(pooled) == 3
+    for (a, b, batch), got in zip(tasks, pooled):
         _assert_same(got, D._length_range(ds, a, b, batch))
     _assert_same(ds.compute_lengths(workers=2, batch=True), serial)
     chat_path = write(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": f"q {i}"},
@@ -252,14 +250,23 @@ def test_fresh_interpreter_workers_identical_raise_and_fall_back(tmp_path, monke
     strict = JsonlSFTDataset(path, TOK, max_length=8, overlength="error")
     with pytest.raises(ValueError, match="has .* > max_length 8") as serial_error:
         strict.compute_lengths(workers=1, batch=False)
-    with pytest.raises(ValueError) as fresh_error:
+    with pytest.raises(ValueError) as pool_error:
         strict.compute_lengths(workers=2)
-    assert str(fresh_error.value) == str(serial_error.value)
-    assert type(fresh_error.value) is type(serial_error.value)
+    assert str(pool_error.value) == str(serial_error.value)
+    assert type(pool_error.value) is type(serial_error.value)
     unpicklable = JsonlSFTDataset(path, TOK, max_length=30)
     unpicklable.hook = lambda: None
-    assert D._fresh_worker_results(unpicklable, tasks, 2) is None
     _assert_same(unpicklable.compute_lengths(workers=2), unpicklable.compute_lengths(workers=1, batch=False))
+
+    class Unpicklable(Exception):  # a local class: pickle cannot find it by name
+        pass
+
+    def failing(*args):
+        raise Unpicklable("no pickle")
+
+    monkeypatch.setattr(D, "_length_range", failing)  # the forked workers inherit it
+    with pytest.raises(RuntimeError, match=r"^length pass worker \d+: .*Unpicklable\('no pickle'\)$"):
+        D._pool_results(ds, tasks, 2)
 
 
 def test_lean_pass_overlength_error_and_control_screen(tmp_path):

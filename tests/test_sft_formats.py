@@ -69,8 +69,8 @@ def test_chat_loss_policies_and_no_assistant_turn():
     assert info.value.reason == "no_assistant_turn"
 
 
-def _packer(width, **kw):
-    return InBatchPacker(ThdLayout(width=width, pad_token_id=PAD, **kw))
+def _packer(seq_length, **kw):
+    return InBatchPacker(ThdLayout(seq_length=seq_length, pad_token_id=PAD, **kw))
 
 
 def test_packed_row_exact_tensors_prompt_completion_and_chat():

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from energon_pack.chat import DemoTokenizerWarning
-from energon_pack.sft.inspect import best_baseline, concat_baseline, format_report, inspect_jsonl, main
+from energon_pack.cli.inspect import HINT_NAMES
+from energon_pack.cli.inspect import show
+from energon_pack.sft.inspect import best_baseline, concat_baseline, format_report, inspect_jsonl
 
 GOOD = {"prompt": "Hi there", "completion": "Hello!"}  # 7 tokens with the demo tokenizer
 
@@ -24,7 +26,7 @@ def test_report_exact_counts_and_fill(tmp_path, capsys):
     assert report["packing"]["packs"] == 4 and report["packing"]["fill"] == 56 / 64  # two 7-token samples per 16
     assert report["baseline_concat"]["mbs"] == 2 and report["baseline_concat"]["fill"] == 56 / 64
     assert report["tokenizer"].startswith("demo") and report["hints"] == []
-    assert main(path, tokenizer="demo", width=16, json_out=tmp_path / "r.json") == 0
+    assert show(path, tokenizer="demo", width=16, json_out=tmp_path / "r.json") == 0
     assert "invalid_json" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["usable"] == 8
 
@@ -61,9 +63,9 @@ def test_hint_chat_records_without_format_chat(tmp_path, capsys):
     assert report["skips"]["missing_field"]["count"] == 20
     assert report["hints"] == ["20 of 20 lines skip with missing_field: the records have the fields 'messages', 'id'; "
                                "'messages' holds chat turns: use format=\"chat\""]
-    cli = inspect_jsonl(path, tokenizer="demo", width=64, cli=True)["hints"]  # energon-pack inspect: the flag
+    cli = inspect_jsonl(path, tokenizer="demo", width=64, names=HINT_NAMES)["hints"]  # energon-pack inspect: the flag
     assert cli == [report["hints"][0].replace('format="chat"', "--format chat")]
-    assert main(path, tokenizer="demo", width=64) == 1
+    assert show(path, tokenizer="demo", width=64) == 1
     assert "  hint: 20 of 20 lines skip with missing_field" in capsys.readouterr().out
     fixed = inspect_jsonl(path, tokenizer="demo", format="chat", width=64)
     assert fixed["usable"] == 20 and fixed["hints"] == []
@@ -79,7 +81,7 @@ def test_hint_prompt_completion_records_with_format_chat_and_renamed_fields(tmp_
     assert report["hints"] == ["5 of 6 lines skip with missing_field: the records have the fields 'question', 'answer', "
                                "'prompt', 'completion', not the prompt field 'prompt' and completion field 'completion': "
                                "name yours with prompt_field= / completion_field=, or use format=\"chat\" for chat turns"]
-    assert inspect_jsonl(path, tokenizer="demo", width=64, cli=True)["hints"][0].endswith(
+    assert inspect_jsonl(path, tokenizer="demo", width=64, names=HINT_NAMES)["hints"][0].endswith(
         "name yours with --prompt-field / --completion-field, or use --format chat for chat turns")
     assert inspect_jsonl(path, tokenizer="demo", width=64, prompt_field="question",
                          completion_field="answer")["skips"]["missing_field"]["count"] == 1
@@ -99,8 +101,8 @@ def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, caps
         f"the width 100 is below 9 of 10 usable samples (median length {L['p50']:.0f}, p99 {L['p99']:.0f}): they are "
         "never packed, and the fill above covers only the 1 that fit. Use a width of at least the p99 length, better "
         f"several times the median (e.g. width=2048)"]
-    assert inspect_jsonl(path, tokenizer="demo", width=100, cli=True)["hints"][0].endswith("(e.g. --width 2048)")
-    assert main(path, tokenizer="demo", width=100) == 0
+    assert inspect_jsonl(path, tokenizer="demo", width=100, names=HINT_NAMES)["hints"][0].endswith("(e.g. --width 2048)")
+    assert show(path, tokenizer="demo", width=100) == 0
     out = capsys.readouterr().out
     assert "baseline" not in out and "hint: the width 100 is below 9 of 10 usable samples" in out
     # a width that fits: baseline present, computed over the samples that fit, no hint

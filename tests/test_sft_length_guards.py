@@ -77,17 +77,11 @@ class KillingIndex(LineIndex):
         return super().read(lo, hi)
 
 
-@pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh_interpreters"])
-def test_a_worker_killed_mid_pass_is_an_error_naming_its_lines_not_a_hang(tmp_path, monkeypatch, fresh):
+def test_a_worker_killed_mid_pass_is_an_error_naming_its_lines_not_a_hang(tmp_path):
     path = write(tmp_path / "d.jsonl", [GOOD] * 300)
     ds = JsonlSFTDataset(path, TOK, max_length=16)
     ds.index.__class__ = KillingIndex
     ds.index.parent, ds.index.kill_at = os.getpid(), 160 * 47  # line 161: in the range of lines 151-187
-    monkeypatch.setattr(length_pass, "FRESH_WORKERS_MIN_BYTES", 0 if fresh else 1 << 60)
-    if fresh and not length_pass._glibc():
-        pytest.skip("fresh-interpreter workers are used on glibc only")
-    if fresh:  # the fresh interpreters themselves must report the death, not a fork fallback
-        monkeypatch.setattr(length_pass, "_forked_worker_results", lambda *a: pytest.fail("fell back to fork"))
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"^length_workers: the length-pass worker for lines 151-187 died "
                                           r"\(killed by SIGKILL \(the OOM killer sends it\)\)\. Fix: give the pass"):

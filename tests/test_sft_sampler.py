@@ -11,7 +11,7 @@ from energon_pack.sft.dataset import PADDING_INDEX
 from energon_pack.sft.sampler import TokenBudgetBatchSampler
 from energon_pack.thd import aligned_length
 
-WIDTH = 256
+SEQ_LENGTH = 256
 
 
 def make_lengths(n=600, seed=0):
@@ -24,7 +24,7 @@ def make_lengths(n=600, seed=0):
 def rank_batches(lengths, world, epoch=0, **kw):
     out = []
     for rank in range(world):
-        s = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, **kw)
+        s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, num_replicas=world, rank=rank, **kw)
         s.set_epoch(epoch)
         out.append(list(s))
     return out
@@ -37,17 +37,17 @@ def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, pad_mul
     per_rank = rank_batches(lengths, world, pad_multiple=pad_multiple, window=128)
     assert len({len(b) for b in per_rank}) == 1  # all ranks run the same number of steps
     seen = Counter(i for batches in per_rank for mb in batches for i in mb if i != PADDING_INDEX)
-    fits = (lengths > 0) & (aligned_length(lengths, pad_multiple) <= WIDTH)
+    fits = (lengths > 0) & (aligned_length(lengths, pad_multiple) <= SEQ_LENGTH)
     assert sorted(seen) == np.flatnonzero(fits).tolist() and set(seen.values()) == {1}
     for batches in per_rank:
         for mb in batches:
             if mb == [PADDING_INDEX]:
                 continue
-            assert PADDING_INDEX not in mb and aligned_length(lengths[mb], pad_multiple).sum() <= WIDTH
+            assert PADDING_INDEX not in mb and aligned_length(lengths[mb], pad_multiple).sum() <= SEQ_LENGTH
     padding = sum(mb == [PADDING_INDEX] for batches in per_rank for mb in batches)
-    plan = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128).plan()
+    plan = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, pad_multiple=pad_multiple, window=128).plan()
     assert padding == -len(plan) % world  # only the last step is padded, on the ranks that ran out
-    s = TokenBudgetBatchSampler(lengths, WIDTH, pad_multiple=pad_multiple, window=128)
+    s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, pad_multiple=pad_multiple, window=128)
     assert s.stats.skips.get("oversize", 0) == int(((lengths > 0) & ~fits).sum())
 
 
@@ -56,7 +56,8 @@ def test_padding_steps_counted_on_the_short_ranks():
     per_rank = rank_batches(lengths, 4)
     assert [len(b) for b in per_rank] == [2, 2, 2, 2]
     assert [b[1] for b in per_rank].count([PADDING_INDEX]) == 3
-    assert [TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=4, rank=r).padding_steps for r in range(4)] == [0, 1, 1, 1]
+    steps = [TokenBudgetBatchSampler(lengths, SEQ_LENGTH, num_replicas=4, rank=r).padding_steps for r in range(4)]
+    assert steps == [0, 1, 1, 1]
 
 
 def test_deterministic_per_seed_and_epoch_and_high_fill():
@@ -64,13 +65,13 @@ def test_deterministic_per_seed_and_epoch_and_high_fill():
     a, b = rank_batches(lengths, 2, epoch=3, seed=7), rank_batches(lengths, 2, epoch=3, seed=7)
     assert a == b
     assert rank_batches(lengths, 2, epoch=4, seed=7) != a and rank_batches(lengths, 2, epoch=3, seed=8) != a
-    s = TokenBudgetBatchSampler(lengths, WIDTH, window=1024)
+    s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, window=1024)
     assert s.stats.fill > 0.97 and s.stats.samples + s.stats.skipped == len(lengths)  # skips: unusable + oversize
 
 
 def test_max_segments_and_unshuffled_order():
     lengths = np.full(50, 10)
-    plan = TokenBudgetBatchSampler(lengths, WIDTH, max_segments=4, shuffle=False).plan()
+    plan = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, max_segments=4, shuffle=False).plan()
     assert [len(mb) for mb in plan] == [4] * 12 + [2] and plan[0] == [0, 1, 2, 3]
 
 
@@ -79,18 +80,18 @@ def test_resume_at_random_points_reproduces_the_rest_of_the_epoch():
     rng = random.Random(0)
     for world in (1, 2, 4):
         for rank in range(world):
-            full = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+            full = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, num_replicas=world, rank=rank, seed=3)
             full.set_epoch(2)
             expected = list(full)
             for _ in range(3):
                 step = rng.randrange(len(expected) + 1)
-                first = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+                first = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, num_replicas=world, rank=rank, seed=3)
                 first.set_epoch(2)
                 it = iter(first)
                 head = [next(it) for _ in range(step)]
                 state = first.state_dict()
                 assert state["epoch"] == 2 and state["step"] == step
-                resumed = TokenBudgetBatchSampler(lengths, WIDTH, num_replicas=world, rank=rank, seed=3)
+                resumed = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, num_replicas=world, rank=rank, seed=3)
                 resumed.load_state_dict(state)
                 assert head + list(resumed) == expected
                 assert list(resumed) == expected  # the following pass starts the epoch over
@@ -98,20 +99,31 @@ def test_resume_at_random_points_reproduces_the_rest_of_the_epoch():
 
 def test_state_dict_with_explicit_steps_and_mismatched_config():
     lengths = make_lengths()
-    s = TokenBudgetBatchSampler(lengths, WIDTH)
+    s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH)
     list(s)  # a prefetching loader ran ahead; the trainer consumed 5 steps
     state = s.state_dict(steps_consumed=5)
-    resumed = TokenBudgetBatchSampler(lengths, WIDTH)
+    resumed = TokenBudgetBatchSampler(lengths, SEQ_LENGTH)
     resumed.load_state_dict(state)
     assert list(resumed) == s.plan()[5:]
     with pytest.raises(ValueError, match="width"):
         TokenBudgetBatchSampler(lengths, 512).load_state_dict(state)
     with pytest.raises(ValueError, match="lengths"):
-        TokenBudgetBatchSampler(lengths[:-1], WIDTH).load_state_dict(state)
+        TokenBudgetBatchSampler(lengths[:-1], SEQ_LENGTH).load_state_dict(state)
 
 
 def test_config_errors_name_the_knob():
-    with pytest.raises(ConfigError, match="width"):
+    with pytest.raises(ConfigError, match="^seq_length: 100 is not divisible by pad_multiple 8"):
         TokenBudgetBatchSampler([5], 100, pad_multiple=8)
     with pytest.raises(ConfigError, match="rank"):
         TokenBudgetBatchSampler([5], 128, num_replicas=2, rank=2)
+
+
+def test_old_name_width_still_works_and_warns():
+    lengths = make_lengths()
+    with pytest.warns(DeprecationWarning, match="TokenBudgetBatchSampler: 'width' is deprecated, use 'seq_length'"):
+        old = TokenBudgetBatchSampler(lengths, width=SEQ_LENGTH, pad_multiple=4)
+    new = TokenBudgetBatchSampler(lengths, seq_length=SEQ_LENGTH, pad_multiple=4)
+    assert old.seq_length == SEQ_LENGTH and old.plan() == new.plan()
+    with pytest.warns(DeprecationWarning, match=r"TokenBudgetBatchSampler\.width: 'width' is deprecated"):
+        assert new.width == SEQ_LENGTH
+    assert new.state_dict()["config"]["width"] == SEQ_LENGTH  # the saved key is unchanged: old checkpoints still load

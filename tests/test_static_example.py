@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from _hf_helpers import NO_IMPLICIT_PREPARE
+
 pytest.importorskip("transformers")
+pytestmark = NO_IMPLICIT_PREPARE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

@@ -13,10 +13,11 @@ from energon_pack.qwen_vl import load_demo_tokenizer
 from energon_pack.qwen_vl.static_visual import STATIC_GRID_KEY, STATIC_PIXELS_KEY, pad_segments, static_segment_count
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
-from _hf_helpers import PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
+from _hf_helpers import NO_IMPLICIT_PREPARE, PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
 from test_integration_hf import shards  # noqa: F401  (the module fixture: images, videos, text)
 
 pytest.importorskip("transformers")
+pytestmark = NO_IMPLICIT_PREPARE
 
 BUDGET = 512
 TOL = 1e-5
@@ -59,7 +60,7 @@ def test_static_packed_logits_and_grads_equal_each_sample_alone(static_setup):
     name, tok, dynamic, static, te = static_setup
     ref = tiny_model(name, tok)
     packed = copy.deepcopy(ref)
-    H.use_varlen_attention(packed)
+    H.prepare_model(packed)
     saw_video = False
     for dyn, batch in zip(dynamic, static):
         segments = split_pack(dyn, tok.special.image_pad, tok.special.video_pad)

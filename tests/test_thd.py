@@ -86,7 +86,7 @@ def test_golden_bridge_worked_example_m4_width12_lengths_5_and_4():
         seg([101, 102, 103, 104, 105], [0, 0, 1, 1, 1], key="five"),
         seg([201, 202, 203, 204], [0, 1, 1, 1], key="four"),
     ]
-    batch = build_thd_batch(segments, ThdLayout(width=12, pad_multiple=4, pad_to_max_length=True))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=12, pad_multiple=4, pad_to_max_length=True))
     assert_batch(
         batch,
         ids=[101, 102, 103, 104, 105, 0, 0, 0, 201, 202, 203, 204],
@@ -105,7 +105,7 @@ def test_golden_bridge_worked_example_m4_width12_lengths_5_and_4():
 
 def test_golden_direct_text_example_m4_lengths_3_and_4():
     segments = [seg([11, 21, 22], [0, 1, 1], key="a"), seg([11, 12, 21, 22], [0, 0, 1, 1], key="b")]
-    batch = build_thd_batch(segments, ThdLayout(width=16, pad_multiple=4))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=16, pad_multiple=4))
     assert_batch(
         batch,
         ids=[11, 21, 22, 0, 11, 12, 21, 22],
@@ -124,7 +124,7 @@ def test_golden_direct_text_example_m4_lengths_3_and_4():
 
 def test_golden_unaligned_text_has_no_gaps():
     segments = [seg([11, 21, 22], [0, 1, 1]), seg([11, 12, 21, 22], [0, 0, 1, 1])]
-    batch = build_thd_batch(segments, ThdLayout(width=16))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=16))
     assert_batch(
         batch,
         ids=[11, 21, 22, 11, 12, 21, 22],
@@ -142,7 +142,8 @@ def test_golden_unaligned_text_has_no_gaps():
 
 
 def test_golden_single_sample_fixed_width_tail_absorbed():
-    batch = build_thd_batch([seg([5, 6, 7, 8], [1, 1, 1, 1], key="only")], ThdLayout(width=12, pad_to_max_length=True))
+    batch = build_thd_batch([seg([5, 6, 7, 8], [1, 1, 1, 1], key="only")],
+                            ThdLayout(seq_length=12, pad_to_max_length=True))
     assert_batch(
         batch,
         ids=[5, 6, 7, 8] + [0] * 8,
@@ -160,7 +161,7 @@ def test_golden_single_sample_fixed_width_tail_absorbed():
 
 
 def test_golden_pad_cu_seqlens_static_shape():
-    layout = ThdLayout(width=16, pad_multiple=4, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=4)
+    layout = ThdLayout(seq_length=16, pad_multiple=4, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=4)
     segments = [seg([1, 2, 3], [1, 1, 1]), seg([4, 5, 6, 7, 8, 9], [0, 0, 0, 1, 1, 1])]
     batch = build_thd_batch(segments, layout)
     assert_batch(
@@ -185,7 +186,7 @@ def test_golden_mrope_positions_gaps_continue_text_positions():
         seg([1, 2, 3], [0, 1, 1], mrope_position_ids=torch.tensor(image_like)),
         seg([4, 5], [0, 1], mrope_position_ids=torch.tensor([[0, 1]] * 3)),
     ]
-    batch = build_thd_batch(segments, ThdLayout(width=8, pad_multiple=4))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=8, pad_multiple=4))
     assert_batch(
         batch,
         ids=[1, 2, 3, 0, 4, 5, 0, 0],
@@ -217,7 +218,7 @@ def test_golden_visual_tensors_concatenated_in_segment_order():
         seg([5, 6], [0, 1], visual=img_b, key="b"),
         seg([7, 8], [0, 1], visual=vid_c, key="c"),
     ]
-    batch = build_thd_batch(segments, ThdLayout(width=8))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=8))
     assert_batch(
         batch,
         ids=[1, 2, 3, 4, 5, 6, 7, 8],
@@ -243,7 +244,8 @@ def test_golden_visual_tensors_concatenated_in_segment_order():
 
 def test_golden_custom_pad_token_id_fills_gaps_and_tail():
     segments = [seg([1, 2, 3], [1, 1, 1]), seg([4], [1])]
-    batch = build_thd_batch(segments, ThdLayout(width=8, pad_multiple=2, pad_to_max_length=True, pad_token_id=151643))
+    layout = ThdLayout(seq_length=8, pad_multiple=2, pad_to_max_length=True, pad_token_id=151643)
+    batch = build_thd_batch(segments, layout)
     P = 151643
     assert_batch(
         batch,
@@ -263,7 +265,7 @@ def test_golden_custom_pad_token_id_fills_gaps_and_tail():
 
 def test_custom_ignore_index_used_in_gaps_and_boundaries():
     segments = [seg([1, 2, 3], [1, 1, 1], ignore_index=-1)]
-    batch = build_thd_batch(segments, ThdLayout(width=4, pad_to_max_length=True, ignore_index=-1))
+    batch = build_thd_batch(segments, ThdLayout(seq_length=4, pad_to_max_length=True, ignore_index=-1))
     assert batch["labels"].tolist() == [[2, 3, -1, -1]]
     assert batch["loss_mask"].tolist() == [[1.0, 1.0, 0.0, 0.0]]
 
@@ -275,7 +277,7 @@ def test_builder_enforces_boundary_and_mask_consistency_on_caller_labels():
         labels=torch.tensor([2, X, 4, 99]),  # last label crosses the boundary
         loss_mask=torch.tensor([0.0, 1.0, 1.0, 1.0]),  # 1 on an ignored label, 0 on a real one
     )
-    batch = build_thd_batch([bad], ThdLayout(width=4))
+    batch = build_thd_batch([bad], ThdLayout(seq_length=4))
     assert batch["labels"].tolist() == [[X, X, 4, X]]
     assert batch["loss_mask"].tolist() == [[0.0, 0.0, 1.0, 0.0]]
     assert batch["supervised_tokens"] == 1
@@ -303,7 +305,7 @@ def test_shifted_labels_and_loss_mask():
 
 
 def test_segment_span_is_aligned_length():
-    layout = ThdLayout(width=16, pad_multiple=4)
+    layout = ThdLayout(seq_length=16, pad_multiple=4)
     assert [layout.segment_span(n) for n in (1, 4, 5, 8, 9)] == [4, 4, 8, 8, 12]
     assert [aligned_length(n, 3) for n in (1, 3, 4)] == [3, 3, 6]
 
@@ -341,14 +343,14 @@ def test_alignment_multiple_rejects_sizes_below_one(knob):
 @pytest.mark.parametrize(
     ("kwargs", "knob", "words"),
     [
-        ({"width": 0}, "width", "seq_length"),
-        ({"width": -4}, "width", "seq_length"),
-        ({"width": 8, "pad_multiple": 0}, "pad_multiple", "alignment_multiple"),
-        ({"width": 10, "pad_multiple": 4}, "width", "multiple of 4"),
-        ({"width": 8, "pad_cu_seqlens": True, "max_segments": 4}, "pad_cu_seqlens", "pad_to_max_length=True"),
-        ({"width": 8, "pad_to_max_length": True, "pad_cu_seqlens": True}, "pad_cu_seqlens", "max_segments"),
-        ({"width": 8, "pad_token_id": -1}, "pad_token_id", "tokenizer's pad id"),
-        ({"width": 8, "max_segments": 0}, "max_segments", ">= 1"),
+        ({"seq_length": 0}, "seq_length", "seq_length"),
+        ({"seq_length": -4}, "seq_length", "seq_length"),
+        ({"seq_length": 8, "pad_multiple": 0}, "pad_multiple", "alignment_multiple"),
+        ({"seq_length": 10, "pad_multiple": 4}, "seq_length", "multiple of 4"),
+        ({"seq_length": 8, "pad_cu_seqlens": True, "max_segments": 4}, "pad_cu_seqlens", "pad_to_max_length=True"),
+        ({"seq_length": 8, "pad_to_max_length": True, "pad_cu_seqlens": True}, "pad_cu_seqlens", "max_segments"),
+        ({"seq_length": 8, "pad_token_id": -1}, "pad_token_id", "tokenizer's pad id"),
+        ({"seq_length": 8, "max_segments": 0}, "max_segments", ">= 1"),
     ],
 )
 def test_layout_config_errors_name_knob_and_fix(kwargs, knob, words):
@@ -361,9 +363,22 @@ def test_layout_config_errors_name_knob_and_fix(kwargs, knob, words):
     assert words in message
 
 
+def test_old_name_width_still_works_and_warns():
+    with pytest.warns(DeprecationWarning, match="ThdLayout: 'width' is deprecated, use 'seq_length'"):
+        old = ThdLayout(width=16, pad_multiple=4)
+    assert old == ThdLayout(seq_length=16, pad_multiple=4) == ThdLayout(16, 4)
+    with pytest.warns(DeprecationWarning, match=r"ThdLayout\.width: 'width' is deprecated"):
+        assert old.width == 16
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(ConfigError, match="^seq_length: 10 is not divisible by pad_multiple 4"):
+            ThdLayout(width=10, pad_multiple=4)  # the old name reports the new knob
+    with pytest.raises(TypeError, match="not both"):
+        ThdLayout(seq_length=16, width=16)
+
+
 def test_empty_segment_list_raises():
     with pytest.raises(ValueError, match="empty segment list"):
-        build_thd_batch([], ThdLayout(width=8))
+        build_thd_batch([], ThdLayout(seq_length=8))
 
 
 def test_empty_segment_raises():
@@ -374,17 +389,17 @@ def test_empty_segment_raises():
 def test_overflow_raises_with_aligned_total_and_width():
     segments = [seg([1] * 5, [1] * 5), seg([2] * 5, [1] * 5)]  # aligned 8 + 8 = 16 > 12
     with pytest.raises(ValueError, match="Packed sequence length 16 exceeds width 12"):
-        build_thd_batch(segments, ThdLayout(width=12, pad_multiple=4))
+        build_thd_batch(segments, ThdLayout(seq_length=12, pad_multiple=4))
     with pytest.raises(ValueError, match="Packed sequence length 16 exceeds width 12"):
-        build_thd_batch(segments, ThdLayout(width=12, pad_multiple=4, pad_to_max_length=True))
+        build_thd_batch(segments, ThdLayout(seq_length=12, pad_multiple=4, pad_to_max_length=True))
 
 
 def test_too_many_segments_raises():
-    layout = ThdLayout(width=8, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=2)
+    layout = ThdLayout(seq_length=8, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=2)
     with pytest.raises(ValueError, match="3 segments exceed max_segments=2"):
         build_thd_batch([seg([1], [1])] * 3, layout)
     with pytest.raises(ValueError, match="max_segments=1"):
-        build_thd_batch([seg([1], [1])] * 2, ThdLayout(width=8, max_segments=1))
+        build_thd_batch([seg([1], [1])] * 2, ThdLayout(seq_length=8, max_segments=1))
 
 
 @pytest.mark.parametrize(
@@ -433,13 +448,13 @@ def test_unknown_visual_key_rejected():
 def test_mixing_mrope_and_plain_segments_raises():
     with_mrope = seg([1, 2], [1, 1], mrope_position_ids=torch.zeros((3, 2), dtype=torch.int64))
     with pytest.raises(ValueError, match="mrope_position_ids must be given for all segments or none"):
-        build_thd_batch([with_mrope, seg([3, 4], [1, 1])], ThdLayout(width=8))
+        build_thd_batch([with_mrope, seg([3, 4], [1, 1])], ThdLayout(seq_length=8))
 
 
 @pytest.mark.parametrize("length", [0, -1])
 def test_segment_span_rejects_empty(length):
     with pytest.raises(ValueError, match="segment length"):
-        ThdLayout(width=8).segment_span(length)
+        ThdLayout(seq_length=8).segment_span(length)
 
 
 def test_attention_mask_rejects_bad_cu_seqlens():
@@ -463,10 +478,10 @@ def packs(draw):
     static = fixed and draw(st.booleans())
     with_mrope = draw(st.booleans())
     packed = sum(aligned_length(n, multiple) for n in lengths)
-    width = packed + multiple * draw(st.integers(0, 3))
+    seq_length = packed + multiple * draw(st.integers(0, 3))
     max_segments = len(lengths) + draw(st.integers(0, 3)) if static or draw(st.booleans()) else None
     layout = ThdLayout(
-        width=width,
+        seq_length=seq_length,
         pad_multiple=multiple,
         pad_to_max_length=fixed,
         pad_cu_seqlens=static,
@@ -501,8 +516,8 @@ def test_batch_invariants(pack):
     for key in ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask"):
         assert batch[key].shape == (1, T), key
     # Width: exact under fixed width, else the sum of aligned spans.
-    assert T == (layout.width if layout.pad_to_max_length else sum(aligned_length(x, m) for x in lengths))
-    assert T <= layout.width
+    assert T == (layout.seq_length if layout.pad_to_max_length else sum(aligned_length(x, m) for x in lengths))
+    assert T <= layout.seq_length
     # cu_seqlens: static length, monotone from 0, logical ends at the real total, physical at T.
     assert len(cu) == len(cu_padded) == (layout.max_segments + 1 if layout.pad_cu_seqlens else n + 1)
     assert cu[0] == cu_padded[0] == 0
@@ -512,7 +527,7 @@ def test_batch_invariants(pack):
     assert all(b % m == 0 for b in cu_padded)
     assert all(aligned_length(x, m) == b - a for x, a, b in zip(lengths[:-1], cu_padded, cu_padded[1:]))
     spans = [b - a for a, b in zip(cu_padded[: n], cu_padded[1 : n + 1])]
-    assert batch["max_seqlen_q"].item() == (layout.width if layout.pad_cu_seqlens else max(spans))
+    assert batch["max_seqlen_q"].item() == (layout.seq_length if layout.pad_cu_seqlens else max(spans))
     # Real ranges and gaps.
     real = torch.zeros(T, dtype=torch.bool)
     for s, start, length in zip(segments, cu_padded, lengths):
@@ -567,7 +582,7 @@ def _thd_vs_per_segment_attention(segments, layout, seed=0, heads=2, dim=8, mask
 
 def test_attention_mask_matches_per_segment_causal_attention():
     segments = [seg(list(range(1, 6)), [1] * 5), seg([7, 8, 9], [1] * 3), seg(list(range(10, 16)), [1] * 6)]
-    layout = ThdLayout(width=24, pad_multiple=4, pad_to_max_length=True)  # spans 8, 4, 12 (tail absorbed)
+    layout = ThdLayout(seq_length=24, pad_multiple=4, pad_to_max_length=True)  # spans 8, 4, 12 (tail absorbed)
     assert build_thd_batch(segments, layout)["cu_seqlens_q_padded"].tolist() == [0, 8, 12, 24]
     assert _thd_vs_per_segment_attention(segments, layout) < 1e-5
     # Negative control: treating the logical boundaries as physical ones misplaces segments 2 and 3.

@@ -13,8 +13,8 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 from PIL import Image
 
 from energon_pack.chat import load_demo_tokenizer, load_demo_tokenizer_raw
+from energon_pack.cli.convert import convert
 from energon_pack.energon import TextPackingTaskEncoder, prepare_jsonl
-from energon_pack.energon.convert import convert
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.sft import JsonlSFTDataset

@@ -184,7 +184,7 @@ def test_video_sampling_is_part_of_the_resume_fingerprint(video_shards):
     """A state saved with one frame sampling resumes exactly with the same one and is refused, naming
     ``video_sampling``, with another (costs, hence packs, would differ)."""
     from energon_pack.energon.checkpoint import restore_state_rank
-    from energon_pack.energon.stream import ResumeConfigError
+    from energon_pack.energon.fingerprint import ResumeConfigError
     from energon_pack.video import FrameSampling
 
     root, _ = video_shards

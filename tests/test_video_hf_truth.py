@@ -10,7 +10,7 @@ import json
 import pytest
 import webdataset as wds
 
-from _hf_helpers import PRESETS, small_preset, tiny_model
+from _hf_helpers import NO_IMPLICIT_PREPARE, PRESETS, small_preset, tiny_model
 from _video_files import video_bytes
 from energon_pack.energon import prepare_webdataset
 from energon_pack.integrations import hf as H
@@ -20,6 +20,7 @@ from energon_pack.video import FrameSampling
 from test_integration_hf import test_packed_logits_loss_and_grads_equal_each_sample_alone as packed_equals_alone
 
 pytest.importorskip("transformers")
+pytestmark = NO_IMPLICIT_PREPARE
 
 #: 0.8 frames per second: 4 frames of a 30-frame 12 fps clip, 1.25 s per temporal step (a non-integer
 #: Qwen2.5-VL time scale)
@@ -63,5 +64,5 @@ def test_video_file_packs_equal_each_sample_alone_through_hf(video_shards, name)
     assert max(b["num_segments"] for b in packs) >= 2  # videos share a pack
     ref = tiny_model(name, tok)
     packed = copy.deepcopy(ref)
-    assert H.use_varlen_attention(packed) == H.VARLEN_ATTENTION
+    assert H.prepare_model(packed).config._attn_implementation == H.VARLEN_ATTENTION
     packed_equals_alone((name, tok, packs, te, ref, packed))

@@ -5,7 +5,7 @@ Energon 7.4.1's ``SavableDatasetWrapper`` answers ``get_checkpoint`` from a plac
 thread can serve a ``save_state_rank()`` in that window (a worker slow to start on a loaded machine),
 and the placeholder yields ``offset=1``: the restored loader skipped that worker's first batch (the
 intermittent 5 mismatches of the resume sweep, workers=2, rounds, train: every pack of worker 1
-after cut 1). See :func:`energon_pack.energon.checkpoint.guard_energon_worker_checkpoint`.
+after cut 1). See :mod:`energon_pack.energon.compat` (installed when the loader's encoder is built).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import pytest
 import torch
 import torch.utils.data
 
-import energon_pack.energon  # noqa: F401  (installs the guards)
-from energon_pack.bench.stress_data import random_records, write_shards
-from energon_pack.bench.stress_resume import batch_difference, close, make_loader
+from harness.data import random_records, write_shards
+from harness.loaders import batch_difference, close, make_loader
 
 
 @pytest.fixture(scope="module")

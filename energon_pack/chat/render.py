@@ -44,11 +44,21 @@ TOOLS_POSTAMBLE = ("\n</tools>\n\nFor each function call, return a json object w
 
 @dataclass(frozen=True)
 class ChatConfig:
-    """Rendering and sample limits (Bridge defaults for the limits).
+    """Rendering and sample limits (Bridge defaults for the limits); validated at construction.
 
-    ``system_prompt``: inserted when the conversation has no system turn. The default,
-    ``TEMPLATE_DEFAULT``, is the official template's own (Qwen2/2.5-VL: "You are a helpful
-    assistant."; Qwen3-VL and text chat: none); ``None`` inserts none; a string inserts it.
+    Args:
+        system_prompt: inserted when the conversation has no system turn. The default,
+            ``TEMPLATE_DEFAULT``, is the official template's own (Qwen2/2.5-VL: "You are a helpful
+            assistant."; Qwen3-VL and text chat: none); ``None`` inserts none; a string inserts it.
+        loss_policy: which tokens are supervised: ``"assistant"`` (every assistant turn, default),
+            ``"last_turn"`` (the last assistant turn only) or ``"all"`` (every token).
+        max_num_images: images per sample (default 10, Bridge's); more is a counted
+            ``SampleSkipped("too_many_images")``.
+        max_num_frames: frames per video (default 60, Bridge's); longer videos keep their first frames.
+        max_visual_tokens: visual tokens per sample (default 16384); more is a counted
+            ``SampleSkipped("too_many_visual_tokens")``.
+        train_newline_after_im_end: also supervise the "\\n" after each supervised ``<|im_end|>``
+            (Megatron-Bridge's loss rule, README "Loss rule"); default False (ours).
     """
 
     system_prompt: str | None = TEMPLATE_DEFAULT  # type: ignore[assignment]

@@ -3,6 +3,7 @@ the real Qwen-VL tokenizers by name (built offline in :mod:`energon_pack.chat.qw
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, SampleSkipped
+from .qwen_vocab import QWEN_VL_TOKENIZER_NAMES, describe_qwen_version, load_qwen_tokenizer_raw
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -24,9 +26,6 @@ QWEN_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, VI
 DEMO_TOKENIZER_ASSET = "qwen_demo_tokenizer.json"
 #: ``tokenizer="demo"``: the shipped offline demo tokenizer, asked for by name.
 DEMO_TOKENIZER_NAME = "demo"
-#: ``tokenizer="qwen2.5-vl"`` etc.: the real tokenizer of that model, built offline
-#: (:mod:`energon_pack.chat.qwen_vocab`); the same names as the vision presets.
-QWEN_VL_TOKENIZER_NAMES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
 
 class DemoTokenizerWarning(UserWarning):
@@ -55,8 +54,6 @@ def resolve_tokenizer(tokenizer: Any, *, where: str, stacklevel: int = 3, defaul
     if isinstance(tokenizer, str) and tokenizer == DEMO_TOKENIZER_NAME:
         return load_demo_tokenizer()
     if isinstance(tokenizer, str) and tokenizer in QWEN_VL_TOKENIZER_NAMES:
-        from .qwen_vocab import load_qwen_tokenizer
-
         return load_qwen_tokenizer(tokenizer)
     return tokenizer
 
@@ -82,8 +79,6 @@ def describe_tokenizer(tokenizer: Any) -> str:
         return "demo (the 773-token offline demo tokenizer, not a real vocabulary)"
     version = qwen_vocab_version(tokenizer)
     if version is not None:
-        from .qwen_vocab import describe_qwen_version
-
         return describe_qwen_version(version)
     inner = getattr(tokenizer, "inner", tokenizer)
     name = getattr(inner, "name_or_path", None)
@@ -128,6 +123,11 @@ class QwenTokenizer:
 
     Resolves the Qwen special-token ids once (ConfigError when one is missing or not a single
     token) and memoises text encodings (chat headers repeat in every sample).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or a ``tokenizers.Tokenizer`` holding the Qwen special tokens.
+        cache_size: texts whose ids are memoised (LRU, default 4096): chat headers repeat in every sample, and
+            post-encode re-tokenises what pre-encode counted a few hundred samples earlier.
     """
 
     def __init__(self, tokenizer: Any, cache_size: int = 4096) -> None:
@@ -274,6 +274,17 @@ def load_demo_tokenizer() -> QwenTokenizer:
     return tok
 
 
+def load_qwen_tokenizer(version: str, *, cache_dir: str | os.PathLike | None = None) -> QwenTokenizer:
+    """Our :class:`QwenTokenizer` adapter over the real ``version`` tokenizer (never downloads).
+
+    Args:
+        version: ``"qwen2-vl"``, ``"qwen2.5-vl"`` or ``"qwen3-vl"`` (:data:`QWEN_VL_TOKENIZER_NAMES`).
+        cache_dir: where the built BPE is cached as JSON; None: the user cache dir (building it takes seconds).
+    """
+    tok = QwenTokenizer(load_qwen_tokenizer_raw(version, cache_dir=cache_dir))
+    tok._energon_pack_qwen_vocab = version
+    return tok
+
 
 def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: int = 3) -> Any:
     """A tokenizer from what a user names: ``"demo"`` (the shipped demo tokenizer), ``None`` (the
@@ -282,8 +293,12 @@ def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: in
     tokenizer folder (never downloads), or a tokenizer object (returned as is).
 
     A path that holds no loadable tokenizer raises :class:`ConfigError` naming the fix.
+
+    Args:
+        spec: the tokenizer, as above (default None: the demo tokenizer, with a warning).
+        where: who asks, named in the :class:`DemoTokenizerWarning` (e.g. ``"JsonlSFTDataset"``).
+        stacklevel: the frame that warning points at (default 3: the caller of the function that calls this).
     """
-    import os
     from pathlib import Path
 
     if spec is None or spec == DEMO_TOKENIZER_NAME or spec in QWEN_VL_TOKENIZER_NAMES:

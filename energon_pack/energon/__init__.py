@@ -1,4 +1,8 @@
-"""The bridge to Megatron-Energon: ChatML samples, the carry-over packing wrapper and mixin, preparation."""
+"""The bridge to Megatron-Energon: ChatML samples, the carry-over packing wrapper and mixin, preparation.
+
+Importing it patches nothing: the Energon guards (:mod:`.compat`) are installed when one of our task
+encoders is built.
+"""
 
 from .carry_over import CarryOverPackingDataset
 from .chatml import CHATML_COOKERS, ChatMLSample, cook_chatml, parse_chatml
@@ -7,15 +11,12 @@ from .prepare import prepare, prepare_jsonl, prepare_webdataset
 from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
 from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
 from .stream import AllSkippedError
-from .checkpoint import (guard_energon_restore_state_rank, guard_energon_save_state_rank, guard_energon_worker_checkpoint,
-                         restore_state_rank, save_state_rank)
+from .checkpoint import restore_state_rank, save_state_rank
+from .compat import TESTED_ENERGON_VERSIONS, energon_guards_installed, install_energon_guards, uninstall_energon_guards
+from .fingerprint import ResumeConfigError
 from .dataset_change import DatasetViews, split_changed_dataset
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
-
-guard_energon_save_state_rank()
-guard_energon_restore_state_rank()
-guard_energon_worker_checkpoint()
 
 __all__ = [
     "CHATML_COOKERS",
@@ -32,6 +33,11 @@ __all__ = [
     "SkippedSample",
     "TextPackingTaskEncoder",
     "AllSkippedError",
+    "ResumeConfigError",
+    "TESTED_ENERGON_VERSIONS",
+    "energon_guards_installed",
+    "install_energon_guards",
+    "uninstall_energon_guards",
     "restore_state_rank",
     "save_state_rank",
     "split_changed_dataset",

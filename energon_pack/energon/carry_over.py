@@ -9,7 +9,9 @@ ends. ``postencode_sample`` (pixel decoding) runs only on the members of an emit
 Checkpoint state is plain data: the restore keys of every held sample (a
 ``SavableSampleBuffer``), their packer slots, the packer's bins/costs/stats and the groups
 already emitted by the packer but not yet yielded. Restoring re-reads and re-pre-encodes
-the held samples and yields exactly the same next packs.
+the held samples and yields exactly the same next packs. The wrapper stands on a
+:class:`SourceEnd` (a finite stream's end survives a restore) that calls its :class:`SkipWatch`
+after every source sample.
 """
 
 from __future__ import annotations
@@ -27,13 +29,33 @@ from energon_pack.errors import SampleSkipped
 from energon_pack.packing import OnlinePacker
 from energon_pack.packing.costs import Cost
 
-from .samples import SkippedSample
+from .fingerprint import ResumeConfigError
 from .pack_restore import restore_pack
-from .stream import AllSkippedError, ResumeConfigError, all_skipped_message, worker_name
+from .samples import SkippedSample
+from .source_end import SourceEnd
+from .stream import SkipWatch
 
 
 class CarryOverPackingDataset(BaseWrapperDataset):
-    """Streams packs of pre-encoded samples chosen by a per-worker :class:`OnlinePacker`."""
+    """Streams packs of pre-encoded samples chosen by a per-worker :class:`OnlinePacker`.
+
+    Saved state (``_savable_fields``): the held samples' restore keys and packer slots, the next slot,
+    the packs emitted by the packer but not yet yielded, the packer's state, the two sample indexes and
+    the packs yielded so far.
+
+    Args:
+        dataset: the pre-encoded stream; wrapped in a :class:`SourceEnd` here.
+        make_packer: a fresh :class:`OnlinePacker` (capacity, buffer bound, packer knobs).
+        cost_fn: one pre-encoded sample's cost in every budget.
+        final_packer: the members of one pack -> the pack (``pack_selected_samples``).
+        final_packer_stateless: ``final_packer`` is ``@stateless`` (packs can be restored from their keys).
+        sample_encoder: ``postencode_sample`` run on each member of an emitted pack, or None.
+        sample_encoder_stateless: ``sample_encoder`` is ``@stateless``.
+        final_packer_failure_tolerance: Energon's failure tolerance of ``final_packer``.
+        sample_encoder_failure_tolerance: Energon's failure tolerance of ``sample_encoder``.
+        skips: the worker's skip guard and skip-rate warning, called after every source sample.
+        worker_config: Energon's worker configuration.
+    """
 
     _savable_fields = (
         "_held",
@@ -58,17 +80,18 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         sample_encoder_stateless: bool = True,
         final_packer_failure_tolerance: int = 100,
         sample_encoder_failure_tolerance: int = 100,
-        skip_guard: Optional[int] = None,
+        skips: Optional[SkipWatch] = None,
         worker_config: WorkerConfig,
     ) -> None:
-        super().__init__(dataset, worker_config=worker_config)
+        super().__init__(SourceEnd(dataset, on_sample=self._after_source_sample, worker_config=worker_config),
+                         worker_config=worker_config)
         self.make_packer = make_packer
         self.cost_fn = cost_fn
         self.final_packer = final_packer
         self.final_packer_stateless = final_packer_stateless
         self.sample_encoder = sample_encoder
         self.sample_encoder_stateless = sample_encoder_stateless
-        self.skip_guard = skip_guard
+        self.skips = skips
         self._final_failures = ErrorContext(
             name=f"CarryOverPackingDataset.{final_packer}",
             handler=worker_config.global_error_handler,
@@ -127,13 +150,11 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         for sample in self.dataset:
             if isinstance(sample, SkippedSample):
                 self._packer.stats.record_skip(sample.reason)
-                self._check_progress()
                 continue
             try:
                 cost = self.cost_fn(sample)
             except SampleSkipped as skip:
                 self._packer.stats.record_skip(skip.reason)
-                self._check_progress()
                 continue
             slot = self._next_slot
             self._next_slot += 1
@@ -143,7 +164,6 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             for skipped_slot, _reason in self._packer.pop_skipped():
                 self._take(skipped_slot)  # counted in the packer's stats
             yield from self._drain()
-            self._check_progress()
         self._pending.extend(self._packer.flush())
         yield from self._drain()
 
@@ -158,11 +178,10 @@ class CarryOverPackingDataset(BaseWrapperDataset):
                 "some held samples would never be delivered", "restore an unmodified checkpoint, or start a new "
                 "run without restoring the loader state")
 
-    def _check_progress(self) -> None:
-        """Raise instead of hanging when this worker skips sample after sample and never packs."""
-        stats = self._packer.stats
-        if self.skip_guard is not None and self._emitted == 0 and stats.skipped >= self.skip_guard:
-            raise AllSkippedError(all_skipped_message(stats, worker_name(self.worker_config), finished=False))
+    def _after_source_sample(self, sample: Any) -> None:
+        """Called by the source once a sample is placed (or skipped) and its packs are yielded."""
+        if self.skips is not None:
+            self.skips.after(sample, self._packer.stats, self._emitted)
 
     def _take(self, slot: int) -> Any:
         index = self._held_slots.index(slot)
@@ -187,9 +206,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             if packed is None:  # the final packer failed and Energon's handler logged it
                 self._packer.stats.record_skip("final_pack_error", len(pack))
                 continue
-            if hasattr(packed, "packing_stats"):
-                packed.packing_stats = self._stats_snapshot()
-            self._emitted += 1
+            self._emitted += 1  # packing_stats are stamped above, when the pack is yielded (PackStream)
             yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
 
     def _encode_members(self, members: List[Any]) -> List[Any]:
@@ -212,11 +229,6 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             else:
                 encoded.append(out)
         return encoded
-
-    def _stats_snapshot(self) -> Dict[str, Any]:
-        worker = self.worker_config
-        identity = {"rank": worker.rank, "worker": worker.rank_worker_id() if worker.num_workers else 0}
-        return {**identity, **self._packer.stats.state_dict()}
 
     # ------------------------------------------------------------------ restore one pack
     def can_restore_sample(self) -> bool:

@@ -90,7 +90,7 @@ class PackingConfig:
 
     def layout(self, pad_token_id: int = 0) -> ThdLayout:
         return ThdLayout(
-            width=self.seq_length,
+            seq_length=self.seq_length,
             pad_multiple=alignment_multiple(self.cp, self.tp, self.sp, self.eval_cp),
             pad_to_max_length=self.pad_to_max_length,
             pad_cu_seqlens=self.pad_cu_seqlens,

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .checkpoint import guard_states, shard_bytes
-from .stream import ResumeConfigError
+from .checkpoint import guard_states
+from .fingerprint import ResumeConfigError, shard_bytes
 
 META = ".nv-meta"
 #: .nv-meta files each view writes itself; every other metadata file is linked (index, dataset.yaml, ...)

@@ -6,11 +6,12 @@ samples form a round or how a round is partitioned:
 - its counters (packs, fill, skips by reason) live in the checkpointed state, so
   ``packing_stats`` survive save/restore exactly (upstream keeps no stats at all);
 - post-encode skips are counted by reason (upstream swallows ``SkipSample`` silently);
-- the end of a finite source is remembered through :class:`SourceEnd` (upstream restores a
-  state saved during its final flush into a fresh epoch: every sample again);
+- the end of a finite source is remembered through the :class:`SourceEnd` it stands on (upstream
+  restores a state saved during its final flush into a fresh epoch: every sample again);
 - a worker that skips ``skip_guard`` samples without a pack raises :class:`AllSkippedError`
-  naming the reasons, instead of upstream's "Pre packer ... did not yield any packs" after 100
-  rounds (or an endless loop without packs when the stream is infinite and tolerance is 0).
+  naming the reasons (its :class:`SkipWatch`), instead of upstream's "Pre packer ... did not yield
+  any packs" after 100 rounds (or an endless loop without packs when the stream is infinite and
+  tolerance is 0).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Optional
 
 from megatron.energon import SkipSample
+from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.wrappers.packing_dataset import PackingDataset
 
 from energon_pack.packing import PackingStats
 
 from .pack_restore import restore_pack
-from .stream import AllSkippedError, SourceEnd, all_skipped_message, worker_name
+from .source_end import SourceEnd
+from .stream import SkipWatch
 
 
 class CountedSkip(SkipSample):
@@ -35,24 +38,39 @@ class CountedSkip(SkipSample):
 
 
 class RoundsPackingDataset(PackingDataset):
-    """Energon's ``PackingDataset`` with savable stats, counted skips and finite-stream resume."""
+    """Energon's ``PackingDataset`` with savable stats, counted skips and finite-stream resume.
+
+    Saved state: upstream's fields plus ``_stats_state`` (:meth:`PackingStats.state_dict`) and
+    ``_emitted`` (packs yielded by this worker).
+
+    Args:
+        dataset: the pre-encoded stream; wrapped in a :class:`SourceEnd` here.
+        buffer_size: samples per round (``packing_buffer_size``).
+        encoder: the task encoder (``select_groups``, ``pack_selected_samples``).
+        sample_encoder: ``postencode_sample``, or None.
+        skips: the worker's skip guard and skip-rate warning, called after every source sample.
+        worker_config: Energon's worker configuration.
+        **tolerances: upstream's ``*_stateless`` flags and ``*_failure_tolerance`` counts.
+    """
 
     _savable_fields = PackingDataset._savable_fields + ("_stats_state", "_emitted")
 
-    def __init__(self, dataset: SourceEnd, *, buffer_size: int, encoder: Any, sample_encoder=None,
+    def __init__(self, dataset: SavableDataset, *, buffer_size: int, encoder: Any, sample_encoder=None,
                  sample_encoder_stateless: bool = True, final_packer_stateless: bool = True,
-                 skip_guard: Optional[int] = None, pre_packer_failure_tolerance: int = 100,
+                 skips: Optional[SkipWatch] = None, pre_packer_failure_tolerance: int = 100,
                  final_packer_failure_tolerance: int = 100, sample_encoder_failure_tolerance: int = 100,
                  worker_config) -> None:
         self.encoder = encoder
-        self.skip_guard = skip_guard
+        self.skips = skips
         self._user_sample_encoder = sample_encoder
-        if skip_guard is not None and pre_packer_failure_tolerance > 0:
+        guard = None if skips is None else skips.guard
+        if guard is not None and pre_packer_failure_tolerance > 0:
             # Upstream stops after this many buffers without a pack; let our guard (which names the
             # skip reasons) fire first.
-            pre_packer_failure_tolerance = max(pre_packer_failure_tolerance, skip_guard // buffer_size + 2)
+            pre_packer_failure_tolerance = max(pre_packer_failure_tolerance, guard // buffer_size + 2)
+        source = SourceEnd(dataset, on_sample=self._after_source_sample, worker_config=worker_config)
         super().__init__(
-            dataset, buffer_size, pre_packer=self._select, final_packer=self._final,
+            source, buffer_size, pre_packer=self._select, final_packer=self._final,
             final_packer_stateless=final_packer_stateless,
             sample_encoder=None if sample_encoder is None else self._encode,
             sample_encoder_stateless=sample_encoder_stateless,
@@ -61,7 +79,6 @@ class RoundsPackingDataset(PackingDataset):
             sample_encoder_failure_tolerance=sample_encoder_failure_tolerance,
             worker_config=worker_config,
         )
-        dataset.on_sample = self._check_progress
 
     def reset_state_own(self) -> None:
         super().reset_state_own()
@@ -101,9 +118,9 @@ class RoundsPackingDataset(PackingDataset):
             self._emitted += 1
             yield packed
 
-    def _check_progress(self) -> None:
-        if self.skip_guard is not None and self._emitted == 0 and self.stats.skipped >= self.skip_guard:
-            raise AllSkippedError(all_skipped_message(self.stats, worker_name(self.worker_config), finished=False))
+    def _after_source_sample(self, sample: Any) -> None:
+        if self.skips is not None:
+            self.skips.after(sample, self.stats, self._emitted)
 
     def restore_sample(self, restore_key: Any) -> Any:
         """Rebuild one pack from its restore key.

@@ -18,6 +18,18 @@ from typing import Any
 from energon_pack.errors import ConfigError
 from energon_pack.storage import REQUEST_THREADS, file_size, is_remote, read_range, store_errors
 
+from .fingerprint import ShardFacts
+
+
+def shard_facts(factory: Any) -> list[ShardFacts]:
+    """:func:`check_shards`, then every shard of a loaded dataset as the resume fingerprint sees it; a JSONL
+    dataset (no shards) is one entry, its sample count."""
+    sizes = check_shards(factory)
+    shards = [(s.name, s.count, sizes.get(str(s.path))) for s in getattr(factory, "shards", None) or ()]
+    if not shards and hasattr(factory, "__len__"):
+        shards = [(getattr(factory, "name", type(factory).__name__), len(factory), None)]
+    return shards
+
 
 def check_shards(factory: Any) -> dict[str, int | None]:
     """Raise ConfigError naming the first shard (in the dataset's order) that is missing or smaller

@@ -10,6 +10,12 @@ Users keep Energon's surface, ``get_train_dataset(..., packing_buffer_size=K)``.
 per worker); with ``packing_mode="rounds"`` Energon's own ``PackingDataset`` runs with our
 first-fit-decreasing selector, the behaviour users have today, so both can be compared on
 the same data.
+
+The stream, bottom up: ``[SourceEnd -> packing layer (carry or rounds) -> PackStream -> batch]``,
+and around the whole loader stream a :class:`ResumeGuard` whose state carries the resume
+fingerprint (:mod:`.fingerprint`): the shards :meth:`build_train_datasets` checked, the worker
+configuration, this encoder and its :meth:`resume_knobs`. Configuring an encoder installs the
+Energon guards (:func:`~energon_pack.energon.compat.install_energon_guards`).
 """
 
 from __future__ import annotations
@@ -30,12 +36,16 @@ from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasin
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
-from .checkpoint import ResumeGuard, loader_fingerprint
+from .compat import install_energon_guards
 from .config import RESUME_SAFE_KNOBS, PackingConfig
+from .fingerprint import ShardFacts, resume_fingerprint
+from .pack_stream import PackStream
+from .resume_guard import ResumeGuard
 from .rounds import CountedSkip, RoundsPackingDataset
-from .shards import check_shards
-from .stream import PackStream, SourceEnd, skip_guard_limit
 from .samples import PackedSamples, SkippedSample
+from .shards import shard_facts
+from .stream import SkipWatch, skip_guard_limit
+
 
 class CarryOverPackingMixin:
     """Mix in before an Energon ``TaskEncoder``; see the module docstring."""
@@ -44,9 +54,10 @@ class CarryOverPackingMixin:
     layout: ThdLayout
 
     def configure_packing(self, config: PackingConfig, pad_token_id: int) -> None:
-        """Set the packing knobs (called from the encoder's ``__init__``)."""
+        """Set the packing knobs (called from the encoder's ``__init__``) and install the Energon guards."""
         self.packing = config
         self.layout = config.layout(pad_token_id)
+        install_energon_guards()
 
     def check_width_fits(self, shortest: int, what: str) -> None:
         """ConfigError("seq_length") when even the shortest possible sample (``shortest`` tokens,
@@ -127,26 +138,39 @@ class CarryOverPackingMixin:
             raise CountedSkip(skip.reason) from None
         raise skip
 
-    # ---------------------------------------------------------------- loading: cheap shard checks
-    def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
-        factory = dataset.dataset
-        sizes = check_shards(factory)  # one stat (remote: HEAD) per shard, for the check and the resume fingerprint
-        shards = [(s.name, s.count, sizes.get(str(s.path))) for s in getattr(factory, "shards", None) or ()]
-        if not shards and hasattr(factory, "__len__"):  # a JSONL dataset: one file, its sample count
-            shards = [(getattr(factory, "name", type(factory).__name__), len(factory), None)]
-        self.__dict__.setdefault("_resume_shards", []).extend(shards)
-        return super()._load_dataset(dataset, worker_rotation_offset, worker_config)
+    # ---------------------------------------------------------------- the loader's stream, guarded for resume
+    def build_train_datasets(self, *, datasets: list, worker_config: WorkerConfig,
+                             packing_buffer_size: Optional[int] = None, **kwargs: Any) -> SavableDataset:
+        """Energon's train stream inside a :class:`ResumeGuard` (the shards are checked first)."""
+        shards = self._checked_shards(datasets)
+        stream = super().build_train_datasets(datasets=datasets, worker_config=worker_config,
+                                              packing_buffer_size=packing_buffer_size, **kwargs)
+        return self._guarded(stream, worker_config, shards, packing_buffer_size)
 
-    def _guard(self, dataset: SavableDataset, worker_config: WorkerConfig) -> ResumeGuard:
-        """Wrap the built stream so its state names the rank, workers, shards and encoder it was saved for."""
-        shards = self.__dict__.pop("_resume_shards", [])
-        return ResumeGuard(dataset, fingerprint=loader_fingerprint(worker_config, shards, self),
-                           worker_config=worker_config)
+    def build_val_datasets(self, *, datasets: list, worker_config: WorkerConfig,
+                           packing_buffer_size: Optional[int] = None, **kwargs: Any) -> SavableDataset:
+        """Energon's validation stream inside a :class:`ResumeGuard` (the shards are checked first)."""
+        shards = self._checked_shards(datasets)
+        stream = super().build_val_datasets(datasets=datasets, worker_config=worker_config,
+                                            packing_buffer_size=packing_buffer_size, **kwargs)
+        return self._guarded(stream, worker_config, shards, packing_buffer_size)
 
-    def packing_fingerprint(self, packing_buffer_size: int) -> dict:
-        """Everything that must not change between save and restore for exact resume."""
+    @staticmethod
+    def _checked_shards(datasets: list) -> list[ShardFacts]:
+        """One stat (remote: HEAD) per shard of every loaded dataset: the truncation check and the fingerprint."""
+        return [facts for loaded in datasets for facts in shard_facts(loaded.dataset)]
+
+    def _guarded(self, stream: SavableDataset, worker_config: WorkerConfig, shards: list[ShardFacts],
+                 packing_buffer_size: Optional[int]) -> ResumeGuard:
+        """The built stream, its state naming the rank, workers, shards, encoder and knobs it was saved for."""
+        install_energon_guards()
+        fingerprint = resume_fingerprint(worker_config, shards, self, packing_buffer_size)
+        return ResumeGuard(stream, fingerprint=fingerprint, worker_config=worker_config)
+
+    def resume_knobs(self) -> dict:
+        """This encoder's part of the resume fingerprint: every knob that changes which packs come next."""
         knobs = {f.name: getattr(self.packing, f.name) for f in fields(self.packing) if f.name not in RESUME_SAFE_KNOBS}
-        return {"packing_buffer_size": packing_buffer_size, "pad_multiple": self.layout.pad_multiple, **knobs}
+        return {"pad_multiple": self.layout.pad_multiple, **knobs}
 
     # ---------------------------------------------------------------- the hook we override
     def build_batch(
@@ -179,38 +203,38 @@ class CarryOverPackingMixin:
                 "by the packer; or batch_size=1 without packing for one sample per row",
             )
         if packing_buffer_size is None:
-            return self._guard(super().build_batch(
+            return super().build_batch(
                 dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
                 packing_buffer_size=packing_buffer_size, worker_config=worker_config,
-            ), worker_config)
+            )
         postencode = self.postencode_sample if self._is_overridden(self.postencode_sample) else None
         tolerance = self.__default_failure_tolerance__
-        guard = skip_guard_limit(self.packing.skip_guard, packing_buffer_size)
-        source = SourceEnd(dataset, worker_config=worker_config)
+        skips = SkipWatch(guard=skip_guard_limit(self.packing.skip_guard, packing_buffer_size),
+                          rate=self.packing.skip_warn_rate, window=self.packing.skip_warn_window,
+                          worker_config=worker_config)
         common = dict(
             final_packer_stateless=get_stateless(self.pack_selected_samples),
             sample_encoder=postencode,
             sample_encoder_stateless=True if postencode is None else get_stateless(postencode),
             final_packer_failure_tolerance=get_failure_tolerance(self.pack_selected_samples, tolerance),
             sample_encoder_failure_tolerance=0 if postencode is None else get_failure_tolerance(postencode, tolerance),
-            skip_guard=guard,
+            skips=skips,
             worker_config=worker_config,
         )
         if self.packing_mode == "rounds":
             dataset = RoundsPackingDataset(
-                source, buffer_size=packing_buffer_size, encoder=self,
+                dataset, buffer_size=packing_buffer_size, encoder=self,
                 pre_packer_failure_tolerance=get_failure_tolerance(self.select_samples_to_pack, tolerance), **common,
             )
         else:
             dataset = CarryOverPackingDataset(
-                source,
+                dataset,
                 make_packer=partial(self.make_packer, packing_buffer_size),
                 cost_fn=self.packing_cost,
                 final_packer=self.pack_selected_samples,
                 **common,
             )
-        dataset = PackStream(dataset, fingerprint=self.packing_fingerprint(packing_buffer_size), worker_config=worker_config,
-                             skip_warning=(self.packing.skip_warn_rate, self.packing.skip_warn_window))
+        dataset = PackStream(dataset, worker_config=worker_config)
         # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
         dataset = BatchDataset(
             dataset, batch_size=1, batcher=self.batch, batcher_stateless=get_stateless(self.batch),
@@ -223,8 +247,7 @@ class CarryOverPackingMixin:
                 stateless_map_fn=get_stateless(self.encode_batch),
                 failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
             )
-        return self._guard(dataset, worker_config)
-
+        return dataset
 
     @stateless
     def batch(self, samples: List[Any]) -> dict:
@@ -240,13 +263,6 @@ class CarryOverPackingMixin:
     @stateless
     def encode_batch(self, batch: dict) -> dict:
         return batch
-
-
-def _worker_identity() -> dict:
-    worker = WorkerConfig.active_worker_config
-    if worker is None:
-        return {"rank": None, "worker": None}
-    return {"rank": worker.rank, "worker": worker.rank_worker_id() if worker.num_workers else 0}
 
 
 def pack_members(items: Sequence[Any]) -> list:

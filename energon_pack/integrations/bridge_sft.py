@@ -17,7 +17,7 @@ the data-parallel ranks, so one Bridge "sample" is one pack and ``consumed_train
 Bridge checkpoints) resumes the stream exactly with no extra state ("cyclic" builds one epoch,
 whose packs Bridge's sampler reorders each epoch). With
 ``train.micro_batch_size`` k > 1 the collate lays the k packs' samples out as one THD row (Bridge's
-in-batch packing shape: one row per micro-batch, up to k times the width).
+in-batch packing shape: one row per micro-batch, up to k times ``seq_length``).
 
 :func:`check_gpt_sft_config` holds the packing rules of the GPT-SFT routes (this in-batch one and
 offline packs) as one function of plain values, so an offline packer can call it with the
@@ -97,6 +97,14 @@ class SFTPackDataset:
     indices to ranks), epoch after epoch until ``num_samples`` packs exist (at least one epoch).
     A negative index (Bridge's padding of a last global batch) is one padding sample, zero loss.
     ``collate_fn`` turns a micro-batch of packs into one GPT-step batch.
+
+    Args:
+        dataset: the GPT-SFT JSONL dataset the packs index into.
+        sampler: its one-replica :class:`TokenBudgetBatchSampler` (the plan; its ``seq_length`` and
+            ``pad_multiple`` must equal the layout's).
+        layout: the :class:`ThdLayout` of one pack (scaled by the micro-batch size in :meth:`packer`).
+        num_samples: packs Bridge asks for (its train/valid samples); epochs are added until there are as many,
+            at least one (default 0: one epoch).
     """
 
     def __init__(self, dataset: JsonlSFTDataset, sampler: TokenBudgetBatchSampler, layout: ThdLayout,
@@ -104,9 +112,10 @@ class SFTPackDataset:
         if sampler.num_replicas != 1:
             raise ConfigError("sampler", "must plan for one replica: Bridge's sampler deals packs to the ranks",
                               "build TokenBudgetBatchSampler(..., num_replicas=1, rank=0)")
-        if layout.width != sampler.width or layout.pad_multiple != sampler.pad_multiple:
-            raise ConfigError("layout", f"width/pad_multiple {layout.width}/{layout.pad_multiple} differ from the "
-                              f"sampler's {sampler.width}/{sampler.pad_multiple}", "build both with the same values")
+        if layout.seq_length != sampler.seq_length or layout.pad_multiple != sampler.pad_multiple:
+            raise ConfigError("layout", f"seq_length/pad_multiple {layout.seq_length}/{layout.pad_multiple} differ "
+                              f"from the sampler's {sampler.seq_length}/{sampler.pad_multiple}",
+                              "build both with the same values")
         self.dataset, self.sampler, self.layout = dataset, sampler, layout
         self._flat: list[np.ndarray] = []  # per epoch: the samples of its packs back to back
         self._offsets: list[np.ndarray] = []  # per epoch: where each pack starts in _flat (plus the end)
@@ -147,10 +156,10 @@ class SFTPackDataset:
         return [self.dataset[k] for k in self.pack_indices(i)]
 
     def packer(self, packs: int) -> InBatchPacker:
-        """The collate for ``packs`` packs in one row (width and segment budget scaled by ``packs``)."""
+        """The collate for ``packs`` packs in one row (seq_length and segment budget scaled by ``packs``)."""
         if packs not in self._packers:
             scaled = self.layout.max_segments and self.layout.max_segments * packs
-            layout = dataclasses.replace(self.layout, width=self.layout.width * packs, max_segments=scaled)
+            layout = dataclasses.replace(self.layout, seq_length=self.layout.seq_length * packs, max_segments=scaled)
             self._packers[packs] = InBatchPacker(layout, sampler=self.sampler)
         return self._packers[packs]
 
@@ -167,12 +176,27 @@ def build_sft_pack_dataset(path: str, tokenizer: Any, *, seq_length: int, format
                            max_segments: Optional[int] = None, num_samples: int = 0, seed: int = 1234,
                            shuffle: bool = True, window: int = 4096, overlength: str = "skip",
                            cache_dir: Optional[str] = None, format_kw: Optional[Mapping] = None) -> SFTPackDataset:
-    """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`."""
+    """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
+
+    Args:
+        path: the GPT-SFT JSONL file.
+        tokenizer: what :class:`JsonlSFTDataset` takes (a tokenizer object, ``"demo"``, a Qwen-VL name).
+        seq_length: the pack width in tokens (also the dataset's ``max_length``).
+        format: ``"prompt_completion"`` or ``"chat"``; ``format_kw`` its options (field names, loss, ...).
+        pad_seq_to_mult: every segment's alignment (Bridge's name; :func:`alignment_multiple` of CP/TP/SP).
+        pad_to_max_length: rows exactly ``seq_length`` long; ``pad_cu_seqlens`` static cu_seqlens (needs
+            ``max_segments``).
+        max_segments: the most samples per pack; None: no limit.
+        num_samples: packs to plan for (epochs back to back, at least one).
+        seed, shuffle, window: the sampler's order and packing window.
+        overlength: what a line longer than ``seq_length`` gets: ``"skip"`` (counted), ``"truncate"``, ``"error"``.
+        cache_dir: where the line index and length caches go; None: the user cache dir.
+    """
     ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length, overlength=overlength, cache_dir=cache_dir,
                          **dict(format_kw or {}))
     sampler = TokenBudgetBatchSampler(ds, seq_length, pad_multiple=pad_seq_to_mult, max_segments=max_segments,
                                       window=window, shuffle=shuffle, seed=seed)
-    layout = ThdLayout(width=seq_length, pad_multiple=pad_seq_to_mult, pad_to_max_length=pad_to_max_length,
+    layout = ThdLayout(seq_length=seq_length, pad_multiple=pad_seq_to_mult, pad_to_max_length=pad_to_max_length,
                        pad_cu_seqlens=pad_cu_seqlens, max_segments=max_segments, pad_token_id=ds.pad_token_id)
     return SFTPackDataset(ds, sampler, layout, num_samples)
 
@@ -180,7 +204,13 @@ def build_sft_pack_dataset(path: str, tokenizer: Any, *, seq_length: int, format
 # ---------------------------------------------------------------------------------- the check
 def pack_topology_record(*, packed_sequence_size: int, context_parallel_size: int = 1,
                          tensor_model_parallel_size: int = 1, sequence_parallel: bool = False) -> dict:
-    """What packs record of the topology they were built for (:data:`PACK_TOPOLOGY_KEYS`)."""
+    """What packs record of the topology they were built for (:data:`PACK_TOPOLOGY_KEYS`).
+
+    Args:
+        packed_sequence_size: the pack width in tokens (Bridge's ``PackedSequenceSpecs`` name for ``seq_length``).
+        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology, which sets the
+            alignment ``pad_seq_to_mult`` (defaults: no parallelism).
+    """
     return {"packed_sequence_size": int(packed_sequence_size),
             "pad_seq_to_mult": alignment_multiple(context_parallel_size, tensor_model_parallel_size, sequence_parallel),
             "context_parallel_size": int(context_parallel_size),
@@ -234,6 +264,17 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
     needs ``pad_to_max_length`` and (offline) the metadata or (in-batch) ``max_segments``; CUDA
     graphs need all of them; and metadata recording another topology means re-packing into a
     fresh output root.
+
+    Args:
+        route: ``"in_batch"`` or ``"offline"`` (above).
+        micro_batch_size, global_batch_size, data_parallel_size: Bridge's ``train`` sizes and the DP size.
+        model_seq_length, dataset_seq_length: ``model.seq_length`` and ``dataset.seq_length`` (the pack width).
+        packed_sequence_size: Bridge's ``PackedSequenceSpecs`` width of offline packs; None: not set.
+        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology (default none).
+        pad_seq_to_mult: the segment alignment in use; None: the topology's lcm.
+        pad_to_max_length, pad_cu_seqlens, cuda_graphs: fixed-width rows, static cu_seqlens, CUDA graphs.
+        max_segments: the most samples per pack (in-batch static cu_seqlens); None: no limit.
+        packing_metadata: what the offline packer recorded (a dict, or Bridge's per-split list); None: none.
     """
     if route not in ROUTES:
         raise ConfigError("route", f"unknown route {route!r}", f"use one of {ROUTES}")
@@ -318,8 +359,13 @@ def check_bridge_sft_config(cfg: Any, *, data_parallel_size: Optional[int] = Non
     ``ddp.average_in_collective=False`` (packs hold different numbers of supervised tokens);
     ``dataset.enable_in_batch_packing`` only with micro-batch size > 1 (Bridge's rule) and required
     with pipeline parallelism (else Bridge gives middle stages no cu_seqlens); CP/TP/SP equal to
-    the provider's; ``forward_step_func`` Bridge's ``gpt_step.forward_step``. ``data_parallel_size``
-    defaults to ``cfg.data_parallel_size`` (Bridge sets it in ``validate``), else 1.
+    the provider's; ``forward_step_func`` Bridge's ``gpt_step.forward_step``.
+
+    Args:
+        cfg: the Bridge ``ConfigContainer`` (its ``dataset``, ``model``, ``train``, ``ddp`` ... sections).
+        data_parallel_size: the DP size; None: ``cfg.data_parallel_size`` (Bridge sets it in ``validate``),
+            else 1.
+        forward_step_func: the step the training will run; None: not checked.
     """
     ds = cfg.dataset
     if not all(hasattr(ds, k) for k in ("seq_length", "context_parallel_size", "enable_in_batch_packing", "max_segments")):
@@ -446,11 +492,16 @@ def _provider_class() -> type:
 def make_bridge_sft_dataset_provider(path: str, tokenizer: Any, *, seq_length: int, **kwargs: Any):
     """A ``ConfigContainer.dataset`` for Bridge's GPT step over a GPT-SFT JSONL (module docstring).
 
-    ``kwargs``: ``format`` ("prompt_completion" | "chat") and ``format_kw`` (JsonlSFTDataset's
-    format options), ``valid_path``, ``context_parallel_size`` / ``tensor_model_parallel_size`` /
-    ``sequence_parallel`` (the alignment, equal to the model's), ``pad_to_max_length``,
-    ``pad_cu_seqlens`` + ``max_segments`` (static shapes), ``enable_in_batch_packing`` (with
-    micro-batch size > 1), ``seed``, ``shuffle``, ``window``, ``overlength``, ``cache_dir``, and
-    Bridge's dataloader fields (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
+    Args:
+        path: the training GPT-SFT JSONL file.
+        tokenizer: what :class:`JsonlSFTDataset` takes (a tokenizer object, ``"demo"``, a Qwen-VL name).
+        seq_length: the pack width in tokens; equal to ``model.seq_length`` (:func:`check_bridge_sft_config`).
+        kwargs: ``format`` ("prompt_completion" default | "chat") and ``format_kw`` (JsonlSFTDataset's
+            format options); ``valid_path`` (None: no validation set); ``context_parallel_size`` /
+            ``tensor_model_parallel_size`` / ``sequence_parallel`` (the alignment, equal to the model's; default
+            1/1/False); ``pad_to_max_length``, ``pad_cu_seqlens`` + ``max_segments`` (static shapes; default off);
+            ``enable_in_batch_packing`` (with micro-batch size > 1); ``seed`` (1234), ``shuffle`` (True),
+            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; and Bridge's dataloader fields
+            (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
     """
     return _provider_class()(path=str(path), tokenizer=tokenizer, seq_length=seq_length, **kwargs)

@@ -40,7 +40,21 @@ TYPICAL_AFTER = 32
 
 
 class OnlinePacker:
-    """Streaming multi-budget packer with open bins carried across pushes (see module doc)."""
+    """Streaming multi-budget packer with open bins carried across pushes (see module doc).
+
+    Args:
+        capacity: the budget of one pack: an int (tokens, i.e. ``seq_length``) or a vector of ints, one per
+            budget (tokens first, then e.g. vision patches, media items).
+        max_buffered: the most items held in open bins (Energon's ``packing_buffer_size`` meaning); over it, the
+            fullest bin leaves. None (default): bounded by ``lookahead_packs`` only.
+        lookahead_packs: the most primary budget held, in packs' worth (default 4.0 when ``max_buffered`` is
+            None too): more held fills better, at the cost of memory and latency.
+        min_fill: a bin leaves once this share of the primary budget is used, in (0, 1]; None: only when dead.
+        max_age: pushes a bin may stay open before it leaves (bounds a sample's delay); None: no limit.
+        on_oversize: an item over the capacity in some budget: ``"skip"`` (counted, :meth:`pop_skipped`) or
+            ``"error"`` (:class:`OversizeError`).
+        seed: the seed of :meth:`flush`'s order of the last bins.
+    """
 
     def __init__(
         self,

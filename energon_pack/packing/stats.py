@@ -118,6 +118,8 @@ class PackingStatsTracker:
     its ``rank`` and ``worker``. Feed every batch's snapshot to :meth:`update`; :attr:`total`
     merges the latest snapshot of each worker (gather ``state_dict()`` across ranks to see a
     whole job).
+
+    Takes no arguments: it starts empty and learns the workers from the snapshots it is fed.
     """
 
     def __init__(self) -> None:

@@ -1,7 +1,8 @@
 """The one backend dispatch of the pixel engine: which code resizes and lays out pixels here.
 
 Every choice between the four ways of computing the same bytes is made in this module, for
-images and video frames alike:
+images and video frames alike (only the per-pass SIMD-or-numba fallback of a compiled resize lives
+with the passes, in :mod:`.pil_resample`):
 
 * **SIMD** (:mod:`.pixel_simd`, the optional AVX-512 extension): both resampling passes and the
   layout, where the extension is built, the CPU has VBMI + VNNI and ``ENERGON_PACK_PIXEL_SIMD``
@@ -25,6 +26,7 @@ from ..env import switched_off
 from . import pixel_simd
 from .layout import PixelSpec, finish, frames_grid, patch_layout_u8, storage_table
 from .pil_pixels import rgbx_view
+from .pil_resample import coefficients, fast_resize_available, resize_rgb
 
 #: environment variable: "off" makes every worker use the PIL + numpy pixel path (same values)
 PIXEL_KERNELS_ENV = "ENERGON_PACK_PIXEL_KERNELS"
@@ -44,8 +46,6 @@ def compiled(resample: str):
     """:mod:`.pixel_kernels` when the compiled path reproduces PIL's ``resample`` resize here
     (numba installed, probe passed, not turned off by ``ENERGON_PACK_PIXEL_KERNELS=off``); None
     otherwise (the PIL + numpy path)."""
-    from .pil_resample import fast_resize_available
-
     if switched_off(PIXEL_KERNELS_ENV):
         return None
     if not fast_resize_available(resample):
@@ -53,28 +53,6 @@ def compiled(resample: str):
     from . import pixel_kernels
 
     return pixel_kernels
-
-
-def horizontal(src: np.ndarray, y0: int, y1: int, out_w: int, resample: str) -> np.ndarray:
-    """PIL's horizontal pass over source rows [y0, y1): the SIMD kernel where it runs, else numba."""
-    from . import pixel_kernels as K
-    from .pil_resample import coefficients
-
-    xmin, xlen, xcoef = coefficients(src.shape[1], out_w, resample)
-    out = np.empty((y1 - y0, out_w, 3), dtype=np.uint8)
-    if not pixel_simd.resize_horizontal(src, y0, y1, xmin, xlen, xcoef, out):
-        K.horizontal(np.ascontiguousarray(src), y0, y1, xmin, xlen, xcoef, out)
-    return out
-
-
-def vertical(src: np.ndarray, ymin: np.ndarray, ylen: np.ndarray, ycoef: np.ndarray) -> np.ndarray:
-    """PIL's vertical pass: the SIMD kernel where it runs, else numba."""
-    from . import pixel_kernels as K
-
-    out = np.empty((ymin.shape[0], src.shape[1], 3), dtype=np.uint8)
-    if not pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out):
-        K.vertical(np.ascontiguousarray(src), ymin, ylen, ycoef, out)
-    return out
 
 
 def resize(rgb: Image.Image, height: int, width: int, resample: str, fast: bool) -> np.ndarray:
@@ -89,8 +67,6 @@ def resize(rgb: Image.Image, height: int, width: int, resample: str, fast: bool)
     if (rgb.height, rgb.width) == (height, width):
         return source
     if fast:
-        from .pil_resample import resize_rgb
-
         return resize_rgb(source, height, width, resample)
     return np.asarray(rgb.resize((width, height), resample=RESAMPLE[resample]), dtype=np.uint8)
 
@@ -132,8 +108,6 @@ def warm(spec: PixelSpec) -> bool:
     kernels = compiled(spec.resample)
     if kernels is None:
         return False
-    from .pil_resample import coefficients, resize_rgb
-
     side = 2 * spec.patch_size * spec.merge_size
     # decoded images arrive read-only (np.asarray of a PIL image), resize outputs writable: numba
     # compiles each kind once, so warm both, with both pass orders, here rather than in a worker;

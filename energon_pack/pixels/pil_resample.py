@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 from PIL import Image
 
-from . import backend
+from . import pixel_simd
 
 #: resample names with a compiled path (the others always use PIL)
 FILTERS = ("bicubic", "bilinear")
@@ -49,6 +49,27 @@ def _horizontal_first(height: int, width: int, out_h: int, out_w: int, rule: str
     return not (shrink_h > 0 and shrink_h > shrink_w * 2)
 
 
+def horizontal(src: np.ndarray, y0: int, y1: int, out_w: int, resample: str) -> np.ndarray:
+    """PIL's horizontal pass over source rows [y0, y1): the SIMD kernel where it runs, else numba."""
+    from . import pixel_kernels as K
+
+    xmin, xlen, xcoef = coefficients(src.shape[1], out_w, resample)
+    out = np.empty((y1 - y0, out_w, 3), dtype=np.uint8)
+    if not pixel_simd.resize_horizontal(src, y0, y1, xmin, xlen, xcoef, out):
+        K.horizontal(np.ascontiguousarray(src), y0, y1, xmin, xlen, xcoef, out)
+    return out
+
+
+def vertical(src: np.ndarray, ymin: np.ndarray, ylen: np.ndarray, ycoef: np.ndarray) -> np.ndarray:
+    """PIL's vertical pass: the SIMD kernel where it runs, else numba."""
+    from . import pixel_kernels as K
+
+    out = np.empty((ymin.shape[0], src.shape[1], 3), dtype=np.uint8)
+    if not pixel_simd.resize_vertical(src, ymin, ylen, ycoef, out):
+        K.vertical(np.ascontiguousarray(src), ymin, ylen, ycoef, out)
+    return out
+
+
 def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -> np.ndarray:
     """Both passes in the installed Pillow's order; ``hwc`` may be a strided view (RGBX rows)."""
     height, width, _ = hwc.shape
@@ -62,10 +83,10 @@ def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -
         cur = hwc
         if need_h:
             y0, y1 = (int(ymin[0]), int(ymin[-1] + ylen[-1])) if need_v else (0, height)
-            cur, ymin = backend.horizontal(hwc, y0, y1, out_w, resample), ymin - y0
-        return backend.vertical(cur, ymin, ylen, ycoef) if need_v else cur
-    cur = backend.vertical(hwc, ymin, ylen, ycoef) if need_v else hwc
-    return backend.horizontal(cur, 0, out_h, out_w, resample) if need_h else cur
+            cur, ymin = horizontal(hwc, y0, y1, out_w, resample), ymin - y0
+        return vertical(cur, ymin, ylen, ycoef) if need_v else cur
+    cur = vertical(hwc, ymin, ylen, ycoef) if need_v else hwc
+    return horizontal(cur, 0, out_h, out_w, resample) if need_h else cur
 
 
 #: (source h, w, target h, w): one-axis cases, both orders of Pillow 13, up- and downscaling, and

@@ -126,7 +126,15 @@ PRESETS: dict[str, VisionPreset] = {
 
 
 def get_preset(name: str | VisionPreset, **overrides) -> VisionPreset:
-    """The preset ``name`` (or a given preset) with ``overrides`` applied, validated."""
+    """The preset ``name`` (or a given preset) with ``overrides`` applied, validated.
+
+    Args:
+        name: ``"qwen2-vl"``, ``"qwen2.5-vl"`` or ``"qwen3-vl"`` (:data:`PRESETS`), or a :class:`VisionPreset`
+            to start from.
+        overrides: :class:`VisionPreset` fields to change, e.g. ``max_pixels=1024 * 28 * 28`` (fewer visual
+            tokens per image), ``pixel_dtype="uint8"`` (a quarter of the bytes through the loader) or
+            ``jpeg_draft=True``; an unknown field is a ConfigError.
+    """
     if isinstance(name, VisionPreset):
         base = name
     else:

@@ -124,9 +124,10 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         """The config's budgets (segments among them), then, for static packs, the frame budget."""
         return super().packing_capacity() + self._extra_budgets
 
-    def packing_fingerprint(self, packing_buffer_size: int) -> dict:
-        """The config's knobs and the frame budget of static packs (it changes which packs come next)."""
-        return {**super().packing_fingerprint(packing_buffer_size), "max_vision_frames": self.max_vision_frames,
+    def resume_knobs(self) -> dict:
+        """The config's knobs, the frame budget of static packs and the video frame sampling (each changes
+        which packs come next)."""
+        return {**super().resume_knobs(), "max_vision_frames": self.max_vision_frames,
                 "video_sampling": dataclasses.asdict(self.video_sampling)}
 
     @stateless

@@ -23,27 +23,42 @@ import torch
 
 from ..errors import ConfigError
 from ..packing import PackingStats
-from ..thd import ThdLayout, ThdSegment, build_thd_batch
+from ..thd import ThdLayout, ThdSegment, accepts_old_width, build_thd_batch
 from .dataset import PADDING_KEY
 from .formats import Encoded
 
 
 class InBatchPacker:
-    """``collate_fn`` for a DataLoader over :class:`JsonlSFTDataset` with a token-budget batch sampler."""
+    """``collate_fn`` for a DataLoader over :class:`JsonlSFTDataset` with a token-budget batch sampler.
+
+    Args:
+        layout: the row layout (pack width ``seq_length``, alignment, fixed width, static cu_seqlens); build it
+            with the dataset tokenizer's pad id, or use :meth:`for_dataset`.
+        sampler: the :class:`TokenBudgetBatchSampler` whose epoch plan stats each batch carries; None: none.
+        dataset: the dataset whose skip counts each batch carries when there is no sampler; None: none.
+    """
 
     def __init__(self, layout: ThdLayout, *, sampler: Any = None, dataset: Any = None) -> None:
         if not isinstance(layout, ThdLayout):
             raise ConfigError("layout", f"expected a ThdLayout, got {type(layout).__name__}",
-                              "use InBatchPacker.for_dataset(ds, width, ...) or pass ThdLayout(width=..., pad_token_id=...)")
+                              "use InBatchPacker.for_dataset(ds, seq_length, ...) or pass "
+                              "ThdLayout(seq_length=..., pad_token_id=...)")
         self.layout = layout
         self.sampler, self.dataset = sampler, dataset  # where packing_stats come from (module docstring)
 
     @classmethod
-    def for_dataset(cls, dataset: Any, width: int, *, sampler: Any = None, **layout_kw: Any) -> "InBatchPacker":
-        """Layout with the dataset tokenizer's pad id (``layout_kw``: pad_multiple, pad_to_max_length, ...);
-        batches carry the dataset's skips, or ``sampler``'s whole plan stats."""
+    @accepts_old_width
+    def for_dataset(cls, dataset: Any, seq_length: int, *, sampler: Any = None, **layout_kw: Any) -> "InBatchPacker":
+        """The packer for ``dataset``: a :class:`ThdLayout` of ``seq_length`` with the dataset tokenizer's pad id.
+
+        Args:
+            dataset: the :class:`JsonlSFTDataset` (its ``pad_token_id``; its skips when there is no sampler).
+            seq_length: the pack width in tokens (the sampler's). Old name ``width=`` still accepted (deprecated).
+            sampler: the :class:`TokenBudgetBatchSampler` whose plan stats batches carry; None: the dataset's skips.
+            layout_kw: the other :class:`ThdLayout` fields (pad_multiple, pad_to_max_length, ...).
+        """
         layout_kw.setdefault("pad_token_id", dataset.pad_token_id)
-        return cls(ThdLayout(width=width, **layout_kw), sampler=sampler, dataset=dataset)
+        return cls(ThdLayout(seq_length=seq_length, **layout_kw), sampler=sampler, dataset=dataset)
 
     def packing_stats(self) -> dict | None:
         """What each batch carries as ``packing_stats`` (None without a sampler or dataset)."""
@@ -70,9 +85,9 @@ class InBatchPacker:
             segments.append(ThdSegment.from_target_mask(torch.from_numpy(s.input_ids), target,
                                                         ignore_index=self.layout.ignore_index, key=s.key))
         spans = sum(self.layout.segment_span(len(s)) for s in segments)
-        if spans > self.layout.width:
+        if spans > self.layout.seq_length:
             raise ValueError(
-                f"micro-batch of {len(segments)} samples needs {spans} tokens > width {self.layout.width}: "
+                f"micro-batch of {len(segments)} samples needs {spans} tokens > width {self.layout.seq_length}: "
                 "group indices with TokenBudgetBatchSampler (same width and pad_multiple) instead of a fixed batch size")
         batch = build_thd_batch(segments, self.layout)
         pad_tokens = sum(len(seg) for seg in segments if seg.key == PADDING_KEY)

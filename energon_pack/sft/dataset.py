@@ -12,8 +12,8 @@ With ``cache_tokens=True`` the length pass also keeps the ids it computed (``<fi
 4 bytes per token, id * 2 + supervised bit) and ``__getitem__`` slices them instead of tokenising:
 for tokenizer-bound loaders, at the cost of disk.
 
-The length pass itself (batched, multi-process, identical to the serial pass) lives in
-:mod:`.length_pass`.
+The length pass itself (batched, one process pool, identical to the serial pass) lives in
+:mod:`.length_pass`, which reads the dataset through a protocol and never imports this module.
 
 Index :data:`PADDING_INDEX` (-1) returns a synthetic padding sample (one pad token, no loss),
 used by the sampler to give every data-parallel rank the same number of steps.
@@ -44,13 +44,25 @@ LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
 
-    ``tokenizer``: a Hugging Face tokenizer (or ``tokenizers.Tokenizer``), or ``"demo"`` for the
-    offline demo tokenizer (``None`` uses it too, with a ``DemoTokenizerWarning``).
-    ``format_kw`` go to the format: ``prompt_field``, ``completion_field``, ``template``,
-    ``separator``, ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for
-    prompt/completion; ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``,
-    ``train_newline_after_im_end`` (Megatron-Bridge's loss rule) for chat. ``max_length`` (usually the pack width) applies ``overlength``: ``skip`` (counted),
-    ``truncate`` (keep the first ``max_length`` tokens) or ``error``.
+    Args:
+        path: the JSONL file, one record per line.
+        tokenizer: a Hugging Face tokenizer (or ``tokenizers.Tokenizer``), a Qwen-VL name
+            (``"qwen2.5-vl"`` ...), or ``"demo"`` for the offline demo tokenizer (``None`` uses it too,
+            with a ``DemoTokenizerWarning``).
+        format: ``"prompt_completion"`` (default) or ``"chat"`` (``messages`` / ShareGPT ``conversations``).
+        max_length: the most tokens a sample may have, usually the pack width ``seq_length``; None: no limit.
+        overlength: what a longer line gets: ``"skip"`` (counted, default), ``"truncate"`` (keep the first
+            ``max_length`` tokens) or ``"error"``.
+        cache_dir: where the line index and length caches go; None: the user cache dir.
+        cache_tokens: also keep the length pass's ids on disk (4 bytes a token) so ``__getitem__`` slices
+            instead of tokenising (default False).
+        length_workers: processes for the length pass; None (default): one per core for files of at least
+            32 MiB, else 1; 1 inside a DataLoader worker.
+        length_batch: tokenise the length pass by chunks of lines (default True; same results, faster).
+        format_kw: go to the format: ``prompt_field``, ``completion_field``, ``template``, ``separator``,
+            ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for prompt/completion;
+            ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``,
+            ``train_newline_after_im_end`` (Megatron-Bridge's loss rule) for chat.
     """
 
     def __init__(

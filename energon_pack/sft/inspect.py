@@ -1,4 +1,4 @@
-"""``energon-pack inspect FILE.jsonl``: counts, length percentiles, skips by reason, packing fill.
+"""A JSONL file's report (``energon-pack inspect``): counts, length percentiles, skips by reason, packing fill.
 
 The fill is what :class:`TokenBudgetBatchSampler` reaches at the width (real tokens over
 ``packs x width``, over the samples that fit the width), next to a baseline: Megatron-Bridge's
@@ -8,7 +8,8 @@ samples are longer than the width the baseline is dropped (``None``) and a hint 
 
 ``hints`` (printed under the table) name the likely mistake: most lines skipped with
 ``missing_field`` / ``bad_conversation`` (the report lists the fields the records do have and
-which ``--format`` fits them), or a width below most samples. ``tokenizer`` names the tokenizer
+which format fits them), or a width below most samples; they name the keywords of :func:`inspect_jsonl`
+unless ``names`` says otherwise (the CLI passes its flags). ``tokenizer`` names the tokenizer
 used (``demo`` is the offline demo tokenizer: not your model's lengths). ``cache`` says where the
 line index and lengths are cached (never beside the file) and whether they were reused.
 """
@@ -16,10 +17,9 @@ line index and lengths are cached (never beside the file) and whether they were 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sys
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ def record_fields(ds: JsonlSFTDataset, limit: int = FIELD_SCAN_LINES) -> Counter
 
 
 def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any],
-                cli: bool) -> str | None:
+                names: Mapping[str, str]) -> str | None:
     lines = report["lines"]
     reason = next((r for r in ("missing_field", "bad_conversation")
                    if lines and report["skips"].get(r, {}).get("count", 0) >= HINT_SHARE * lines), None)
@@ -84,34 +84,32 @@ def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format
     head = f"{n} of {lines} lines skip with {reason}: the records have the fields {scanned}"
     if format != "chat" and any(f in fields for f in CHAT_FIELDS):
         chat = next(f for f in CHAT_FIELDS if f in fields)
-        return f"{head}; {chat!r} holds chat turns: use {_knob(cli, 'chat')}"
+        return f"{head}; {chat!r} holds chat turns: use {_knob(names, 'chat')}"
     if format != "prompt_completion" and "prompt" in fields and "completion" in fields:
         return (f"{head}; they are prompt/completion records: use "
-                f"{_knob(cli, 'prompt_completion')}")
+                f"{_knob(names, 'prompt_completion')}")
     if format == "prompt_completion":
         want = (format_kw.get("prompt_field") or "prompt", format_kw.get("completion_field") or "completion")
         return (f"{head}, not the prompt field {want[0]!r} and completion field {want[1]!r}: name yours with "
-                f"{_knob(cli, 'fields')}, or use "
-                f"{_knob(cli, 'chat')} for chat turns")
+                f"{_knob(names, 'fields')}, or use "
+                f"{_knob(names, 'chat')} for chat turns")
     return (f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use "
-            f"{_knob(cli, 'prompt_completion')} with "
-            f"{_knob(cli, 'fields')} for "
+            f"{_knob(names, 'prompt_completion')} with "
+            f"{_knob(names, 'fields')} for "
             f"prompt/completion records")
 
 
-#: a setting a hint names: (the ``energon-pack inspect`` flag, the keyword of :func:`inspect_jsonl`)
-KNOBS = {"chat": ("--format chat", 'format="chat"'),
-         "prompt_completion": ("--format prompt_completion", 'format="prompt_completion"'),
-         "fields": ("--prompt-field / --completion-field", "prompt_field= / completion_field="),
-         "width": ("--width ", "width=")}
+#: how a hint names a setting, as keywords of :func:`inspect_jsonl` (``width`` is followed by a value)
+KNOBS = {"chat": 'format="chat"', "prompt_completion": 'format="prompt_completion"',
+         "fields": "prompt_field= / completion_field=", "width": "width="}
 
 
-def _knob(cli: bool, name: str) -> str:
-    """How a hint names a setting: the CLI flag from ``energon-pack inspect``, else the keyword."""
-    return KNOBS[name][0 if cli else 1]
+def _knob(names: Mapping[str, str], name: str) -> str:
+    """How a hint names a setting: from ``names`` (a tool's own), else the keyword."""
+    return names.get(name, KNOBS[name])
 
 
-def _width_hint(report: dict[str, Any], width: int, cli: bool) -> str | None:
+def _width_hint(report: dict[str, Any], width: int, names: Mapping[str, str]) -> str | None:
     usable, over = report["usable"], report["packing"]["oversize"]
     if not usable or over < HINT_SHARE * usable:
         return None
@@ -119,7 +117,7 @@ def _width_hint(report: dict[str, Any], width: int, cli: bool) -> str | None:
     return (f"the width {width} is below {over} of {usable} usable samples (median length {L['p50']:.0f}, "
             f"p99 {L['p99']:.0f}): they are never packed, and the fill above covers only the "
             f"{usable - over} that fit. Use a width of at least the p99 length, better several times the median "
-            f"(e.g. {_knob(cli, 'width')}{_suggest_width(L['p50'], L['p99'])})")
+            f"(e.g. {_knob(names, 'width')}{_suggest_width(L['p50'], L['p99'])})")
 
 
 def _suggest_width(median: float, p99: float) -> int:
@@ -145,46 +143,26 @@ def _cache_entries(path: str | os.PathLike, cache_dir: Any) -> dict[str, int]:
             if p.suffix in (".npy", ".json")} if folder.is_dir() else {}
 
 
-class _ProgressBar:
-    """The length pass's progress on stderr, shown once a pass over more than one range of lines starts."""
-
-    def __init__(self, lines: int) -> None:
-        self.lines, self.bar = lines, None
-
-    def __call__(self, done: int) -> None:
-        if self.bar is None and self.lines > length_pass.RANGE_LINES:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False,
-                            mininterval=0.5)
-        if self.bar is not None:
-            self.bar.update(done)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion", width: int = 4096,
-                  pad_multiple: int = 1, window: int = 4096, max_length: int | None = None, overlength: str = "skip",
-                  seed: int = 0, cli: bool = False, **format_kw: Any) -> dict[str, Any]:
+def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion",
+                  width: int = 4096, pad_multiple: int = 1, window: int = 4096, max_length: int | None = None,
+                  overlength: str = "skip", seed: int = 0, names: Mapping[str, str] | None = None,
+                  progress: Callable[[int, int], None] | None = None, **format_kw: Any) -> dict[str, Any]:
     """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass.
 
     ``tokenizer``: ``"demo"``, a ``tokenizer.json`` path, a local HF folder or a tokenizer object;
     ``None`` uses the demo tokenizer with a ``DemoTokenizerWarning``. The report names it.
-    ``cli`` (``energon-pack inspect``): a progress bar on stderr while a large file's lengths are
-    measured, and hints that name the command's flags rather than the keywords.
+    ``names``: how hints name the settings of :data:`KNOBS` (a tool's flags; default: the keywords).
+    ``progress(lines_done, lines)``: called as the length pass measures lines (not when reused).
     """
     from ..chat.tokenizer import describe_tokenizer
 
     tok = load_tokenizer(tokenizer, stacklevel=3)
     before = _cache_entries(path, format_kw.get("cache_dir"))
     ds = JsonlSFTDataset(path, tok, format, max_length=max_length, overlength=overlength, **format_kw)
-    bar = _ProgressBar(len(ds)) if cli else None
-    with length_pass.progress(bar) if bar is not None else contextlib.nullcontext():
+    lines = len(ds)
+    report_lines = (lambda done: progress(done, lines)) if progress is not None else None
+    with length_pass.progress(report_lines) if report_lines is not None else contextlib.nullcontext():
         lengths = np.asarray(ds.lengths, dtype=np.int64)
-    if bar is not None:
-        bar.close()
     after = _cache_entries(path, format_kw.get("cache_dir"))
     good = lengths[lengths > 0]
     sampler = TokenBudgetBatchSampler(lengths, width, pad_multiple=pad_multiple, window=window, seed=seed)
@@ -212,7 +190,8 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
         "baseline_concat": (best_baseline(fits, width, seed)
                             if len(fits) and oversize < HINT_SHARE * len(good) else None),
     }
-    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw, cli), _width_hint(report, width, cli)) if h]
+    names = names or {}
+    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw, names), _width_hint(report, width, names)) if h]
     return report
 
 
@@ -236,12 +215,3 @@ def format_report(report: dict[str, Any]) -> str:
         out.append(f"  hint: {hint}")
     return "\n".join(out)
 
-
-def main(path: str | os.PathLike, *, json_out: str | os.PathLike | None = None, **kw: Any) -> int:
-    """CLI entry: print the report (and write it as JSON); 0 when at least one line is usable."""
-    report = inspect_jsonl(path, **kw)
-    print(format_report(report))
-    if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(report, indent=2))
-    return 0 if report["usable"] else 1

@@ -5,7 +5,8 @@ Lines are tokenised in batches (:data:`LENGTH_CHUNK` lines: the texts a record w
 collected and encoded with one ``encode_batch_fast`` of a raw ``tokenizers.Tokenizer`` or one
 batch call of a Hugging Face fast tokenizer, then served to the format from a per-chunk memo;
 anything the memo lacks is encoded one by one as before) and, for files of at least
-:data:`PARALLEL_MIN_BYTES` (or ``length_workers=N``), in N processes over contiguous line
+:data:`PARALLEL_MIN_BYTES` (or ``length_workers=N``), in one pool of N processes
+(``ProcessPoolExecutor``, forked: the dataset is inherited, not pickled) over contiguous line
 ranges of at most about :data:`RANGE_LINES` lines (so both cores stay busy to the end), merged
 in line order: lengths, skip reasons, reason codes, details and cached tokens are identical to
 the serial per-line pass (``length_workers=1, length_batch=False``). Prompt/completion lines
@@ -20,8 +21,12 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,21 +34,14 @@ from ..chat.tokenizer import _is_raw_tokenizers
 from ..env import environ_set
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
-from .formats import PromptCompletionFormat
-from .index import file_changed_error, file_identity
-
-if TYPE_CHECKING:
-    from .dataset import JsonlSFTDataset
+from .formats import Encoded, PromptCompletionFormat
+from .index import LineIndex, file_changed_error, file_identity
 
 MAX_LOGGED_DETAILS = 10000
 LENGTH_CHUNK = 128  # lines per batch tokenisation in the length pass (256 texts: ~3% faster than 1024)
 PARALLEL_MIN_BYTES = 32 << 20  # length_workers=None uses processes from this file size on
 RANGES_PER_WORKER = 4  # at least this many line ranges per process (load balance)
 RANGE_LINES = 8192  # and ranges of at most about this many lines, so no process idles long at the end
-# from this file size on (glibc only) the workers are fresh interpreters with a larger malloc
-# tcache: ~9% less tokenizer time, for ~2 s of start-up (importing energon_pack)
-FRESH_WORKERS_MIN_BYTES = 256 << 20
-FRESH_WORKER_TUNABLES = "glibc.malloc.tcache_count=1000"
 #: called with 0 when a pass starts, then with the lines of each finished range (``inspect``'s
 #: progress bar); None: silent
 _progress: Callable[[int], None] | None = None
@@ -64,6 +62,31 @@ def _done(result: Any, lines: int) -> Any:
     if _progress is not None:
         _progress(lines)
     return result
+
+
+class LineSource(Protocol):
+    """What the pass reads of a :class:`~energon_pack.sft.JsonlSFTDataset` (a protocol, so this module,
+    which the dataset imports, never imports it back)."""
+
+    path: Path
+    index: LineIndex
+    format: Any
+    max_length: int | None
+    overlength: str
+    cache_tokens: bool
+    length_workers: int | None
+
+    def __len__(self) -> int: ...
+
+    def encode_line(self, i: int) -> Encoded: ...
+
+    def _finish_line(self, i: int, record: Any, fmt: Any) -> Encoded: ...
+
+    def _overlength(self, i: int, n: int, count: str | None = None) -> Exception: ...
+
+    def _bytes_bound(self, record: Any) -> tuple[int, int, int] | None: ...
+
+    def _byte_gate(self, chars: int) -> bool: ...
 
 
 class _BatchMemo:
@@ -225,7 +248,7 @@ class _LeanPromptCompletion:
     (:func:`_literal_control_contents`), the batch gives token counts only (no id lists are
     built); a text containing a control token's text goes through the format."""
 
-    def __init__(self, ds: "JsonlSFTDataset", memo: "_BatchMemo") -> None:
+    def __init__(self, ds: LineSource, memo: "_BatchMemo") -> None:
         fmt = ds.format
         self.ds = ds
         self.pf, self.cf = fmt.prompt_field, fmt.completion_field
@@ -377,7 +400,7 @@ def _raise(exc: BaseException) -> Any:
     raise exc
 
 
-def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> tuple:
+def _length_range(ds: LineSource, start: int, stop: int, batch: bool) -> tuple:
     """(lengths int32, reasons in order of first use, details, tokens int32 | None) of lines [start, stop)."""
     lengths = np.empty(stop - start, dtype=np.int32)
     codes: dict[str, int] = {}
@@ -442,191 +465,115 @@ def _length_range(ds: "JsonlSFTDataset", start: int, stop: int, batch: bool) -> 
     return lengths, list(codes), details, tokens
 
 
-_WORKER_DS: "JsonlSFTDataset | None" = None
+_WORKER_DS: LineSource | None = None
+_WORKER_TAKEN: Any = None  # in a pool worker: the shared array of the pid that took each task
 
 
-def _worker_init(ds: "JsonlSFTDataset") -> None:
-    global _WORKER_DS
+def _worker_init(ds: LineSource, taken: Any = None) -> None:
+    """A pool worker's initializer: the dataset to measure (inherited by fork), and where it notes the
+    tasks it takes."""
+    global _WORKER_DS, _WORKER_TAKEN
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _WORKER_DS = ds
+    _WORKER_DS, _WORKER_TAKEN = ds, taken
 
 
 def _worker_range(args: tuple[int, int, bool]) -> tuple:
     return _length_range(_WORKER_DS, *args)
 
 
-def _glibc() -> bool:
-    import platform
-
-    return os.name == "posix" and platform.libc_ver()[0] == "glibc"
-
-
-class _Worker:
-    """One length-pass process as the parent sees it: task pipe, result pipe, exit status."""
-
-    def __init__(self, proc: Any, reader: Any, writer: Any) -> None:
-        self.proc, self.reader, self.writer = proc, reader, writer
-
-    def exitcode(self, timeout: float) -> int | None:
-        """The exit status once the process has ended (negative: the signal), None while it runs."""
-        proc = self.proc
-        if hasattr(proc, "join"):  # multiprocessing.Process
-            proc.join(timeout)
-            return proc.exitcode
+def _pool_task(k: int, task: tuple[int, int, bool]) -> tuple:
+    """Task ``k`` in a pool worker: noted as taken by this pid first (so a death can name its lines); an
+    exception that does not pickle is raised as a RuntimeError naming it instead."""
+    _WORKER_TAKEN[k] = os.getpid()
+    try:
+        return _worker_range(task)
+    except BaseException as exc:  # noqa: BLE001 - raised in the parent, as the serial pass raises it
         try:
-            return proc.wait(timeout=timeout)
-        except Exception:  # subprocess.TimeoutExpired
-            return None
-
-    def stop(self) -> None:
-        """Ask the process to end; kill it when it does not within 10 s."""
-        try:
-            self.writer.send(None)
-        except OSError:
-            pass
-        self.writer.close()
-        self.reader.close()
-        if self.exitcode(10) is None:
-            self.proc.kill()
-            self.exitcode(10)
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            raise RuntimeError(f"length pass worker {os.getpid()}: {exc!r}") from None
+        raise
 
 
-def _death(worker: _Worker, task: tuple) -> ConfigError:
-    """The error for ``worker`` that died (its result pipe closed) while running ``task``."""
+#: fork: no re-import of the user's __main__ (spawn would need a main guard); workers set tokenizers'
+#: own parallelism off (one process per core), so the fork is safe for it. Spawn where fork is missing.
+_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class _KeptProcesses(type(multiprocessing.get_context(_START_METHOD))):  # type: ignore[misc]
+    """The pool's start method, keeping the processes it starts: a dead worker's exit status names the death."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: list[Any] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the context API's name
+        proc = super().Process(*args, **kwargs)
+        self.processes.append(proc)
+        return proc
+
+
+def _death(processes: list[Any], taken: Any, tasks: list[tuple], running: list[int]) -> ConfigError:
+    """The error for the pool worker that died: the lines of the task it had taken (of ``running``, the
+    tasks that never finished) and how it ended. Once one dies the pool stops the others (SIGTERM), so a
+    worker that ended otherwise is the one that died first."""
     import signal
 
-    code = worker.exitcode(5)
+    exits = {proc.pid: proc.exitcode for proc in processes}
+    dead = [(k, exits.get(taken[k])) for k in running if exits.get(taken[k]) not in (None, 0)]
+    dead.sort(key=lambda kc: (kc[1] == -signal.SIGTERM, kc[0]))
+    if dead:
+        k, code = dead[0]
+        lines = f"lines {tasks[k][0] + 1}-{tasks[k][1]}"
+    else:  # it died before it took a task (e.g. in its initializer)
+        code = next((c for c in exits.values() if c not in (None, 0)), None)
+        lines = f"lines {tasks[0][0] + 1}-{tasks[-1][1]}"
     if code is None:
-        how = "closed its pipe while still running"
+        how = "left the pool while still running"
     elif code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         how = f"killed by {name}" + (" (the OOM killer sends it)" if -code == signal.SIGKILL else "")
     else:
         how = f"exited with status {code}"
-    return ConfigError("length_workers", f"the length-pass worker for lines {task[0] + 1}-{task[1]} died ({how})",
+    return ConfigError("length_workers", f"the length-pass worker for {lines} died ({how})",
                        "give the pass more memory, or rerun with length_workers=1 to see that range's own error")
 
 
-def _schedule(workers: list[_Worker], tasks: list[tuple]) -> list:
-    """Results of ``tasks`` (in order), handed to ``workers`` one at a time as they finish. The
-    first failing task's exception is raised once every earlier task has run; a worker that dies
-    raises :func:`_death` at once (never a hang)."""
-    from multiprocessing.connection import wait
-
+def _pool_results(ds: LineSource, tasks: list[tuple], workers: int) -> list:
+    """Results of ``tasks`` (in order) from one ``ProcessPoolExecutor`` of ``workers`` processes, reported to
+    the progress callback as each finishes. The first failing task's exception is raised once every earlier
+    task has run (the serial pass's error); a worker that dies raises :func:`_death` at once (never a hang)."""
+    ctx = _KeptProcesses()
+    taken = ctx.Array("q", len(tasks), lock=False)  # the pid that took task k (0: not yet taken)
     results: list = [None] * len(tasks)
-    todo = list(enumerate(tasks))[::-1]
-    busy: dict[Any, tuple[_Worker, int]] = {}
-    for w in workers:
-        if todo:
-            k, task = todo.pop()
-            w.writer.send(task)
-            busy[w.reader] = (w, k)
     errors: dict[int, BaseException] = {}
-    while busy:
-        for r in wait(list(busy)):
-            w, k = busy.pop(r)
-            try:
-                kind, value = r.recv()
-            except (EOFError, OSError):
-                raise _death(w, tasks[k]) from None
-            if kind == "ok":
-                results[k] = _done(value, tasks[k][1] - tasks[k][0])
-            else:
-                errors[k] = value
-            if todo and not errors:
-                k, task = todo.pop()
-                w.writer.send(task)
-                busy[r] = (w, k)
-    if errors:  # every earlier task has run: this is the error of the first offending line, as serially
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(ds, taken))
+    try:
+        with environ_set("TOKENIZERS_PARALLELISM", "false"):  # the first submit forks: silences tokenizers' warning
+            futures = {pool.submit(_pool_task, k, task): k for k, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            k = futures[future]
+            if future.cancelled():
+                continue
+            exc = future.exception()
+            if exc is None:
+                results[k] = _done(future.result(), tasks[k][1] - tasks[k][0])
+            elif isinstance(exc, BrokenProcessPool):
+                pool.shutdown(wait=True, cancel_futures=True)
+                running = [j for j in range(len(tasks)) if results[j] is None and j not in errors]
+                raise _death(ctx.processes, taken, tasks, running) from None
+            else:  # no new task starts; the ones running finish, and the earliest error wins
+                errors[k] = exc
+                for other in futures:
+                    other.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:
         raise errors[min(errors)]
     return results
 
 
-def _fresh_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list | None:
-    """Results of ``tasks`` (in order) from ``workers`` fresh interpreters started with a larger
-    glibc malloc tcache (:mod:`._length_worker`); None when they cannot be used (the dataset does
-    not pickle, an interpreter fails to start or to load it): the caller then forks. An
-    exception a task raises is raised here, and so is a worker's death (:func:`_death`)."""
-    import pickle
-    import subprocess
-    import sys
-    from multiprocessing.connection import Connection
-
-    try:
-        payload = pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return None
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p) or os.environ.get("PYTHONPATH", ""))
-    env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES", ""), FRESH_WORKER_TUNABLES]))
-    pool: list[_Worker] = []
-    try:
-        try:
-            for _ in range(workers):
-                to_child_r, to_child_w = os.pipe()
-                from_child_r, from_child_w = os.pipe()
-                code = f"from energon_pack.sft._length_worker import main; main({to_child_r}, {from_child_w})"
-                try:
-                    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
-                                            pass_fds=(to_child_r, from_child_w), close_fds=True)
-                finally:
-                    os.close(to_child_r)
-                    os.close(from_child_w)
-                pool.append(_Worker(proc, Connection(from_child_r, writable=False),
-                                    Connection(to_child_w, readable=False)))
-            for w in pool:
-                w.writer.send_bytes(payload)
-            for w in pool:
-                if w.reader.recv()[0] != "ready":
-                    return None
-        except (EOFError, OSError):  # an interpreter died or could not start: fork instead
-            return None
-        return _schedule(pool, tasks)
-    finally:
-        for w in pool:
-            w.stop()
-
-
-def _fork_worker(reader: Any, writer: Any, ds: "JsonlSFTDataset", others: list) -> None:
-    """A forked length-pass worker: drops the other workers' pipe ends, then serves tasks."""
-    from ._length_worker import serve
-
-    for conn in others:
-        conn.close()
-    _worker_init(ds)
-    serve(reader, writer)
-
-
-def _forked_worker_results(ds: "JsonlSFTDataset", tasks: list[tuple], workers: int) -> list:
-    """Results of ``tasks`` (in order) from ``workers`` forked processes (spawned where fork is
-    missing), with the same protocol and death check as :func:`_fresh_worker_results`."""
-    # fork: no re-import of the user's __main__ (spawn would need a main guard); workers set
-    # tokenizers' own parallelism off (one process per core), so the fork is safe for it
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool: list[_Worker] = []
-    try:
-        with environ_set("TOKENIZERS_PARALLELISM", "false"):  # silences tokenizers' fork warning
-            for _ in range(workers):
-                task_r, task_w = ctx.Pipe(duplex=False)
-                result_r, result_w = ctx.Pipe(duplex=False)
-                others = [c for w in pool for c in (w.reader, w.writer)] + [task_w, result_r]
-                proc = ctx.Process(target=_fork_worker, args=(task_r, result_w, ds, others), daemon=True)
-                proc.start()
-                task_r.close()
-                result_w.close()
-                pool.append(_Worker(proc, result_r, task_w))
-        for w in pool:
-            try:
-                w.reader.recv()  # "ready"
-            except (EOFError, OSError):
-                raise _death(w, (0, len(ds))) from None
-        return _schedule(pool, tasks)
-    finally:
-        for w in pool:
-            w.stop()
-
-
-def default_workers(ds: "JsonlSFTDataset") -> int:
+def default_workers(ds: LineSource) -> int:
     """Processes for the length pass: ``length_workers``, else the usable cores from
     :data:`PARALLEL_MIN_BYTES` on; 1 inside a daemon process (a DataLoader worker)."""
     if ds.length_workers is not None:
@@ -640,10 +587,10 @@ def default_workers(ds: "JsonlSFTDataset") -> int:
     return max(1, min(workers, len(ds) // LENGTH_CHUNK or 1))
 
 
-def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
+def run_length_pass(ds: LineSource, workers: int, batch: bool) -> tuple:
     """(int32 lengths, reasons, details, int32 tokens | None) of every line of ``ds``: serially, or
-    in ``workers`` processes over line ranges (fresh interpreters for large files on glibc, else
-    forked), merged in line order; identical to the serial per-line pass either way."""
+    in one pool of ``workers`` processes over line ranges, merged in line order; identical to the
+    serial per-line pass either way."""
     before = file_identity(ds.path)
     if before != ds.index.identity:
         raise file_changed_error(ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, "
@@ -655,7 +602,7 @@ def run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
     return result
 
 
-def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
+def _run_length_pass(ds: LineSource, workers: int, batch: bool) -> tuple:
     n = len(ds)
     if n == 0 or (workers <= 1 and (_progress is None or n <= RANGE_LINES)):
         return _done(_length_range(ds, 0, n, batch), n)
@@ -669,11 +616,7 @@ def _run_length_pass(ds: "JsonlSFTDataset", workers: int, batch: bool) -> tuple:
         state = {**ds.__dict__, "_tokens": None, "_lengths": None, "_starts": None}
         clone = object.__new__(type(ds))
         clone.__dict__.update(state)
-        results = None
-        if ds.path.stat().st_size >= FRESH_WORKERS_MIN_BYTES and _glibc():
-            results = _fresh_worker_results(clone, tasks, workers)
-        if results is None:
-            results = _forked_worker_results(clone, tasks, workers)
+        results = _pool_results(clone, tasks, workers)
     lengths = np.empty(n, dtype=np.int32)
     codes: dict[str, int] = {}
     details: dict[int, str] = {}

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..chat import ENDOFTEXT
 from ..env import environ_set
-from ..errors import AllSkippedError, ConfigError, skip_counts_text
+from ..errors import AllSkippedError, ConfigError, Hint, skip_counts_text
 from ..packing import best_fit_decreasing
 from ..thd import alignment_multiple
 from .dataset import JsonlSFTDataset
@@ -307,8 +307,8 @@ def pack_offline(
         t1 = time.perf_counter()
         packs = plan_packs(lengths, seq_length, multiple, seed)
         if not packs:
-            raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}); "
-                                  f"{ds.mismatch_hint()}")
+            raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped", who=str(ds.path),
+                                  skips=ds.skips, hints=(Hint.plain(ds.mismatch_hint()),))
         t2 = time.perf_counter()
         real = supervised = eos_dropped = 0
         tokens = TokenFile(token_path, lengths)
@@ -353,31 +353,3 @@ def pack_offline(
         sum(packed) / (len(packs) * seq_length), real / (len(packs) * seq_length),
         {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)}, bridge)
 
-
-def run_cli(args: Any, tokenizer: tuple[Any, str], path: Path, field_kw: dict[str, Any], check: Any = None) -> int:
-    """``energon-pack pack-offline``: write the packs, print the summary and the Bridge settings that read them.
-
-    ``check``: the GPT-SFT config check (``check_gpt_sft_config``), run with the written metadata
-    for the offline route of a training config of the flags' topology (the packs must pass it)."""
-    tok, described = tokenizer
-    print(f"tokenizer: {described}", flush=True)
-    summary = pack_offline(path, args.out, seq_length=args.seq_length, tokenizer=tok, format=args.format,
-                           pad_seq_to_mult=args.pad_seq_to_mult, cp=args.cp, tp=args.tp, sp=args.sp, seed=args.seed,
-                           workers=args.workers, split=args.split, eos_id=args.eos_id, **field_kw)
-    print(summary.describe())
-    entries = json.loads(Path(summary.metadata_path).read_text())
-    if check is not None:
-        width = args.seq_length
-        check(route="offline", micro_batch_size=1, global_batch_size=1, data_parallel_size=1, model_seq_length=width,
-              dataset_seq_length=width, packed_sequence_size=width, context_parallel_size=args.cp,
-              tensor_model_parallel_size=args.tp, sequence_parallel=args.sp, pad_seq_to_mult=entries[-1]["pad_seq_to_mult"],
-              pad_to_max_length=True, pad_cu_seqlens=True, packing_metadata=entries)
-    meta = entries[-1]["energon_pack"]
-    print(f"Bridge: PackedSequenceSpecs(packed_sequence_size={args.seq_length}, packed_{'train' if args.split == 'training' else 'val'}"
-          f"_data_path={summary.packs_path!r}, packed_metadata_path={summary.metadata_path!r}, "
-          f"pad_seq_to_mult={meta['pad_seq_to_mult']}) with model.seq_length = dataset.seq_length = {args.seq_length}, "
-          f"micro_batch_size 1, and a tokenizer whose eos_id is {meta['eos_id']}")
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(summary.to_json(), indent=2))
-    return 0

@@ -1,4 +1,4 @@
-"""TokenBudgetBatchSampler: micro-batches of dataset indices that each fill one pack of the width.
+"""TokenBudgetBatchSampler: micro-batches of dataset indices that each fill one pack of ``seq_length`` tokens.
 
 Per epoch, every rank computes the same global plan: the usable lines (length > 0) in a
 permutation seeded by ``(seed, epoch)``, cut into windows of ``window`` samples, each window
@@ -29,22 +29,38 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AllSkippedError, ConfigError, all_skipped_fix, skip_counts_text
+from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
 from ..packing import PackingStats, best_fit_decreasing
-from ..thd import aligned_length
+from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
 OVERSIZE = "oversize"
 
 
+@accepts_old_width
 class TokenBudgetBatchSampler:
-    """Batch sampler for ``DataLoader(batch_sampler=...)``: each yielded list fills one THD row."""
+    """Batch sampler for ``DataLoader(batch_sampler=...)``: each yielded list fills one THD row (module doc).
+
+    Args:
+        lengths: a :class:`JsonlSFTDataset` (its ``lengths``, skip reasons and path; an all-skipped dataset
+            raises at once) or a 1-D array of token lengths per index (<= 0: unusable).
+        seq_length: the pack width in tokens (the same as the collate's :class:`ThdLayout`); a multiple of
+            ``pad_multiple``. Old name ``width=`` still accepted (deprecated).
+        pad_multiple: segments are packed by their length rounded up to this (default 1; the layout's alignment).
+        max_segments: the most samples per pack (a second budget); None: no limit.
+        window: samples packed together per best-fit-decreasing call (default 4096): larger fills better,
+            but packs mix samples from further apart in the shuffled order.
+        shuffle: seeded permutation of the lines and of each window's packs (default True).
+        seed: the seed of that order; the epoch is mixed in (:meth:`set_epoch`).
+        num_replicas: data-parallel ranks sharing the plan (default 1).
+        rank: this rank, in ``[0, num_replicas)``.
+    """
 
     def __init__(
         self,
         lengths: Any,
-        width: int,
+        seq_length: int,
         *,
         pad_multiple: int = 1,
         max_segments: int | None = None,
@@ -58,16 +74,18 @@ class TokenBudgetBatchSampler:
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
-        for knob, value in (("width", width), ("pad_multiple", pad_multiple), ("window", window), ("num_replicas", num_replicas)):
+        for knob, value in (("seq_length", seq_length), ("pad_multiple", pad_multiple), ("window", window),
+                            ("num_replicas", num_replicas)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
-        if width % pad_multiple:
-            raise ConfigError("width", f"{width} is not divisible by pad_multiple {pad_multiple}", "use a multiple of pad_multiple")
+        if seq_length % pad_multiple:
+            raise ConfigError("seq_length", f"{seq_length} is not divisible by pad_multiple {pad_multiple}",
+                              "use a multiple of pad_multiple")
         if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
             raise ConfigError("max_segments", f"must be an int >= 1 or None, got {max_segments!r}", "set the most samples per pack")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ConfigError("rank", f"must be in [0, {num_replicas}), got {rank!r}", "pass the data-parallel rank")
-        self.width, self.pad_multiple, self.max_segments = width, pad_multiple, max_segments
+        self.seq_length, self.pad_multiple, self.max_segments = seq_length, pad_multiple, max_segments
         self.window, self.shuffle, self.seed = window, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
@@ -84,6 +102,12 @@ class TokenBudgetBatchSampler:
         self._start = 0  # first step of the next __iter__ (set by load_state_dict)
         self._yielded = 0
         self._plan_cache: tuple[int, list[list[int]], PackingStats] | None = None
+
+    @property
+    def width(self) -> int:
+        """Deprecated name of :attr:`seq_length` (reading it warns)."""
+        warn_old_width("TokenBudgetBatchSampler.width")
+        return self.seq_length
 
     # ------------------------------------------------------------------ the plan
     def plan(self, epoch: int | None = None) -> list[list[int]]:
@@ -104,10 +128,10 @@ class TokenBudgetBatchSampler:
         rng = np.random.default_rng([self.seed, epoch])
         spans = aligned_length(self.lengths, self.pad_multiple)
         stats = PackingStats(skips=Counter(self.skips))
-        order = np.flatnonzero((self.lengths > 0) & (spans <= self.width))
+        order = np.flatnonzero((self.lengths > 0) & (spans <= self.seq_length))
         if self.shuffle:
             order = rng.permutation(order)
-        capacity = (self.width,) if self.max_segments is None else (self.width, self.max_segments)
+        capacity = (self.seq_length,) if self.max_segments is None else (self.seq_length, self.max_segments)
         plan: list[list[int]] = []
         for start in range(0, len(order), self.window):
             idx = order[start : start + self.window]
@@ -116,32 +140,33 @@ class TokenBudgetBatchSampler:
             for g in rng.permutation(len(groups)) if self.shuffle else range(len(groups)):
                 group = groups[g]
                 plan.append([int(i) for i in idx[group]])
-                stats.record_pack([(int(self.lengths[i]),) for i in idx[group]], (self.width,))
+                stats.record_pack([(int(self.lengths[i]),) for i in idx[group]], (self.seq_length,))
         return plan, stats
 
     def _oversize(self) -> np.ndarray:
-        return (self.lengths > 0) & (aligned_length(self.lengths, self.pad_multiple) > self.width)
+        return (self.lengths > 0) & (aligned_length(self.lengths, self.pad_multiple) > self.seq_length)
 
     def _require_batches(self) -> None:
         if len(self.lengths) and sum(self.skips.values()) == len(self.lengths):
-            raise AllSkippedError(self._all_skipped_message())
+            raise self._all_skipped_error()
 
-    def _all_skipped_message(self) -> str:
+    def _all_skipped_error(self) -> AllSkippedError:
         top = max(self.skips, key=self.skips.get)
         if top == OVERSIZE:
             i = int(np.flatnonzero(self._oversize())[0])
-            example = f"line {i + 1}: {self.lengths[i]} tokens > width {self.width}"
+            example = f"line {i + 1}: {self.lengths[i]} tokens > width {self.seq_length}"
         else:
             example = self._dataset.skip_example(top) if self._dataset is not None else None
-        source = f" over {self._dataset.path}" if self._dataset is not None else ""
-        fix = all_skipped_fix(
-            self.skips, too_long=f"the width ({self.width}) or the dataset's max_length may be too small for these "
-                                  "lines, or set overlength='truncate' on the dataset",
-            mismatch=self._dataset.mismatch_hint() if self._dataset is not None else
-            "the records may not match the dataset's format: check its skipped_lines")
-        return (f"TokenBudgetBatchSampler{source}: all {len(self.lengths)} lines were skipped, so there is no batch; "
-                f"skips by reason: {skip_counts_text(self.skips)}."
-                + (f" Example ({top}): {example}." if example else "") + f" Likely fix: {fix}.")
+        who = "TokenBudgetBatchSampler" + (f" over {self._dataset.path}" if self._dataset is not None else "")
+        too_long = (Hint(f"{{seq_length}} ({self.seq_length}) or {{max_length}} may be too small for these lines",
+                         ("seq_length", "max_length"),
+                         python=(("seq_length", "the width"), ("max_length", "the dataset's max_length"))),
+                    Hint("set {overlength}='truncate' on the dataset", ("overlength",), sep=", or "))
+        mismatch = Hint.plain(self._dataset.mismatch_hint() if self._dataset is not None
+                              else "the records may not match the dataset's format: check its skipped_lines")
+        return AllSkippedError(f"{who}: all {len(self.lengths)} lines were skipped, so there is no batch", who=who,
+                               skips=self.skips, example=example,
+                               hints=all_skipped_hints(self.skips, too_long=too_long, mismatch=mismatch))
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
@@ -174,7 +199,8 @@ class TokenBudgetBatchSampler:
 
     # ------------------------------------------------------------------ checkpointing
     def _config(self) -> dict[str, Any]:
-        return {"width": self.width, "pad_multiple": self.pad_multiple, "max_segments": self.max_segments,
+        # "width": the key checkpoints saved before the rename to seq_length hold, so they still load
+        return {"width": self.seq_length, "pad_multiple": self.pad_multiple, "max_segments": self.max_segments,
                 "window": self.window, "shuffle": self.shuffle, "seed": self.seed, "num_replicas": self.num_replicas,
                 "rank": self.rank, "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest()}
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from energon_pack.bench.stress_convert import run_convert_fuzz
+from harness.convert_fuzz import run_convert_fuzz
 
 ZERO = ("crashes", "hangs", "skip_reason_mismatches", "written_unwanted", "wanted_not_written", "written_twice",
         "outside_bytes_in_shards", "delivered_twice", "delivered_unwritten", "delivered_unwanted",

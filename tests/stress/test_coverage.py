@@ -2,7 +2,7 @@
 
 import pytest
 
-from energon_pack.bench.stress_coverage import run_coverage
+from harness.coverage import run_coverage
 
 
 @pytest.mark.stress

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from energon_pack.bench.stress_fuzz import JSONL_CASES, WDS_CASES, run_fuzz
+from harness.fuzz import JSONL_CASES, WDS_CASES, run_fuzz
 
 FULL = os.environ.get("ENERGON_PACK_STRESS") == "full"
 N = 10_000 if FULL else 600

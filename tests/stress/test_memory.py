@@ -1,6 +1,6 @@
 """Memory tier: 8000x8000 JPEGs and long videos (Bridge's pickled layout) through the real loader
 with 2 workers; the peak summed worker RSS must stay inside the documented bound
-(:mod:`energon_pack.bench.stress_memory`). Bounded by default (4 images, 2 videos of 240 frames);
+(:mod:`harness.memory`). Bounded by default (4 images, 2 videos of 240 frames);
 ``ENERGON_PACK_STRESS=full`` streams 40 images and 20 videos of 600 frames."""
 
 import json
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from energon_pack.bench.stress_memory import run_memory
+from harness.memory import run_memory
 
 FULL = os.environ.get("ENERGON_PACK_STRESS") == "full"
 SIZE = dict(n_images=40, n_videos=20, frames=600) if FULL else dict(n_images=4, n_videos=2, frames=240)

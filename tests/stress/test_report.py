@@ -3,7 +3,7 @@ rows (info) never miss a target, a missing figure always does."""
 
 import pytest
 
-from energon_pack.bench.stress_report import INFO, TRUE, _met, rows_for
+from report import INFO, TRUE, _met, rows_for
 
 
 @pytest.mark.stress

@@ -3,7 +3,7 @@ every later pack equals the uninterrupted run's, bit for bit."""
 
 import pytest
 
-from energon_pack.bench.stress_resume import run_resume_sweep
+from harness.resume import run_resume_sweep
 
 
 @pytest.mark.stress

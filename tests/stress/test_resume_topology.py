@@ -4,7 +4,7 @@ loader resumes with exactly the remaining packs."""
 
 import pytest
 
-from energon_pack.bench.stress_topology import run_topology
+from harness.topology import run_topology
 
 
 @pytest.mark.stress

@@ -1,12 +1,12 @@
 """Memory tier for video files: 10-minute videos (18,000 frames each, ``KEY.0.mp4``) through the real
 loader with 2 workers; the peak summed worker RSS must stay inside the documented bound
-(:mod:`energon_pack.bench.stress_video_memory`), which does not depend on a video's length."""
+(:mod:`harness.video_memory`), which does not depend on a video's length."""
 
 import json
 
 import pytest
 
-from energon_pack.bench.stress_video_memory import run_video_memory
+from harness.video_memory import run_video_memory
 
 
 @pytest.mark.stress

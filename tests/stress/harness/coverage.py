@@ -15,11 +15,12 @@ import time
 import warnings
 from collections import Counter
 
-from .stress_resume import HANG_SECONDS, _Hang, close, hang_alarm, make_loader, stress_out_dir
+from .loaders import close, make_loader, stress_out_dir
+from .watchdog import HANG_SECONDS, Hang, hang_alarm
 
 
 def shapes(scale: str) -> dict[str, list[list[dict]]]:
-    from .stress_data import random_records
+    from .data import random_records
 
     def recs(n, seed, bad_every=0):
         return random_records(n, seed=seed, max_len=300, bad_every=bad_every)
@@ -41,7 +42,7 @@ def shapes(scale: str) -> dict[str, list[list[dict]]]:
 def run_case(path, records, *, mode, workers, world_size) -> dict:
     from energon_pack.energon.checkpoint import worker_stats_from_state
 
-    from .stress_data import valid_keys
+    from .data import valid_keys
 
     total = sum(len(r) for r in records)
     valid = valid_keys(records)
@@ -74,7 +75,7 @@ def run_case(path, records, *, mode, workers, world_size) -> dict:
 
 def run_coverage(out_dir, scale: str = "bounded") -> dict:
     """Run every shape x layout at ``scale``; writes ``coverage.json`` to ``out_dir``."""
-    from .stress_data import write_shards
+    from .data import write_shards
 
     out_dir = stress_out_dir(out_dir, scale)
     layouts = ([(w, r, m) for w in (0, 2, 4) for r in (1, 2) for m in ("carry", "rounds")] if scale == "full"
@@ -100,7 +101,7 @@ def run_coverage(out_dir, scale: str = "bounded") -> dict:
             try:
                 with hang_alarm(HANG_SECONDS):
                     figures = run_case(path, records, mode=mode, workers=workers, world_size=world)
-            except _Hang:
+            except Hang:
                 totals["hangs"] += 1
                 figures = {"hang": True}
             except Exception as exc:  # noqa: BLE001

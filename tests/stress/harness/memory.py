@@ -153,8 +153,8 @@ def run_memory(out_dir: str | Path, *, n_images: int = 6, n_videos: int = 4, sid
         "peak_worker_rss_mb": adv["peak_worker_rss_mb"],
         "growth_over_baseline_mb": round(adv["peak_worker_rss_mb"] - base["peak_worker_rss_mb"], 1),
         "bound_mb": round(bound_mb, 1),
-        "bound": (f"baseline + workers * (max(image decode {image_decode / MB:.0f} MB, video decode {video_decode / MB:.0f} MB)"
-                  f" + {IN_FLIGHT_PACKS} packs x {max_pack_pixel_bytes / MB:.0f} MB)"),
+        "bound": (f"baseline + workers * (max(image decode {image_decode / MB:.0f} MB, "
+                  f"video decode {video_decode / MB:.0f} MB) + {IN_FLIGHT_PACKS} packs x {max_pack_pixel_bytes / MB:.0f} MB)"),
         "within_bound": adv["peak_worker_rss_mb"] <= bound_mb,
         # what holding decoded pixels in the buffer would cost instead (the design avoids it)
         "decoded_buffer_would_be_mb": round(min(buffer, n_images) * side * side * 3 / MB, 1),

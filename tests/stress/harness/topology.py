@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .stress_resume import _Hang, _roundtrip, batch_difference, close, hang_alarm, make_loader, stress_out_dir
+from .loaders import batch_difference, close, make_loader, roundtrip, stress_out_dir
+from .watchdog import Hang, hang_alarm
 
 CASE_SECONDS = 60
 SHARD = 60  # records per shard; four shards make the saved dataset
@@ -43,7 +44,7 @@ def cells_for(scale: str) -> list[dict]:
 
 
 def _datasets(root: Path) -> dict[str, Path]:
-    from .stress_data import random_records, write_shards
+    from .data import random_records, write_shards
 
     recs = random_records(5 * SHARD, seed=21, max_len=300, bad_every=23)
     shards = [recs[i : i + SHARD] for i in range(0, 5 * SHARD, SHARD)]
@@ -114,7 +115,7 @@ def attempt(make: Callable[[], Any], state: Any, path: str, expect: tuple[str, s
                     packs += 1
             finally:
                 close(loader)
-    except _Hang:
+    except Hang:
         return "hangs", f"no answer in {CASE_SECONDS} s", packs
     except ConfigError as exc:
         named = getattr(exc, "knob", None) == expect[0] and re.search(expect[1], str(exc), re.S)
@@ -146,7 +147,7 @@ def _changes(cell: dict, rank: int, data: dict[str, Path], state: Any) -> list[t
     for name, words in shard.items():
         out.append((name, {**base, "path": data[name]}, state, ("dataset", rf"dataset: the dataset's shards changed since .*{words}")))
     for name, edit in EDITS.items():
-        edited = _roundtrip(state)
+        edited = roundtrip(state)
         if _edit_state(edited, edit):  # a state with nothing to edit (no open bins at this cut) is no case
             out.append((name, base, edited, _CHECKPOINT))
     return out
@@ -176,12 +177,12 @@ def run_cell(cell: dict, rank: int, data: dict[str, Path]) -> dict:
             while taken < cut:
                 next(it)
                 taken += 1
-            states[cut] = _roundtrip(save_state_rank(loader))
+            states[cut] = roundtrip(save_state_rank(loader))
         close(loader)
     for cut in cuts:
         for change, kw, state, expect in _changes(cell, rank, data, states[cut]):
             for path in cell["paths"]:
-                outcome, detail, packs = attempt(make(kw), _roundtrip(state), path, expect)
+                outcome, detail, packs = attempt(make(kw), roundtrip(state), path, expect)
                 figures["cases"] += 1
                 figures[outcome] += 1
                 if outcome == "refused_correctly" and packs:
@@ -192,13 +193,13 @@ def run_cell(cell: dict, rank: int, data: dict[str, Path]) -> dict:
             try:
                 with hang_alarm(CASE_SECONDS * 2):
                     loader = make(own)()
-                    (restore_state_rank if path == "ours" else type(loader).restore_state_rank)(loader, _roundtrip(states[cut]))
+                    (restore_state_rank if path == "ours" else type(loader).restore_state_rank)(loader, roundtrip(states[cut]))
                     rest = list(loader)
                     close(loader)
                 want = reference[cut:]
                 bad = len(rest) != len(want) or any(batch_difference(a, b) is not None for a, b in zip(rest, want))
                 detail = f"{len(rest)} packs, {len(want)} wanted" if bad else ""
-            except Exception as exc:  # noqa: BLE001 - _Hang included: the control failed
+            except Exception as exc:  # noqa: BLE001 - Hang included: the control failed
                 bad, detail = True, f"{type(exc).__name__}: {exc}"[:300]
             figures["control_mismatches"] += bad
             rows.append(dict(cut=cut, change="none (control)", path=path, outcome="mismatch" if bad else "exact",

@@ -9,93 +9,11 @@ an ``alarm`` watchdog: a blocked call counts as a hang, an exception as a crash.
 
 from __future__ import annotations
 
-import io
-import contextlib
 import json
-import signal
 import time
-import warnings
-from pathlib import Path
 
-import torch
-
-SCALES = ("bounded", "full")
-
-
-def stress_out_dir(out_dir, scale: str) -> Path:
-    """Check ``scale``, create ``out_dir``, and silence the CPU-only pin_memory warning of the loaders."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")
-    return out_dir
-HANG_SECONDS = 120
-
-
-class _Hang(Exception):
-    pass
-
-
-def _alarm(_signum, _frame):
-    raise _Hang()
-
-
-@contextlib.contextmanager
-def hang_alarm(seconds: int):
-    """Raise :class:`_Hang` in the block after ``seconds`` (SIGALRM); the previous handler is
-    restored and the alarm cleared on the way out."""
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def batch_difference(a: dict, b: dict) -> str | None:
-    """The first key where two batches differ (tensors bit for bit, dtype included), or None when
-    they are the same; ``__restore_key__`` is not compared (it names the cut, not the content)."""
-    if a.keys() != b.keys():
-        return f"keys {sorted(set(a) ^ set(b))}"
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            if not (isinstance(b[k], torch.Tensor) and a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])):
-                return k
-        elif k != "__restore_key__" and a[k] != b[k]:
-            return k
-    return None
-
-
-def close(loader) -> None:
-    """Stop a loader's worker processes now (an abandoned infinite loader otherwise lingers for seconds)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None
-
-
-def _roundtrip(state):
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=False)
-
-
-def make_loader(path, *, mode, workers, rank=0, world_size=1, finite, buffer=12, seq_length=512):
-    from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val_dataset
-
-    from .stress_data import StressTaskEncoder
-
-    te = StressTaskEncoder(seq_length=seq_length, packing_mode=mode)
-    wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
-    common = dict(batch_size=1, worker_config=wc, task_encoder=te, packing_buffer_size=buffer)
-    if finite:
-        ds = get_val_dataset(str(path), split_part="train", **common)
-    else:
-        ds = get_train_dataset(str(path), shuffle_buffer_size=8, max_samples_per_sequence=20, **common)
-    return get_savable_loader(ds, checkpoint_every_min_n_samples=1, checkpoint_every_sec=0)
+from .loaders import batch_difference, close, make_loader, roundtrip, stress_out_dir
+from .watchdog import HANG_SECONDS, Hang, hang_alarm
 
 
 def cells_for(scale: str) -> list[dict]:
@@ -145,10 +63,10 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
             while taken < cut:
                 next(fit)
                 taken += 1
-            states[cut] = _roundtrip(first.save_state_rank())
+            states[cut] = roundtrip(first.save_state_rank())
         close(first)
         close(ref_loader)
-    except _Hang:
+    except Hang:
         figures["hangs"] += 1
         return figures
     except Exception as exc:  # noqa: BLE001
@@ -166,7 +84,7 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
                 from energon_pack.energon.checkpoint import save_state_rank
 
                 rit = iter(restored)
-                again = _roundtrip(save_state_rank(restored))
+                again = roundtrip(save_state_rank(restored))
                 del rit
                 close(restored)
                 restored = make_loader(path, **kw)
@@ -189,7 +107,7 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
                 figures["errors"].append(f"cut {cut}: {len(diffs)} packs differ, first pack {at + diffs[0][0]} at "
                                          f"{diffs[0][1]!r} (keys {got[diffs[0][0]]['__keys__']} vs {want[diffs[0][0]]['__keys__']})"[:300])
             close(restored)
-        except _Hang:
+        except Hang:
             figures["hangs"] += 1
         except Exception as exc:  # noqa: BLE001
             figures["crashes"] += 1
@@ -199,7 +117,7 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
 
 def run_resume_sweep(out_dir, scale: str = "bounded") -> dict:
     """Run the sweep at ``scale`` ("bounded" or "full"); writes ``resume_sweep.json`` to ``out_dir``."""
-    from .stress_data import random_records, write_shards
+    from .data import random_records, write_shards
 
     out_dir = stress_out_dir(out_dir, scale)
     records = random_records(360 if scale == "full" else 200, seed=11, max_len=300, bad_every=23)

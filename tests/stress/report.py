@@ -1,9 +1,9 @@
-"""``energon-pack stress [--full] [--out DIR]``: the reliability report.
+"""The reliability report, from a clone: ``python tests/stress/report.py [--full] [--out DIR]``.
 
 Runs the resume sweep, the resume topology cases (another rank, world size, worker count or
 dataset, an edited state), the coverage sweep, and, when their modules are present, the
-hostile-input fuzz (``stress_fuzz.run_fuzz``), the convert fuzz (``stress_convert``) and the memory
-bound (``stress_memory.run_memory``); prints one table against the target "0 duplicated, 0 lost,
+hostile-input fuzz (``harness.fuzz.run_fuzz``), the convert fuzz (``harness.convert_fuzz``) and the memory
+bound (``harness.memory.run_memory``); prints one table against the target "0 duplicated, 0 lost,
 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted elsewhere, 0 outside
 bytes", writes ``stress_report.json`` and returns non-zero if any target is missed. Rows marked
 ``info`` are counts, not targets.
@@ -28,7 +28,7 @@ FUZZ_SAMPLES = {"bounded": 600, "full": 10_000}
 
 def _optional(module: str, name: str) -> Callable | None:
     try:
-        return getattr(importlib.import_module(f"energon_pack.bench.{module}"), name)
+        return getattr(importlib.import_module(f"harness.{module}"), name)
     except (ImportError, AttributeError):
         return None
 
@@ -85,7 +85,7 @@ def _mark(figure: str, ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="energon-pack stress", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python tests/stress/report.py", description=__doc__)
     parser.add_argument("--full", action="store_true", help="full scale (>= 200 resume cut points, every layout)")
     parser.add_argument("--out", default="bench_results/stress", help="folder for data and JSON reports")
     args = parser.parse_args(argv)
@@ -93,22 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from .stress_coverage import run_coverage
-    from .stress_resume import run_resume_sweep
-    from .stress_topology import run_topology
+    from harness.coverage import run_coverage
+    from harness.resume import run_resume_sweep
+    from harness.topology import run_topology
 
     parts: dict[str, Callable[[], dict]] = {
         "resume": lambda: run_resume_sweep(out / "resume", scale),
         "topology": lambda: run_topology(out / "topology", scale),
         "coverage": lambda: run_coverage(out / "coverage", scale),
     }
-    fuzz = _optional("stress_fuzz", "run_fuzz")
+    fuzz = _optional("fuzz", "run_fuzz")
     if fuzz is not None:
         parts["fuzz"] = lambda: fuzz(out_dir=out / "fuzz", n_samples=FUZZ_SAMPLES[scale], seed=0, workers=2)
-    convert = _optional("stress_convert", "run_convert_fuzz")
+    convert = _optional("convert_fuzz", "run_convert_fuzz")
     if convert is not None:
         parts["convert"] = lambda: convert(out / "convert", scale)
-    memory = _optional("stress_memory", "run_memory")
+    memory = _optional("memory", "run_memory")
     if memory is not None:
         parts["memory"] = lambda: memory(out_dir=out / "memory")
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in parts:
             report["parts"][name] = {"skipped": "module not installed"}
 
-    print(f"\nenergon-pack stress ({scale}); target: {TARGET}\n")
+    print(f"\nstress report ({scale}); target: {TARGET}\n")
     print(f"{'part':<10} {'figure':<24} {'value':>10}  {'ok':<5} {'seconds':>8}")
     last = None
     for name, figure, value, ok, seconds in table:

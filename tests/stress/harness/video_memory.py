@@ -3,7 +3,7 @@
 :func:`run_video_memory` writes ``n_videos`` samples each holding a ``seconds``-long video file
 between small text samples, streams them with ``workers`` loader workers (carry mode) and compares
 the peak RSS summed over the workers with a text-only baseline (the harness of
-:mod:`energon_pack.bench.stress_memory`). The bound it checks::
+:mod:`harness.memory`). The bound it checks::
 
     baseline + workers * (buffer * file bytes                 # the packing buffer: encoded files only
                           + 2 * width * height * 3             # one decoded source frame + its RGB copy
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .stress_memory import IN_FLIGHT_PACKS, MB, _chat, _measure, _write
+from .memory import IN_FLIGHT_PACKS, MB, _chat, _measure, _write
 
 
 def run_video_memory(out_dir: str | Path, *, n_videos: int = 4, seconds: int = 600, fps: int = 30, width: int = 64,
@@ -31,7 +31,7 @@ def run_video_memory(out_dir: str | Path, *, n_videos: int = 4, seconds: int = 6
     from energon_pack.qwen_vl import get_preset
     from energon_pack.video import FrameSampling
 
-    from .video_files import write_video
+    from energon_pack.bench.video_files import write_video
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from .stress_resume import stress_out_dir
+from .loaders import stress_out_dir
 
 TIMEOUT = 300
 MAX_MEDIA_MB = 1
@@ -212,9 +212,9 @@ def good_records(t: dict[str, Path], n: int, rng: random.Random) -> list[bytes]:
 def first_line_probe(root: Path, table: list, good: bytes) -> dict[str, str]:
     """Each line-level hostile case as the FIRST line of a two-line JSONL file (then a good line):
     "ok" when convert writes the good record and counts one skip, else what happened."""
-    from energon_pack.energon.convert import convert
+    from energon_pack.cli.convert import convert
 
-    from .stress_resume import _Hang, hang_alarm
+    from .watchdog import Hang, hang_alarm
 
     root.mkdir(parents=True, exist_ok=True)
     found = {}
@@ -228,7 +228,7 @@ def first_line_probe(root: Path, table: list, good: bytes) -> dict[str, str]:
             want = (1, 2) if outcome[0] != "convert" else (1, 1)
             found[name] = "ok" if (s.written == want[1] and s.records == 2 and s.skipped_total == 2 - want[1]) \
                 else f"records {s.records}, written {s.written}, skipped {s.skipped}"
-        except _Hang:
+        except Hang:
             found[name] = "hang"
         except Exception as exc:  # noqa: BLE001 - the figure is what convert did
             found[name] = f"{type(exc).__name__}: {exc}"[:240]

@@ -1,0 +1,25 @@
+"""The knobs of one conversion: the accepted values, the media cap's default, and :class:`_Context`,
+the frozen settings each worker process gets with its chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMATS = ("auto", "llava", "sharegpt", "messages", "alpaca", "parquet")
+LAYOUTS = ("ours", "bridge")
+VERIFY_MODES = ("header", "decode")
+DEFAULT_MAX_MEDIA_MB = 64
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a worker needs to turn records into samples (frozen: pickled with each chunk)."""
+
+    image_root: str
+    layout: str
+    shape: str
+    verify: str
+    tmp_dir: str
+    roots: tuple = ()  # resolved folders image paths may resolve into
+    allow_outside: bool = False
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_MB << 20

@@ -1,0 +1,293 @@
+"""Write the shards: :func:`convert` validates the knobs, sends chunks of records to a worker pool
+(one tar per chunk, so the output does not depend on the worker count), moves the tars into the
+output folder in source order, has Energon index them, and writes the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from energon_pack.energon.prepare import prepare_webdataset
+from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.records import decode_json_record
+from energon_pack.storage import is_remote, list_names, store_errors, upload_tree
+
+from .detect import _open_source, _Source
+from .media import _MissingRelative
+from .options import DEFAULT_MAX_MEDIA_MB, LAYOUTS, VERIFY_MODES, _Context
+from .outdir import (
+    IN_PROGRESS_FILE,
+    MANIFEST_FILE,
+    SUMMARY_FILE,
+    TMP_DIR,
+    _lock_out_dir,
+    _prepare_out_dir,
+    _write_manifest,
+)
+from .records import _BLANK, _iter_records, build_sample
+from .summary import MAX_EXAMPLES, ConvertSummary
+
+SHARD_NAME = "data-%06d.tar"
+
+
+@dataclass
+class _ChunkResult:
+    """What one chunk became: its counts, skips with examples, and its tar (None when nothing was written)."""
+
+    index: int
+    records: int = 0
+    written: int = 0
+    blank: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)
+    images: int = 0
+    image_bytes: int = 0
+    videos: int = 0
+    video_bytes: int = 0
+    missing_relative: int = 0  # missing_image skips of a relative path
+    tar: str | None = None
+    tar_bytes: int = 0
+
+
+def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _ChunkResult:
+    """Convert one chunk of records into one tar under ``ctx.tmp_dir`` (runs in a worker process)."""
+    import webdataset as wds
+
+    res = _ChunkResult(index)
+    path = Path(ctx.tmp_dir) / f"chunk-{index:06d}.tar"
+    with wds.TarWriter(str(path), mtime=0, encoder=False) as sink:
+        for rec_index, where, payload in items:
+            res.records += 1
+            try:
+                if isinstance(payload, SampleSkipped):
+                    raise payload
+                rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
+                fields, nimages, nbytes, nvideos, nvbytes = build_sample(rec, f"{rec_index:09d}", ctx)
+            except Exception as exc:  # any single bad record is a counted skip, never the end of the run
+                skip = exc if isinstance(exc, SampleSkipped) else \
+                    SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+                res.skipped[skip.reason] += 1
+                res.missing_relative += isinstance(skip, _MissingRelative)
+                ex = res.examples.setdefault(skip.reason, [])
+                if len(ex) < MAX_EXAMPLES:
+                    ex.append(f"{where}: {skip.detail}" if skip.detail else where)
+                continue
+            sink.write(fields)
+            res.written += 1
+            res.images += nimages
+            res.image_bytes += nbytes
+            res.videos += nvideos
+            res.video_bytes += nvbytes
+    if res.written:
+        res.tar, res.tar_bytes = str(path), path.stat().st_size
+    else:
+        path.unlink()
+    return res
+
+
+def _iter_chunks(src: _Source, size: int) -> Iterator[tuple[int, list, int]]:
+    """(chunk index, [(record index, where, payload)], blank lines) in source order."""
+    chunk, blank, n, index = [], 0, 0, 0
+    for where, payload in _iter_records(src):
+        if payload is _BLANK:
+            blank += 1
+            continue
+        chunk.append((n, where, payload))
+        n += 1
+        if len(chunk) == size:
+            yield index, chunk, blank
+            chunk, blank, index = [], 0, index + 1
+    if chunk or blank:
+        yield index, chunk, blank
+
+
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    image_root: str | Path | None = None,
+    layout: str = "ours",
+    format: str = "auto",
+    samples_per_shard: int = 1000,
+    workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    verify: str = "header",
+    prepare_workers: int = 2,
+    allow_outside_paths: bool = False,
+    max_media_mb: float = DEFAULT_MAX_MEDIA_MB,
+) -> ConvertSummary:
+    """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
+    Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
+
+    ``workers`` processes (default: all CPUs; 0 or 1 converts in this process) convert chunks of
+    ``samples_per_shard`` records, one shard per chunk: the output does not depend on
+    ``workers``. A finished output is refused unless ``overwrite``, which deletes only what the
+    previous run's manifest lists; a folder holding anything else, or locked by another convert,
+    is always refused. ``verify="decode"`` fully decodes every image
+    (catches truncated files) instead of reading its header only.
+
+    Image paths are read only when they resolve (symlinks and ``file://`` included) inside the
+    source's folder or ``image_root`` (``allow_outside_paths`` lifts that), name a regular file
+    of at most ``max_media_mb`` MB and start with an image header; anything else is a counted skip.
+    """
+    t0 = time.perf_counter()
+    if layout not in LAYOUTS:
+        raise ConfigError("layout", f"unknown layout {layout!r}", f"use one of {', '.join(LAYOUTS)}")
+    if verify not in VERIFY_MODES:
+        raise ConfigError("verify", f"unknown mode {verify!r}", f"use one of {', '.join(VERIFY_MODES)}")
+    if not isinstance(max_media_mb, (int, float)) or not 0 < max_media_mb < 1 << 20:
+        raise ConfigError("max_media_mb", f"must be a positive number of MB, got {max_media_mb!r}", "pass e.g. 64")
+    if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise ConfigError("samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}",
+                          "pass e.g. 1000")
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 0:
+        raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
+    for knob, value in (("source", source), ("image_root", image_root)):
+        if value is not None and is_remote(value):
+            raise ConfigError(knob, f"{value} is in object storage; convert reads its source and the images it names "
+                              "from local disk only", "copy them here first; OUT may be an msc:// prefix")
+    if is_remote(out_dir):
+        return _convert_to_object_storage(
+            source, str(out_dir), image_root=image_root, layout=layout, format=format,
+            samples_per_shard=samples_per_shard, workers=workers, progress=progress, overwrite=overwrite,
+            verify=verify, prepare_workers=prepare_workers, allow_outside_paths=allow_outside_paths,
+            max_media_mb=max_media_mb)
+    source, out = Path(source), Path(out_dir)
+    src = _open_source(source, format)
+    root_given = image_root is not None
+    if image_root is None:
+        image_root = source if source.is_dir() else source.parent
+    image_root = Path(image_root)
+    if not image_root.is_dir():
+        raise ConfigError("image_root", f"{image_root} is not a folder", "pass the folder image paths are relative to")
+    if out.resolve() == source.resolve():
+        raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
+    lock = _lock_out_dir(out)
+    try:
+        _prepare_out_dir(out, overwrite)
+        folder = source if source.is_dir() else source.parent
+        roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, folder)))
+        ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR), roots,
+                       bool(allow_outside_paths), int(max_media_mb * (1 << 20)))
+        summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
+        results = _run(ctx, src, samples_per_shard, workers, progress)
+
+        examples: dict = {}
+        skipped: Counter = Counter()
+        names = [SHARD_NAME % i for i in range(sum(1 for res in results if res.tar))]
+        _write_manifest(out, names)
+        shard, missing_relative = 0, 0
+        for res in results:  # chunk order: deterministic whatever the worker count
+            missing_relative += res.missing_relative
+            summary.records += res.records
+            summary.written += res.written
+            summary.blank_lines += res.blank
+            summary.images += res.images
+            summary.image_bytes += res.image_bytes
+            summary.videos += res.videos
+            summary.video_bytes += res.video_bytes
+            skipped.update(res.skipped)
+            for reason, ex in res.examples.items():
+                examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
+            if res.tar:
+                os.replace(res.tar, out / (SHARD_NAME % shard))
+                summary.bytes += res.tar_bytes
+                shard += 1
+        shutil.rmtree(out / TMP_DIR, ignore_errors=True)
+        summary.shards = shard
+        summary.skipped = dict(sorted(skipped.items()))
+        summary.examples = {k: examples[k] for k in summary.skipped}
+        if missing_relative and not root_given:
+            summary.hints.append(f"{missing_relative} record(s) skipped as missing_image: their relative image paths "
+                                 f"were looked up in {image_root} (the source's folder); pass --image-root DIR, the "
+                                 "folder they are relative to")
+        if summary.written == 0:  # nothing to keep: the folder is left empty
+            for name in (IN_PROGRESS_FILE, MANIFEST_FILE):
+                (out / name).unlink(missing_ok=True)
+            detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items())
+            raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: "
+                              f"{detail or 'no records'}",
+                              "; ".join(summary.hints) or "check --image-root and the skip reasons")
+        with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
+            prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
+        if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
+            summary.detected = src.detected.replace("JSON array", f"JSON array of {summary.records} records", 1)
+        summary.seconds = round(time.perf_counter() - t0, 3)
+        (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
+        return summary
+    finally:
+        os.close(lock)
+
+
+def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool, **kw: Any) -> ConvertSummary:
+    """:func:`convert` into an ``msc://`` prefix: converted and prepared in a temporary local folder
+    (removed after), then uploaded as it is. A prefix that holds objects is refused before anything is
+    converted (``overwrite`` does not apply: a remote output is never deleted)."""
+    import tempfile
+
+    with store_errors(out):
+        held = list_names(out)
+    if held:
+        raise ConfigError("out_dir", f"{out} already holds {len(held)} object(s) (e.g. {held[0]})"
+                          + ("; --overwrite replaces local outputs only" if overwrite else ""),
+                          "write to a new prefix")
+    with tempfile.TemporaryDirectory(prefix="energon_pack_convert_") as tmp:
+        local = Path(tmp) / "out"
+        summary = convert(source, local, **kw)
+        summary.out_dir = out
+        (local / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        with store_errors(out):
+            upload_tree(local, out)
+    return summary
+
+
+def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -> list[_ChunkResult]:
+    from tqdm import tqdm
+
+    results: list[_ChunkResult] = []
+    chunks = _iter_chunks(src, size)
+    bar_kw = dict(total=src.records, unit="rec", desc="convert", disable=not progress, file=sys.stderr, smoothing=0.1)
+
+    def done(res: _ChunkResult, bar) -> None:
+        results.append(res)
+        bar.update(res.records)
+        bar.set_postfix(written=sum(r.written for r in results),
+                        skipped=sum(sum(r.skipped.values()) for r in results), refresh=False)
+
+    if workers <= 1:
+        with tqdm(**bar_kw) as bar:
+            for index, items, blank in chunks:
+                res = _convert_chunk(ctx, index, src.container, items)
+                res.blank = blank
+                done(res, bar)
+    else:
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        blanks: dict[int, int] = {}
+        with ProcessPoolExecutor(max_workers=workers) as pool, tqdm(**bar_kw) as bar:
+            pending: set = set()
+            for index, items, blank in chunks:
+                blanks[index] = blank
+                pending.add(pool.submit(_convert_chunk, ctx, index, src.container, items))
+                if len(pending) >= 2 * workers:  # bound what is held in memory
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        done(fut.result(), bar)
+            for fut in wait(pending).done:
+                done(fut.result(), bar)
+        for res in results:
+            res.blank = blanks[res.index]
+    return sorted(results, key=lambda r: r.index)

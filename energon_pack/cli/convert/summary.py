@@ -1,0 +1,100 @@
+"""What a conversion reports: the skip reasons it counts and :class:`ConvertSummary`, the figures
+``energon-pack convert`` prints and writes to ``convert_summary.json``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+#: What each skip reason means (the README table is generated from the same words).
+SKIP_REASONS = {
+    "invalid_json": "a JSONL line that is not valid JSON (or nested deeper than 64 levels)",
+    "invalid_utf8": "a JSONL line that is not UTF-8",
+    "bad_record": "a record that is not a JSON object / table row",
+    "no_conversation": "a record without messages / conversations / conversation / texts",
+    "bad_conversation": "turns of an unsupported shape (no role/from, a content of an unknown type, a tool call "
+                        "without a name, tools that are not a list, ...)",
+    "unknown_role": "a turn whose role is not system / user / assistant / tool (or an alias: human, gpt, "
+                    "function_call, observation)",
+    "empty_conversation": "a conversation with no turns",
+    "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
+    "empty_assistant_turn": "an assistant turn with no content and no tool calls",
+    "media_count_mismatch": "the number of <image> placeholders / image parts differs from the number of images",
+    "bad_video_ref": "a video value that is neither a path, bytes nor a {path}/{bytes} dict",
+    "remote_video": "an http(s) video URL (convert never downloads)",
+    "missing_video": "a video path that does not exist (check --image-root, which video paths share)",
+    "unreadable_video": "a video path that exists but cannot be read (no permission)",
+    "not_a_video": "a file whose first bytes are no video container header (mp4/mov, mkv/webm, avi)",
+    "corrupt_video": "video bytes FFmpeg cannot read: no video stream, frame rate, frame or size in the header",
+    "video_too_few_frames": "a video of fewer than 2 frames (Qwen's sampling, and so the loader, refuses it)",
+    "bad_image_ref": "an image value that is neither a path, bytes, a data: URI nor a {path}/{bytes} dict",
+    "remote_image": "an http(s) image URL (convert never downloads)",
+    "missing_image": "an image path that does not exist (check --image-root)",
+    "unreadable_image": "an image path that exists but cannot be read (no permission)",
+    "path_outside_root": "an image path that resolves (symlinks included) outside the source folder and --image-root "
+                         "(--allow-outside-paths reads it)",
+    "not_a_regular_file": "an image path naming a folder, a FIFO, a device (/dev/zero, /dev/stdin) or a socket",
+    "media_too_large": "an image larger than --max-media-mb",
+    "not_an_image": "a file whose first bytes are no image header (it is not read further)",
+    "invalid_text": "text that cannot be written as UTF-8 (a lone surrogate such as \\ud800)",
+    "unexpected_error": "a record that broke convert in an unforeseen way (the example names the exception)",
+    "corrupt_image": "image bytes PIL cannot open (empty, garbage, truncated with --verify decode)",
+    "unsupported_image_format": "an image format the loader does not read (only jpg, png, webp, bmp, gif, tiff)",
+}
+MAX_EXAMPLES = 3
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did: counts, skips by reason (with examples), shards, bytes, time."""
+
+    source: str
+    out_dir: str
+    format: str  # llava | sharegpt | messages | parquet
+    detected: str  # how the input was read, in words
+    layout: str
+    records: int = 0
+    written: int = 0
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    examples: dict = field(default_factory=dict)  # reason -> ["record 3: detail", ...] (up to 3)
+    blank_lines: int = 0  # whitespace-only JSONL lines (not records)
+    shards: int = 0
+    images: int = 0
+    image_bytes: int = 0
+    videos: int = 0
+    video_bytes: int = 0
+    bytes: int = 0  # size of the written shards
+    seconds: float = 0.0
+    workers: int = 1
+    hints: list = field(default_factory=list)  # one line each: what to change (e.g. pass --image-root)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "skipped_total": self.skipped_total}
+
+    def format_text(self) -> str:
+        """The human report ``energon-pack convert`` prints."""
+        rate = self.records / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            f"converted {self.source} -> {self.out_dir} (layout {self.layout})",
+            f"  input    {self.detected}",
+            f"  records  {self.records}: written {self.written}, skipped {self.skipped_total}"
+            + (f" ({self.blank_lines} blank lines ignored)" if self.blank_lines else ""),
+        ]
+        for reason, count in sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  skipped  {reason}: {count}")
+            lines.extend(f"             e.g. {ex}" for ex in self.examples.get(reason, []))
+        lines.extend(f"  hint     {h}" for h in self.hints)
+        lines += [
+            f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)}"
+            + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "") + " (original bytes)",
+            f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
+            f"get_train_dataset({self.out_dir!r}, ...)",
+        ]
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"

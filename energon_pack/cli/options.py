@@ -1,0 +1,138 @@
+"""The argparse pieces every command shares: number types, the help formatter, the one-line error
+parser, the options common to all commands, object-storage read options and the JSONL options."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+
+def int_at_least(minimum: int):
+    """An argparse type: a whole number >= ``minimum``, with a one-line message otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {minimum}")
+        return value
+
+    parse.__name__ = "positive int" if minimum == 1 else f"int >= {minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def ints(text: str) -> tuple[int, ...]:
+    """Comma-separated positive whole numbers (``8,32,64``)."""
+    values = tuple(positive_int(x.strip()) for x in text.split(",") if x.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number, e.g. 8,32,64")
+    return values
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help; flags say "off"; a help text that already names its
+    default in words is left alone."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is argparse.SUPPRESS or "default" in text or action.option_strings == []:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        if action.default is False:
+            return text + " (default: off)"
+        if isinstance(action.default, tuple):
+            return text + f" (default: {','.join(map(str, action.default))})"
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The options of every command (``--debug``, ``--cache-dir``), as an argparse parent."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error (default: off: a one-line message, exit status 2)")
+    common.add_argument("--cache-dir", default=None,
+                        help="folder for caches (JSONL line index and lengths, the built Qwen tokenizer); "
+                             "default: $ENERGON_PACK_CACHE_DIR, else $XDG_CACHE_HOME/energon_pack, else "
+                             "~/.cache/energon_pack (never next to your data)")
+    return common
+
+
+def add_command(subparsers: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+    """A command's parser: its help as description, the common options, defaults in every help line."""
+    return subparsers.add_parser(name, help=help, description=help, parents=[common_options()],
+                                 formatter_class=HelpFormatter, **kw)
+
+
+def object_read_options(p: argparse.ArgumentParser) -> None:
+    """How shards in object storage are read (``energon_pack.object_reads``; msc:// datasets only)."""
+    p.add_argument("--whole-object-limit", type=non_negative_int, default=None,
+                   help="msc:// shards up to this many bytes are downloaded whole, larger ones range-read "
+                        "(default: multi-storage-client's 512 MiB)")
+    p.add_argument("--read-ahead", type=non_negative_int, default=0,
+                   help="bytes each range read of an msc:// shard asks for at least (e.g. 1048576: a sample and its "
+                        "neighbours in one request; 0: one request per read, multi-storage-client's own)")
+
+
+@contextlib.contextmanager
+def object_reads(args: argparse.Namespace) -> Iterator[None]:
+    """``--whole-object-limit`` / ``--read-ahead`` while the command runs (MSC's own reads again after)."""
+    if getattr(args, "whole_object_limit", None) is None and not getattr(args, "read_ahead", 0):
+        yield
+        return
+    from energon_pack.object_reads import configure_object_reads
+
+    configure_object_reads(whole_object_limit=args.whole_object_limit, read_ahead=args.read_ahead)
+    try:
+        yield
+    finally:
+        configure_object_reads()
+
+
+#: the ``--tokenizer`` help of the commands that read JSONL
+TOKENIZER_HELP = ("qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
+                  "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); ")
+
+
+#: the record formats of ``energon_pack.sft.formats.FORMATS``, named here so that building the parser
+#: (``--help``) does not import the GPT-SFT package and torch (a test keeps the two equal)
+JSONL_FORMATS = ("prompt_completion", "chat")
+
+
+def jsonl_options(p: argparse.ArgumentParser) -> None:
+    """How a GPT-SFT JSONL file is read: format, tokenizer, width, length limit, field names."""
+    p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help="record format")
+    p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: qwen2.5-vl")
+    p.add_argument("--width", type=positive_int, default=4096, help="pack width in tokens")
+    p.add_argument("--max-length", type=positive_int, default=None,
+                   help="skip samples longer than this (default: no limit)")
+    p.add_argument("--prompt-field", default=None,
+                   help="prompt field name (default: the format's own, e.g. prompt/input)")
+    p.add_argument("--completion-field", default=None,
+                   help="completion field name (default: the format's own, e.g. completion/output)")
+
+
+def field_kw(args: argparse.Namespace) -> dict[str, Any]:
+    """``--prompt-field`` / ``--completion-field`` as dataset keywords (only those given)."""
+    fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
+    return {k: v for k, v in fields.items() if v}
+
+
+#: the knobs the JSONL options set (for wording library messages)
+JSONL_FLAGS = {"seq_length": "--width", "width": "--width", "max_length": "--max-length",
+               "prompt_field": "--prompt-field", "completion_field": "--completion-field"}

@@ -1,0 +1,75 @@
+"""Hugging Face transformers: run our packed THD rows through Qwen2-VL / Qwen2.5-VL / Qwen3-VL.
+
+For transformers :data:`SUPPORTED_TRANSFORMERS` (``models/qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``; CI runs the
+packed-vs-per-sample parity tests on 4.57.6, 5.12.1, 5.17.0 and 5.24.0). A training loop::
+
+    prepare_model(model)                      # once: varlen attention, vision tower guards, static-visual hooks
+    out = packed_forward(model, batch)        # model(**hf_forward_kwargs(batch, model=model, device=...))
+    loss_sum, n_tokens = packed_loss(out.logits, batch)
+    loss = normalize_by_global_tokens(loss_sum, n_tokens)
+
+One module per concern:
+
+* :mod:`.model`: :func:`prepare_model`, the one call that installs on a model what our packs need.
+* :mod:`.batch`: :func:`hf_forward_kwargs` / :func:`packed_forward` (a packed batch -> the ``forward`` kwargs),
+  the release's video M-RoPE conventions, precomputed vision tensors and :func:`check_vision_preset`.
+* :mod:`.attention`: :func:`varlen_attention_forward` for HF's ``AttentionInterface``
+  (:func:`register_varlen_attention`, :func:`use_varlen_attention`) and :func:`guard_vision_towers`.
+* :mod:`.static_visual`: static-visual packs (one shape per pack width: :func:`static_vision_kwargs`,
+  :func:`place_visual_rows`, :func:`use_static_visual`).
+* :mod:`.loss`: :func:`packed_loss` on our pre-shifted labels and :func:`normalize_by_global_tokens`.
+* :mod:`.version`: :func:`check_transformers_version` and what the installed release's towers read.
+
+Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`~energon_pack.errors.ConfigError` from our entry
+points; transformers is imported inside functions only, so importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+from energon_pack.integrations.hf.attention import (
+    VARLEN_ATTENTION,
+    guard_vision_towers,
+    register_varlen_attention,
+    use_varlen_attention,
+    varlen_attention_forward,
+)
+from energon_pack.integrations.hf.batch import (
+    check_vision_preset,
+    hf_forward_kwargs,
+    mm_token_type_ids,
+    mrope_conventions,
+    packed_forward,
+    vision_precomputed_kwargs,
+)
+from energon_pack.integrations.hf.loss import global_token_count, normalize_by_global_tokens, packed_loss
+from energon_pack.integrations.hf.model import prepare_model
+from energon_pack.integrations.hf.static_visual import place_visual_rows, static_vision_kwargs, use_static_visual
+from energon_pack.integrations.hf.version import (
+    SUPPORTED_TRANSFORMERS,
+    check_transformers_version,
+    vision_precompute_keys,
+)
+
+__all__ = [
+    "SUPPORTED_TRANSFORMERS",
+    "VARLEN_ATTENTION",
+    "check_transformers_version",
+    "check_vision_preset",
+    "global_token_count",
+    "guard_vision_towers",
+    "hf_forward_kwargs",
+    "mm_token_type_ids",
+    "mrope_conventions",
+    "normalize_by_global_tokens",
+    "packed_forward",
+    "packed_loss",
+    "place_visual_rows",
+    "prepare_model",
+    "register_varlen_attention",
+    "static_vision_kwargs",
+    "use_static_visual",
+    "use_varlen_attention",
+    "varlen_attention_forward",
+    "vision_precompute_keys",
+    "vision_precomputed_kwargs",
+]
