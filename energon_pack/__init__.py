@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # outcomes for bad input
     "AllSkippedError": "energon_pack.errors",
+    "SkipRateWarning": "energon_pack.errors",
+    "ResumeConfigError": "energon_pack.energon",
     "ConfigError": "energon_pack.errors",
     "SampleSkipped": "energon_pack.errors",
     # Energon task encoders and their configuration
@@ -30,6 +32,10 @@ _EXPORTS: dict[str, str] = {
     "ChatConfig": "energon_pack.chat",
     "load_tokenizer": "energon_pack.chat",
     "describe_tokenizer": "energon_pack.chat",
+    "as_qwen_tokenizer": "energon_pack.chat",
+    "is_demo_tokenizer": "energon_pack.chat.tokenizer",
+    "qwen_vocab_version": "energon_pack.chat.tokenizer",
+    "QWEN_VL_VOCAB_ROWS": "energon_pack.chat",
     "get_preset": "energon_pack.qwen_vl",
     "PRESETS": "energon_pack.qwen_vl",
     "VisionPreset": "energon_pack.qwen_vl",
@@ -46,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "TokenBudgetBatchSampler": "energon_pack.sft",
     "inspect_jsonl": "energon_pack.sft",
     # Megatron-Bridge
+    "BRIDGE_BATCH_KEYS": "energon_pack.integrations.bridge",
     "BridgeQwenVLPackingTaskEncoder": "energon_pack.integrations.bridge",
     "check_bridge_config": "energon_pack.integrations.bridge",
     "make_bridge_dataset_provider": "energon_pack.integrations.bridge",
@@ -95,9 +102,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers see the real names
-    from energon_pack.chat import ChatConfig, describe_tokenizer, load_tokenizer
+    from energon_pack.chat import QWEN_VL_VOCAB_ROWS, ChatConfig, as_qwen_tokenizer, describe_tokenizer, load_tokenizer
+    from energon_pack.chat.tokenizer import is_demo_tokenizer, qwen_vocab_version
     from energon_pack.energon import (
         PackingConfig,
+        ResumeConfigError,
         TextPackingTaskEncoder,
         make_demo_shards,
         prepare,
@@ -105,8 +114,9 @@ if TYPE_CHECKING:  # static analysers see the real names
         save_state_rank,
         split_changed_dataset,
     )
-    from energon_pack.errors import AllSkippedError, ConfigError, SampleSkipped
+    from energon_pack.errors import AllSkippedError, ConfigError, SampleSkipped, SkipRateWarning
     from energon_pack.integrations.bridge import (
+        BRIDGE_BATCH_KEYS,
         BridgeQwenVLPackingTaskEncoder,
         bridge_dataset_kwargs,
         check_bridge_config,

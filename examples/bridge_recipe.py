@@ -15,7 +15,7 @@ the light import route of ``tests/_bridge_light.py``. Without CUDA, ``Tensor.cud
 identity for the check on either route (Bridge's step moves every tensor with ``.cuda()``).
 
 ``--tokenizer``: a name (``qwen2.5-vl``, the default, for the preset; see
-``energon_pack.chat.tokenizer.load_tokenizer``), a ``tokenizer.json`` or a local Hugging Face
+``energon_pack.load_tokenizer``), a ``tokenizer.json`` or a local Hugging Face
 folder. ``--tokenizer demo`` (the offline demo tokenizer) is accepted only for ``--check`` on
 demo data (``make_demo_shards`` shards): anything else would train, or judge packs, on ids and
 token counts that are not the model's.
@@ -28,9 +28,15 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer, load_tokenizer
-from energon_pack.errors import ConfigError
-from energon_pack.integrations.bridge import BridgeQwenVLPackingTaskEncoder, check_bridge_config, make_bridge_dataset_provider
+from energon_pack import (
+    BridgeQwenVLPackingTaskEncoder,
+    ConfigError,
+    check_bridge_config,
+    describe_tokenizer,
+    is_demo_tokenizer,
+    load_tokenizer,
+    make_bridge_dataset_provider,
+)
 
 PRESET = "qwen2.5-vl"  # the recipe below is Bridge's Qwen2.5-VL 7B SFT
 
@@ -164,8 +170,7 @@ def bridge_get_batch():
 def check(args):
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    from energon_pack.energon import make_demo_shards
-    from energon_pack.integrations.bridge import BRIDGE_BATCH_KEYS, bridge_dataset_kwargs
+    from energon_pack import BRIDGE_BATCH_KEYS, bridge_dataset_kwargs, make_demo_shards
 
     te = make_encoder(args)
     get_batch, route = bridge_get_batch()

@@ -59,8 +59,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from energon_pack.integrations.hf import hf_forward_kwargs, normalize_by_global_tokens, packed_loss
-from energon_pack.integrations.hf import prepare_model as prepare_hf_model
+from energon_pack import hf_forward_kwargs, normalize_by_global_tokens, packed_loss
+from energon_pack import prepare_model as prepare_hf_model
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
@@ -72,8 +72,7 @@ SIZES = ("tiny", "3b")
 def vocab_size(tokenizer: Any, multiple: int = 64) -> int:
     """Embedding rows: the real Qwen-VL models' 151,936 for their tokenizer (Qwen2-VL-2B, Qwen2.5-VL-3B,
     Qwen3-VL-4B); for any other tokenizer its size rounded up to ``multiple``."""
-    from energon_pack.chat import QWEN_VL_VOCAB_ROWS
-    from energon_pack.chat.tokenizer import qwen_vocab_version
+    from energon_pack import QWEN_VL_VOCAB_ROWS, qwen_vocab_version
 
     inner = tokenizer.inner
     n = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner)
@@ -87,7 +86,7 @@ def model_config(name: str, size: str, tokenizer: Any) -> Any:
     """A transformers config of the Qwen-VL version ``name`` in shape ``size``; ids from ``tokenizer``."""
     import transformers as tf
 
-    from energon_pack.qwen_vl import get_preset
+    from energon_pack import get_preset
 
     if name not in MODELS:
         raise SystemExit(f"--model must be one of {sorted(MODELS)}")
@@ -317,8 +316,7 @@ def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int
     defaults to the most samples a pack can hold."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
-    from energon_pack.chat import load_tokenizer
-    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack import QwenVLPackingTaskEncoder, load_tokenizer
 
     kw = dict(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width,
               pad_to_max_length=True, packing_mode=packing_mode, seed=seed)
@@ -337,7 +335,7 @@ def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int
 
 def vision_preset(name: str, size: str, max_pixels: int | None = None) -> Any:
     """The model's preset; tiny runs use small images (4-16 merged tokens each) unless ``max_pixels``."""
-    from energon_pack.qwen_vl import get_preset
+    from energon_pack import get_preset
 
     f2 = get_preset(name).factor ** 2
     if max_pixels is None and size == "tiny":
@@ -454,11 +452,10 @@ def main(argv: list[str] | None = None) -> None:
     device, rank, world = setup_distributed(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    from energon_pack import PackingStatsTracker
-    from energon_pack.cli import ensure_demo_data
+    from energon_pack import PackingStatsTracker, make_demo_shards
 
-    if rank == 0 and args.data == "demo_data":
-        ensure_demo_data(args.data, 1200)
+    if rank == 0 and args.data == "demo_data" and not (Path(args.data) / ".nv-meta").is_dir():
+        make_demo_shards(args.data, 1200)
     barrier()
     preset = vision_preset(args.model, args.size, args.max_pixels)
     budget = static_budgets(args, preset)

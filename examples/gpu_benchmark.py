@@ -376,12 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     import transformers
 
-    from energon_pack.chat import describe_tokenizer, load_tokenizer
-    from energon_pack.chat.tokenizer import as_qwen_tokenizer
-    from energon_pack.cli import ensure_demo_data
+    from energon_pack import as_qwen_tokenizer, describe_tokenizer, load_tokenizer, make_demo_shards
 
-    if rank == 0:
-        ensure_demo_data(args.data, args.samples)
+    if rank == 0 and not (Path(args.data) / ".nv-meta").is_dir():
+        make_demo_shards(args.data, args.samples)
     ft.barrier()
     tokenizer = as_qwen_tokenizer(load_tokenizer(args.tokenizer or args.model))  # the model's real one by default
     model = ft.build_model(args.model, args.size, tokenizer, device=device, dtype=dtype)

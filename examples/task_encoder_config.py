@@ -12,11 +12,15 @@ from pathlib import Path
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from torch.utils.data import DataLoader
 
-from energon_pack import alignment_multiple
-from energon_pack.energon import make_demo_shards
-from energon_pack.chat import load_tokenizer
-from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
-from energon_pack.sft import InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
+from energon_pack import (
+    InBatchPacker,
+    JsonlSFTDataset,
+    QwenVLPackingTaskEncoder,
+    TokenBudgetBatchSampler,
+    alignment_multiple,
+    load_tokenizer,
+    make_demo_shards,
+)
 
 # ---------------------------------------------------------------- 1. Qwen-VL on Energon (MBS 1)
 # The model's real tokenizer, built offline from Qwen's published BPE ranks (or your own, e.g.

@@ -154,8 +154,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     ``encode_batch_fast`` of the same texts in the pass's chunks, from ``sample_lines`` lines
     scaled to the file, in this process's default malloc): the floor a pass on one core pays;
     ``ceiling_on_cores`` = serial time / (that / cores). ``new_cpu_s`` is the CPU time of the new
-    pass (its workers included); ``fresh_workers`` whether they were fresh interpreters with a
-    larger malloc cache (which makes the tokenizer itself cheaper than that floor)."""
+    pass (its workers included, one pool of processes)."""
     import os
     import resource
 
@@ -184,7 +183,6 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     new_index, new_total, new, lines, new_cpu = run(workers=workers, batch=True)
     old_index, old_total, old, _, _ = run(workers=1, batch=False)
-    fresh = size >= length_pass.FRESH_WORKERS_MIN_BYTES and length_pass._glibc() and (workers or cores) > 1
     identical = (np.array_equal(new[0], old[0]) and new[1] == old[1] and new[2] == old[2])
     ds = JsonlSFTDataset(path, QwenTokenizer(raw), cache_dir=workdir / "cache")
     n = min(sample_lines, lines)
@@ -202,7 +200,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
             "serial_index_s": old_index, "serial_total_s": old_total, "new_index_s": new_index, "new_total_s": new_total,
             "speedup": old_total / new_total, "identical": bool(identical),
             "tokenizer_only_cpu_s": tok_cpu, "ceiling_on_cores": old_total / (tok_cpu / cores),
-            "new_cpu_s": new_cpu, "tokenizer_only_chunk_texts": chunk, "fresh_workers": bool(fresh)}
+            "new_cpu_s": new_cpu, "tokenizer_only_chunk_texts": chunk}
 
 
 def fill_timings(lengths: np.ndarray, width: int, window: int = 4096, seed: int = 0) -> dict[str, Any]:
@@ -328,7 +326,7 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
         print(f"length pass: {lp['bytes'] / 2**20:.0f} MiB, {lp['lines']} distinct lines: index + serial per-line pass "
               f"{lp['serial_total_s']:.1f}s, index + batched pass on {lp['workers']} processes {lp['new_total_s']:.1f}s "
               f"({lp['speedup']:.2f}x, identical: {lp['identical']}; {lp['new_cpu_s']:.1f} CPU-s"
-              f"{', fresh workers with a larger malloc cache' if lp['fresh_workers'] else ''}); tokenizer alone "
+              f"); tokenizer alone "
               f"{lp['tokenizer_only_cpu_s']:.1f} CPU-s (ceiling on {lp['cores']} cores {lp['ceiling_on_cores']:.2f}x)")
     if check:
         print("\nproject benchmark targets (issue 5, on this generated data)")

@@ -57,27 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def convert_main():
-    """``convert``'s own entry: ``energon_pack.cli.convert.command.main`` where the split package has
-    it, else the module it is moving from."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("energon_pack.cli.convert.command") is not None
-    except ModuleNotFoundError:
-        found = False
-    if found:
-        from energon_pack.cli.convert.command import main
-    else:
-        from energon_pack.energon.convert import main
-    return main
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["convert"]:
-        run_convert = convert_main()
-        return interruptible("energon-pack convert", lambda: run_convert(argv[1:]))
+        from energon_pack.cli.convert.command import main as convert_main
+
+        return interruptible("energon-pack convert", lambda: convert_main(argv[1:]))
     args = build_parser().parse_args(argv)
     prog = f"energon-pack {args.command}"
     command = BY_NAME[args.command]
