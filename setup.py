@@ -12,9 +12,14 @@ from setuptools import Extension, setup
 
 extensions = []
 if platform.machine().lower() in ("x86_64", "amd64"):
-    extensions.append(Extension(
-        "energon_pack.pixels._pixel_simd", ["energon_pack/pixels/_pixel_simd.c"],
-        # no fused multiply-add: the values must equal the float32 table's operations exactly
-        extra_compile_args=["-O3", "-ffp-contract=off"], optional=True))
+    extensions.append(
+        Extension(
+            "energon_pack.pixels._pixel_simd",
+            ["energon_pack/pixels/_pixel_simd.c"],
+            # no fused multiply-add: the values must equal the float32 table's operations exactly
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        )
+    )
 
 setup(ext_modules=extensions)

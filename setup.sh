@@ -13,10 +13,10 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 .venv/bin/pip install --quiet -e ".[test,examples]"
 # Test-only: Megatron-Bridge's pure-Python wheel (no deps; it declares Python >= 3.12 but its
-# modules run on 3.11), so tests/test_integration_bridge.py runs Bridge's own VLM-step batch and
+# modules run on 3.11), so tests/integrations/test_integration_bridge.py runs Bridge's own VLM-step batch and
 # M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
 .venv/bin/pip install --quiet --no-deps --ignore-requires-python "megatron-bridge==0.6.2"
-# Test-only: the video reference (tests/test_video_parity.py): qwen-vl-utils with its decord reader and
+# Test-only: the video reference (tests/video/test_video_parity.py): qwen-vl-utils with its decord reader and
 # transformers' Qwen video processors need torchvision; its wheel here is built against CUDA torch, so it
 # goes into .venv/video-reference/ (never on the main environment's path) and the parity tests import it
 # in a subprocess. torchvision's release is the one paired with the installed torch (2.N -> 0.N+15).
@@ -31,6 +31,6 @@ fi
 # Test-only: the compatibility environments under .venv-compat/ (git-ignored), each the main venv's
 # packages with a few releases pinned in front (--no-deps, so never a torch download): the oldest
 # supported transformers, Megatron-Bridge's newest allowed and the GPU image's; the lowest
-# megatron-energon, Pillow and numpy allowed. tests/test_compat_matrix.py runs each row's tests in
+# megatron-energon, Pillow and numpy allowed. tests/project/test_compat_matrix.py runs each row's tests in
 # its environment. Up-to-date environments are skipped (a stamp of the pins), so a re-run is instant.
 .venv/bin/python scripts/compat_envs.py setup

@@ -151,8 +151,15 @@ class AllSkippedError(_SkipReport, RuntimeError):
         example: one skipped sample, for the most frequent reason.
     """
 
-    def __init__(self, summary: str, *, who: str | None = None, skips: Mapping[str, int] | None = None,
-                 hints: Sequence[Hint] = (), example: str | None = None) -> None:
+    def __init__(
+        self,
+        summary: str,
+        *,
+        who: str | None = None,
+        skips: Mapping[str, int] | None = None,
+        hints: Sequence[Hint] = (),
+        example: str | None = None,
+    ) -> None:
         self.summary, self.who = summary, summary if who is None else who
         self.skips = None if skips is None else dict(skips)
         self.hints, self.example = tuple(hints), example
@@ -164,9 +171,11 @@ class AllSkippedError(_SkipReport, RuntimeError):
             return self.summary
         top = max(self.skips, key=self.skips.get) if self.skips else ""
         fix = render_hints(self.hints, names)
-        return (f"{self.summary}; skips by reason: {skip_counts_text(self.skips)}."
-                + (f" Example ({top}): {self.example}." if self.example else "")
-                + (f" Likely fix: {fix}." if fix else ""))
+        return (
+            f"{self.summary}; skips by reason: {skip_counts_text(self.skips)}."
+            + (f" Example ({top}): {self.example}." if self.example else "")
+            + (f" Likely fix: {fix}." if fix else "")
+        )
 
     __reduce__ = _reduce_exception
 
@@ -184,8 +193,17 @@ class SkipRateWarning(_SkipReport, RuntimeWarning):
         hints: what to check.
     """
 
-    def __init__(self, who: str, *, skipped: int, window: int, rate: float, skips: Mapping[str, int],
-                 examples: Mapping[str, str], hints: Sequence[Hint] = ()) -> None:
+    def __init__(
+        self,
+        who: str,
+        *,
+        skipped: int,
+        window: int,
+        rate: float,
+        skips: Mapping[str, int],
+        examples: Mapping[str, str],
+        hints: Sequence[Hint] = (),
+    ) -> None:
         self.who, self.skipped, self.window, self.rate = who, skipped, window, rate
         self.skips, self.examples, self.hints = dict(skips), dict(examples), tuple(hints)
         super().__init__(self.render())
@@ -199,10 +217,13 @@ class SkipRateWarning(_SkipReport, RuntimeWarning):
         shown = "; ".join(f"{r}: {self.examples.get(r, 'no example (counted by the packer)')}" for r, _ in ordered)
         threshold = (f"{off.rsplit('.', 1)[-1]} " if off else "") + f"{self.rate:.0%}"
         check = render_hints(self.hints, names)
-        return (f"{self.who}: {self.skipped} of the last {self.window} samples were skipped "
-                f"({self.skipped / self.window:.0%}, at or above {threshold}); skips by reason so far: {reasons}; "
-                f"one example per reason: {shown}." + (f" {check}" if check else "")
-                + (f" (logged once per worker; {off}=None turns this off)" if off else " (once per worker)"))
+        return (
+            f"{self.who}: {self.skipped} of the last {self.window} samples were skipped "
+            f"({self.skipped / self.window:.0%}, at or above {threshold}); skips by reason so far: {reasons}; "
+            f"one example per reason: {shown}."
+            + (f" {check}" if check else "")
+            + (f" (logged once per worker; {off}=None turns this off)" if off else " (once per worker)")
+        )
 
 
 #: skip reasons that mean "the records do not match the encoder / format"
@@ -215,8 +236,10 @@ def skip_counts_text(skips: Mapping[str, int]) -> str:
 
 
 #: skip reasons whose fix does not depend on the encoder
-REASON_FIXES = {"tool_calls_unsupported": "the Qwen2-VL / Qwen2.5-VL templates have no tool handling: use the "
-                                          "qwen3-vl preset (--preset qwen3-vl; preset=\"qwen3-vl\") for tool-call data"}
+REASON_FIXES = {
+    "tool_calls_unsupported": "the Qwen2-VL / Qwen2.5-VL templates have no tool handling: use the "
+    'qwen3-vl preset (--preset qwen3-vl; preset="qwen3-vl") for tool-call data'
+}
 
 
 def all_skipped_hints(skips: Mapping[str, int], *, too_long: Sequence[Hint], mismatch: Hint) -> tuple[Hint, ...]:

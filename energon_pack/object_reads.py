@@ -35,8 +35,11 @@ def configure_object_reads(*, whole_object_limit: int | None = None, read_ahead:
     one request per read). ``configure_object_reads()`` restores MSC's behaviour."""
     for knob, value in (("whole_object_limit", whole_object_limit), ("read_ahead", read_ahead)):
         if value is not None and (not isinstance(value, int) or value < 0):
-            raise ConfigError(knob, f"must be a whole number of bytes >= 0, got {value!r}",
-                              "pass e.g. whole_object_limit=64 << 20, read_ahead=1 << 20")
+            raise ConfigError(
+                knob,
+                f"must be a whole number of bytes >= 0, got {value!r}",
+                "pass e.g. whole_object_limit=64 << 20, read_ahead=1 << 20",
+            )
     cls = _object_file_class()
     init, open_large = _ORIGINAL["__init__"], _ORIGINAL["_open_large_file"]
 
@@ -58,13 +61,18 @@ def _object_file_class() -> type:
     try:
         from multistorageclient.file import ObjectFile
     except ImportError as exc:
-        raise ConfigError("object storage", f"multi-storage-client is not importable ({exc})",
-                          "pip install 'energon-pack[s3]'") from None
+        raise ConfigError(
+            "object storage", f"multi-storage-client is not importable ({exc})", "pip install 'energon-pack[s3]'"
+        ) from None
     if not _ORIGINAL:
         if "memory_load_limit" not in inspect.signature(ObjectFile.__init__).parameters or not hasattr(
-                ObjectFile, "_open_large_file"):
-            raise ConfigError("object storage", "this multi-storage-client release opens objects differently from "
-                              "1.3 (no memory_load_limit / _open_large_file)",
-                              "leave configure_object_reads out, or install multi-storage-client 1.3")
+            ObjectFile, "_open_large_file"
+        ):
+            raise ConfigError(
+                "object storage",
+                "this multi-storage-client release opens objects differently from "
+                "1.3 (no memory_load_limit / _open_large_file)",
+                "leave configure_object_reads out, or install multi-storage-client 1.3",
+            )
         _ORIGINAL.update(__init__=ObjectFile.__init__, _open_large_file=ObjectFile._open_large_file)
     return ObjectFile

@@ -47,7 +47,8 @@ def loads_checked(text: str) -> Any:
             raise SampleSkipped(
                 "cr_line_endings",
                 f"one record holds {text.count(chr(13)) + 1} CR-separated lines: the file has old Mac (CR-only) "
-                "line endings; convert it with tr '\\r' '\\n'") from None
+                "line endings; convert it with tr '\\r' '\\n'",
+            ) from None
         raise SampleSkipped("invalid_json", str(exc)[:200]) from None
     check_depth(value)
     return value

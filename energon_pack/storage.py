@@ -40,12 +40,17 @@ def epath(path: Any) -> Any:
     try:
         return EPath(str(path))
     except ImportError as exc:
-        raise ConfigError("path", f"{path}: reading object storage needs a package that is not installed ({exc})",
-                          "pip install 'energon-pack[s3]' (multi-storage-client with boto3)") from None
+        raise ConfigError(
+            "path",
+            f"{path}: reading object storage needs a package that is not installed ({exc})",
+            "pip install 'energon-pack[s3]' (multi-storage-client with boto3)",
+        ) from None
     except (ValueError, RuntimeError, KeyError) as exc:
-        raise ConfigError("path", f"{path}: the MSC profile could not be set up ({' '.join(str(exc).split())})",
-                          "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; README "
-                          "'Object storage')") from None
+        raise ConfigError(
+            "path",
+            f"{path}: the MSC profile could not be set up ({' '.join(str(exc).split())})",
+            "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; README 'Object storage')",
+        ) from None
 
 
 @contextlib.contextmanager
@@ -57,9 +62,11 @@ def store_errors(url: Any) -> Iterator[None]:
     except (ConfigError, FileNotFoundError):
         raise
     except Exception as exc:
-        raise ConfigError("object storage", f"a request for {url} failed ({type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())})", "check the MSC profile's endpoint, bucket and credentials "
-                          "(README 'Object storage')") from None
+        raise ConfigError(
+            "object storage",
+            f"a request for {url} failed ({type(exc).__name__}: {' '.join(str(exc).split())})",
+            "check the MSC profile's endpoint, bucket and credentials (README 'Object storage')",
+        ) from None
 
 
 def file_size(path: Any) -> int | None:
@@ -90,7 +97,9 @@ def list_names(path: Any) -> list[str]:
         return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
     p = epath(path)
     prefix = p._internal_str_path.strip("/") + "/"
-    return sorted(o.key.lstrip("/")[len(prefix):] for o in p.fs.list_recursive(prefix) if o.key.lstrip("/").startswith(prefix))
+    return sorted(
+        o.key.lstrip("/")[len(prefix) :] for o in p.fs.list_recursive(prefix) if o.key.lstrip("/").startswith(prefix)
+    )
 
 
 def upload_tree(folder: str | Path, target: str) -> int:

@@ -17,9 +17,9 @@ import ctypes
 import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch.utils.data import get_worker_info
@@ -63,7 +63,9 @@ def alignment_multiple(cp: int = 1, tp: int = 1, sp: bool = False, eval_cp: int 
     """
     for knob, value in (("cp", cp), ("tp", tp), ("eval_cp", eval_cp)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(knob, f"must be an integer >= 1, got {value!r}", f"set {knob} to the parallel size (1 = off)")
+            raise ConfigError(
+                knob, f"must be an integer >= 1, got {value!r}", f"set {knob} to the parallel size (1 = off)"
+            )
     multiple = 1
     for c in {cp} | ({eval_cp} if eval_cp is not None else set()):
         cp_multiple = 2 * c if c > 1 else 1
@@ -106,8 +108,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def warn_old_width(owner: str, stacklevel: int = 2) -> None:
     """The DeprecationWarning for the pack width's old name ``width`` (read or passed to ``owner``)."""
-    warnings.warn(f"{owner}: 'width' is deprecated, use 'seq_length' (the same pack width, in tokens)",
-                  DeprecationWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"{owner}: 'width' is deprecated, use 'seq_length' (the same pack width, in tokens)",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def accepts_old_width(fn: _F) -> _F:
@@ -163,10 +168,17 @@ class ThdLayout:
 
     def __post_init__(self) -> None:
         if not _is_int(self.seq_length) or self.seq_length < 1:
-            raise ConfigError("seq_length", f"must be an integer >= 1, got {self.seq_length!r}",
-                              "set seq_length to the packed row length, e.g. 4096")
+            raise ConfigError(
+                "seq_length",
+                f"must be an integer >= 1, got {self.seq_length!r}",
+                "set seq_length to the packed row length, e.g. 4096",
+            )
         if not _is_int(self.pad_multiple) or self.pad_multiple < 1:
-            raise ConfigError("pad_multiple", f"must be an integer >= 1, got {self.pad_multiple!r}", "use alignment_multiple(cp, tp, sp); 1 disables alignment")
+            raise ConfigError(
+                "pad_multiple",
+                f"must be an integer >= 1, got {self.pad_multiple!r}",
+                "use alignment_multiple(cp, tp, sp); 1 disables alignment",
+            )
         if self.seq_length % self.pad_multiple:
             lower = self.seq_length // self.pad_multiple * self.pad_multiple
             raise ConfigError(
@@ -176,15 +188,35 @@ class ThdLayout:
                 f"{lower + self.pad_multiple})",
             )
         if self.max_segments is not None and (not _is_int(self.max_segments) or self.max_segments < 1):
-            raise ConfigError("max_segments", f"must be an integer >= 1 or None, got {self.max_segments!r}", "set max_segments to the most samples one pack may hold")
+            raise ConfigError(
+                "max_segments",
+                f"must be an integer >= 1 or None, got {self.max_segments!r}",
+                "set max_segments to the most samples one pack may hold",
+            )
         if self.pad_cu_seqlens and not self.pad_to_max_length:
-            raise ConfigError("pad_cu_seqlens", "static cu_seqlens require a fixed width", "set pad_to_max_length=True (or pad_cu_seqlens=False)")
+            raise ConfigError(
+                "pad_cu_seqlens",
+                "static cu_seqlens require a fixed width",
+                "set pad_to_max_length=True (or pad_cu_seqlens=False)",
+            )
         if self.pad_cu_seqlens and self.max_segments is None:
-            raise ConfigError("pad_cu_seqlens", "static cu_seqlens need a fixed segment count", "set max_segments (cu arrays get max_segments + 1 entries)")
+            raise ConfigError(
+                "pad_cu_seqlens",
+                "static cu_seqlens need a fixed segment count",
+                "set max_segments (cu arrays get max_segments + 1 entries)",
+            )
         if not _is_int(self.pad_token_id) or self.pad_token_id < 0:
-            raise ConfigError("pad_token_id", f"must be a non-negative token id, got {self.pad_token_id!r}", "use the tokenizer's pad id (or 0 if it has none)")
+            raise ConfigError(
+                "pad_token_id",
+                f"must be a non-negative token id, got {self.pad_token_id!r}",
+                "use the tokenizer's pad id (or 0 if it has none)",
+            )
         if not _is_int(self.ignore_index):
-            raise ConfigError("ignore_index", f"must be an integer, got {self.ignore_index!r}", "use -100 (the PyTorch cross-entropy default)")
+            raise ConfigError(
+                "ignore_index",
+                f"must be an integer, got {self.ignore_index!r}",
+                "use -100 (the PyTorch cross-entropy default)",
+            )
 
     @property
     def width(self) -> int:
@@ -258,12 +290,18 @@ class ThdSegment:
         length = ids.numel()
         if length == 0:
             raise ValueError(f"{name}: empty segment (input_ids has 0 tokens)")
-        for field, tensor in (("input_ids", ids), ("labels", self.labels), ("mrope_position_ids", self.mrope_position_ids)):
+        for field, tensor in (
+            ("input_ids", ids),
+            ("labels", self.labels),
+            ("mrope_position_ids", self.mrope_position_ids),
+        ):
             if tensor is not None and (tensor.is_floating_point() or tensor.is_complex()):
                 raise ValueError(f"{name}: {field} must be an integer tensor, got {tensor.dtype}")
         for field, tensor in (("labels", self.labels), ("loss_mask", self.loss_mask)):
             if tuple(tensor.shape) != (length,):
-                raise ValueError(f"{name}: {field} has shape {tuple(tensor.shape)}, expected ({length},) like input_ids")
+                raise ValueError(
+                    f"{name}: {field} has shape {tuple(tensor.shape)}, expected ({length},) like input_ids"
+                )
         if self.mrope_position_ids is not None and tuple(self.mrope_position_ids.shape) != (3, length):
             raise ValueError(
                 f"{name}: mrope_position_ids has shape {tuple(self.mrope_position_ids.shape)}, expected (3, {length})"
@@ -308,8 +346,10 @@ def _cat_rows(parts: Sequence[torch.Tensor | DeferredRows]) -> torch.Tensor:
     tail, dtype = tuple(parts[0].shape[1:]), parts[0].dtype
     for p in parts:
         if tuple(p.shape[1:]) != tail or p.dtype != dtype or (isinstance(p, torch.Tensor) and p.device.type != "cpu"):
-            raise ValueError(f"visual rows of one key must share row shape, dtype and the CPU: {tail} {dtype} "
-                             f"vs {tuple(p.shape[1:])} {p.dtype}")
+            raise ValueError(
+                f"visual rows of one key must share row shape, dtype and the CPU: {tail} {dtype} "
+                f"vs {tuple(p.shape[1:])} {p.dtype}"
+            )
     rows = sum(p.shape[0] for p in parts)
     base = torch.empty(0, dtype=dtype)
     if in_worker:
@@ -320,7 +360,7 @@ def _cat_rows(parts: Sequence[torch.Tensor | DeferredRows]) -> torch.Tensor:
         out = torch.empty((rows, *tail), dtype=dtype)
     start = 0
     for p in parts:
-        dst = out[start:start + p.shape[0]]
+        dst = out[start : start + p.shape[0]]
         if isinstance(p, torch.Tensor):
             dst.copy_(p)
         else:

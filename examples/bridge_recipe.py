@@ -42,9 +42,9 @@ PRESET = "qwen2.5-vl"  # the recipe below is Bridge's Qwen2.5-VL 7B SFT
 
 # What packed THD rows need from a Bridge config (attribute path -> value).
 SETTINGS = {
-    "train.micro_batch_size": 1,                 # one THD row per micro-batch; global batch counts packs
-    "validation.eval_micro_batch_size": 1,       # validation packs too
-    "model.calculate_per_token_loss": True,      # loss summed over tokens, divided by the global token count
+    "train.micro_batch_size": 1,  # one THD row per micro-batch; global batch counts packs
+    "validation.eval_micro_batch_size": 1,  # validation packs too
+    "model.calculate_per_token_loss": True,  # loss summed over tokens, divided by the global token count
     "ddp.average_in_collective": False,
     "model.pipeline_model_parallel_size": 1,
     "model.mtp_num_layers": None,
@@ -57,10 +57,15 @@ SETTINGS = {
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="demo_data_bridge", help="Energon dataset (ours or Bridge-prepared ChatML)")
-    p.add_argument("--check", action="store_true", help="CPU check: config checks + a few packs through Bridge's get_batch")
-    p.add_argument("--tokenizer", default=PRESET,
-                   help=f"tokenizer name ({PRESET!r}: the real Qwen tokenizer), tokenizer.json or local HF folder; "
-                        "'demo' only with --check on demo data")
+    p.add_argument(
+        "--check", action="store_true", help="CPU check: config checks + a few packs through Bridge's get_batch"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=PRESET,
+        help=f"tokenizer name ({PRESET!r}: the real Qwen tokenizer), tokenizer.json or local HF folder; "
+        "'demo' only with --check on demo data",
+    )
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--tp", type=int, default=1)
@@ -93,25 +98,43 @@ def load_encoder_tokenizer(args):
     try:
         tokenizer = load_tokenizer(args.tokenizer, where="--tokenizer")
     except ConfigError as exc:
-        fix = exc.fix if args.tokenizer == PRESET else f"{exc.fix}; or --tokenizer {PRESET} (the default: the real tokenizer)"
+        fix = (
+            exc.fix
+            if args.tokenizer == PRESET
+            else f"{exc.fix}; or --tokenizer {PRESET} (the default: the real tokenizer)"
+        )
         raise ConfigError("--tokenizer", exc.problem, fix) from None
     if is_demo_tokenizer(tokenizer) and not (args.check and is_demo_data(Path(args.data))):
         what = f"--check on {args.data}, which is not demo data" if args.check else "a real run (finetune)"
-        raise ConfigError("--tokenizer", f"{describe_tokenizer(tokenizer)} cannot drive {what}: its ids mean nothing to the "
-                          "model and its token counts are not the model's",
-                          f"pass --tokenizer {PRESET} (the default), a tokenizer.json or a local Hugging Face tokenizer folder; "
-                          "'demo' is only for --check on demo data")
+        raise ConfigError(
+            "--tokenizer",
+            f"{describe_tokenizer(tokenizer)} cannot drive {what}: its ids mean nothing to the "
+            "model and its token counts are not the model's",
+            f"pass --tokenizer {PRESET} (the default), a tokenizer.json or a local Hugging Face tokenizer folder; "
+            "'demo' is only for --check on demo data",
+        )
     return tokenizer
 
 
 def make_encoder(args):
-    return BridgeQwenVLPackingTaskEncoder(tokenizer=load_encoder_tokenizer(args), preset=PRESET, seq_length=args.seq_length,
-                                          cp=args.cp, tp=args.tp, sp=args.sp, pad_to_max_length=True)
+    return BridgeQwenVLPackingTaskEncoder(
+        tokenizer=load_encoder_tokenizer(args),
+        preset=PRESET,
+        seq_length=args.seq_length,
+        cp=args.cp,
+        tp=args.tp,
+        sp=args.sp,
+        pad_to_max_length=True,
+    )
 
 
 def parallel_settings(args):
-    return {"model.context_parallel_size": args.cp, "model.tensor_model_parallel_size": args.tp,
-            "model.sequence_parallel": args.sp, "model.seq_length": args.seq_length}
+    return {
+        "model.context_parallel_size": args.cp,
+        "model.tensor_model_parallel_size": args.tp,
+        "model.sequence_parallel": args.sp,
+        "model.seq_length": args.seq_length,
+    }
 
 
 def print_settings(settings):
@@ -128,7 +151,9 @@ def full(args):
     from megatron.bridge.training.vlm_step import forward_step
 
     cfg = qwen25_vl_7b_sft_config()
-    cfg.dataset = make_bridge_dataset_provider(args.data, te, packing_buffer_size=args.packing_buffer_size, num_workers=4)
+    cfg.dataset = make_bridge_dataset_provider(
+        args.data, te, packing_buffer_size=args.packing_buffer_size, num_workers=4
+    )
     settings = {**SETTINGS, **parallel_settings(args)}
     apply(cfg, settings)
     print_settings(settings)
@@ -151,6 +176,7 @@ def bridge_get_batch():
     CPU light route of ``tests/_bridge_light.py``; ``(None, reason)`` when neither works."""
     try:
         from megatron.bridge.training.vlm_step import get_batch_from_iterator
+
         route = "imported normally"
     except Exception as exc:  # Bridge absent, or its package __init__ needs Megatron-Core / TE
         normal_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
@@ -176,7 +202,9 @@ def check(args):
     get_batch, route = bridge_get_batch()
     print(f"Bridge: {route}")
     ns = SimpleNamespace
-    cfg = ns(train=ns(), validation=ns(), model=ns(), ddp=ns(), dist=ns(eval_context_parallel_size=None), comm_overlap=None)
+    cfg = ns(
+        train=ns(), validation=ns(), model=ns(), ddp=ns(), dist=ns(eval_context_parallel_size=None), comm_overlap=None
+    )
     settings = {**SETTINGS, **parallel_settings(args)}
     apply(cfg, settings)
     print_settings(settings)
@@ -187,9 +215,16 @@ def check(args):
     data = Path(args.data)
     if not (data / ".nv-meta").is_dir():
         make_demo_shards(data, samples=args.samples, per_shard=50)
-    ds = get_train_dataset(str(data), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
-                           packing_buffer_size=args.packing_buffer_size, **bridge_dataset_kwargs(data))
+    ds = get_train_dataset(
+        str(data),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        task_encoder=te,
+        packing_buffer_size=args.packing_buffer_size,
+        **bridge_dataset_kwargs(data),
+    )
     loader = iter(get_loader(ds))
     for i in range(args.packs):
         batch = next(loader)
@@ -197,8 +232,10 @@ def check(args):
         assert not missing, missing
         vi = batch["visual_inputs"]
         images = 0 if vi.image_grid_thw is None else int(vi.image_grid_thw.shape[0])
-        print(f"pack {i}: {len(batch['__keys__'])} samples, {images} images, input_ids {tuple(batch['input_ids'].shape)}, "
-              f"position_ids {tuple(batch['position_ids'].shape)}, visual_inputs {type(vi).__module__}.{type(vi).__name__}")
+        print(
+            f"pack {i}: {len(batch['__keys__'])} samples, {images} images, input_ids {tuple(batch['input_ids'].shape)}, "
+            f"position_ids {tuple(batch['position_ids'].shape)}, visual_inputs {type(vi).__module__}.{type(vi).__name__}"
+        )
         if get_batch is not None:
             kept = get_batch(iter([batch]), is_first_pp_stage=True, is_last_pp_stage=True)
             assert kept["input_ids"] is batch["input_ids"] and kept["visual_inputs"] is not None

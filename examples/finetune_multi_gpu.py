@@ -94,10 +94,18 @@ def model_config(name: str, size: str, tokenizer: Any) -> Any:
         raise SystemExit(f"--size must be one of {SIZES}")
     preset = get_preset(name)
     sp = tokenizer.special
-    ids = dict(image_token_id=sp.image_pad, video_token_id=sp.video_pad, vision_start_token_id=sp.vision_start,
-               vision_end_token_id=sp.vision_end)
-    vision = dict(patch_size=preset.patch_size, temporal_patch_size=preset.temporal_patch_size,
-                  spatial_merge_size=preset.merge_size, in_channels=3)
+    ids = dict(
+        image_token_id=sp.image_pad,
+        video_token_id=sp.video_pad,
+        vision_start_token_id=sp.vision_start,
+        vision_end_token_id=sp.vision_end,
+    )
+    vision = dict(
+        patch_size=preset.patch_size,
+        temporal_patch_size=preset.temporal_patch_size,
+        spatial_merge_size=preset.merge_size,
+        in_channels=3,
+    )
     tiny = size == "tiny"
     if name == "qwen3-vl":  # Qwen3-VL-4B shape
         hidden, layers, heads, kv, inter, head_dim = (64, 2, 4, 2, 128, 16) if tiny else (2560, 36, 32, 8, 9728, 128)
@@ -106,34 +114,87 @@ def model_config(name: str, size: str, tokenizer: Any) -> Any:
         hidden, layers, heads, kv, inter = (64, 2, 4, 2, 128) if tiny else (2048, 36, 16, 2, 11008)
         head_dim = hidden // heads
         section = [2, 3, 3] if tiny else [16, 24, 24]
-    text = dict(vocab_size=vocab_size(tokenizer), hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
-                bos_token_id=None, eos_token_id=sp.im_end, pad_token_id=sp.pad, attention_dropout=0.0,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0 if tiny else 1000000.0,
-                                 "mrope_section": section})
+    text = dict(
+        vocab_size=vocab_size(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=32768,
+        bos_token_id=None,
+        eos_token_id=sp.im_end,
+        pad_token_id=sp.pad,
+        attention_dropout=0.0,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0 if tiny else 1000000.0,
+            "mrope_section": section,
+        },
+    )
     if tiny:
         text["initializer_range"] = vision["initializer_range"] = 0.1
     if name == "qwen2-vl":
-        v = dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2) if tiny else dict(depth=32, embed_dim=1280,
-                                                                                   num_heads=16, mlp_ratio=4)
-        return tf.Qwen2VLConfig(text_config=text, vision_config=dict(vision, hidden_size=hidden, **v),
-                                tie_word_embeddings=not tiny, **ids)
+        v = (
+            dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2)
+            if tiny
+            else dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4)
+        )
+        return tf.Qwen2VLConfig(
+            text_config=text, vision_config=dict(vision, hidden_size=hidden, **v), tie_word_embeddings=not tiny, **ids
+        )
     if name == "qwen2.5-vl":
-        v = (dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1]) if tiny else
-             dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, fullatt_block_indexes=[7, 15, 23, 31]))
-        return tf.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
-            vision, out_hidden_size=hidden, window_size=112, tokens_per_second=int(preset.tokens_per_second), **v),
-            tie_word_embeddings=not tiny, **ids)
-    v = (dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=64,
-              deepstack_visual_indexes=[0]) if tiny else
-         dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304,
-              deepstack_visual_indexes=[5, 11, 17]))
-    return tf.Qwen3VLConfig(text_config=dict(text, head_dim=head_dim), vision_config=dict(vision, out_hidden_size=hidden, **v),
-                            tie_word_embeddings=not tiny, **ids)
+        v = (
+            dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1])
+            if tiny
+            else dict(
+                depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, fullatt_block_indexes=[7, 15, 23, 31]
+            )
+        )
+        return tf.Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config=dict(
+                vision, out_hidden_size=hidden, window_size=112, tokens_per_second=int(preset.tokens_per_second), **v
+            ),
+            tie_word_embeddings=not tiny,
+            **ids,
+        )
+    v = (
+        dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
+        if tiny
+        else dict(
+            depth=24,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_heads=16,
+            num_position_embeddings=2304,
+            deepstack_visual_indexes=[5, 11, 17],
+        )
+    )
+    return tf.Qwen3VLConfig(
+        text_config=dict(text, head_dim=head_dim),
+        vision_config=dict(vision, out_hidden_size=hidden, **v),
+        tie_word_embeddings=not tiny,
+        **ids,
+    )
 
 
-def build_model(name: str, size: str, tokenizer: Any, *, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+def build_model(
+    name: str,
+    size: str,
+    tokenizer: Any,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Any:
     """Randomly initialised HF Qwen-VL model (seeded: every rank builds the same weights), in train mode.
 
     Stock attention (sdpa); :func:`prepare_model` switches it to our varlen attention. Built
@@ -142,8 +203,11 @@ def build_model(name: str, size: str, tokenizer: Any, *, device: torch.device | 
     import transformers as tf
 
     cfg = model_config(name, size, tokenizer)
-    cls = {"qwen2-vl": tf.Qwen2VLForConditionalGeneration, "qwen2.5-vl": tf.Qwen2_5_VLForConditionalGeneration,
-           "qwen3-vl": tf.Qwen3VLForConditionalGeneration}[name]
+    cls = {
+        "qwen2-vl": tf.Qwen2VLForConditionalGeneration,
+        "qwen2.5-vl": tf.Qwen2_5_VLForConditionalGeneration,
+        "qwen3-vl": tf.Qwen3VLForConditionalGeneration,
+    }[name]
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls._from_config(cfg, dtype=dtype)
@@ -178,9 +242,15 @@ def linear_patch_embed(model: Any) -> int:
     changed = 0
     for module in model.modules():
         proj = getattr(module, "proj", None)
-        if (type(module).__name__.endswith("PatchEmbed") and isinstance(proj, torch.nn.Conv3d)
-                and hasattr(module, "embed_dim") and proj.stride == proj.kernel_size
-                and proj.padding == (0, 0, 0) and proj.dilation == (1, 1, 1) and proj.groups == 1):
+        if (
+            type(module).__name__.endswith("PatchEmbed")
+            and isinstance(proj, torch.nn.Conv3d)
+            and hasattr(module, "embed_dim")
+            and proj.stride == proj.kernel_size
+            and proj.padding == (0, 0, 0)
+            and proj.dilation == (1, 1, 1)
+            and proj.groups == 1
+        ):
             module.forward = types.MethodType(_linear_patch_forward, module)
             changed += 1
     return changed
@@ -226,7 +296,8 @@ def wrap_ddp(model: Any, device: torch.device, bucket_mb: float | None = None) -
     default, 25 MB, when None)."""
     extra = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
     return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True, **extra)
+        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True, **extra
+    )
 
 
 def param_counts(model: Any) -> dict[str, int]:
@@ -260,9 +331,11 @@ def compile_model(model: Any, *, cuda_graphs: bool = False, backend: str = "indu
 def graph_vision(model: Any, backend: str = "inductor") -> None:
     """The vision tower alone under ``torch.compile`` (``dynamic=False``; on CUDA mode ``reduce-overhead``:
     CUDA graphs): with static packs its inputs have one shape, so it is captured once."""
-    tower = getattr(getattr(model, "model", model), "visual")
+    tower = getattr(model, "model", model).visual
     cuda = next(tower.parameters()).is_cuda
-    tower.compile(dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda and backend == "inductor" else {}))
+    tower.compile(
+        dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda and backend == "inductor" else {})
+    )
 
 
 def compiled_graphs() -> int:
@@ -282,8 +355,9 @@ def grad_checkpoint(model: Any) -> None:
     model.config.use_cache = False
 
 
-def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = None,
-                 touch_vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_loss(
+    model: Any, batch: dict, *, runner: Any = None, device: Any = None, touch_vision: list | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training loss of one packed row: ``(loss, loss_sum, local_count)``.
 
     ``runner`` is what is called (the DDP wrapper; ``model`` itself by default); the kwargs are
@@ -306,8 +380,18 @@ def forward_loss(model: Any, batch: dict, *, runner: Any = None, device: Any = N
 
 
 # --------------------------------------------------------------------------------- data
-def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int, packing_mode: str = "carry",
-                seed: int = 0, tokenizer: Any = None, static: dict | None = None) -> tuple[Any, Any]:
+def make_loader(
+    data: str,
+    *,
+    width: int,
+    preset: Any,
+    buffer: int,
+    workers: int,
+    packing_mode: str = "carry",
+    seed: int = 0,
+    tokenizer: Any = None,
+    static: dict | None = None,
+) -> tuple[Any, Any]:
     """One Energon savable loader for this rank (rank and world size from torch.distributed).
 
     ``tokenizer``: a name (``"qwen2.5-vl"``, ``"demo"``, ...), a path or an object; None: the preset's
@@ -318,17 +402,32 @@ def make_loader(data: str, *, width: int, preset: Any, buffer: int, workers: int
 
     from energon_pack import QwenVLPackingTaskEncoder, load_tokenizer
 
-    kw = dict(tokenizer=load_tokenizer(tokenizer) if tokenizer else None, preset=preset, seq_length=width,
-              pad_to_max_length=True, packing_mode=packing_mode, seed=seed)
+    kw = dict(
+        tokenizer=load_tokenizer(tokenizer) if tokenizer else None,
+        preset=preset,
+        seq_length=width,
+        pad_to_max_length=True,
+        packing_mode=packing_mode,
+        seed=seed,
+    )
     if static:
         segments = static.get("max_segments") or QwenVLPackingTaskEncoder(**kw).max_possible_segments
-        kw.update(pad_cu_seqlens=True, max_segments=segments, max_patches_per_pack=static["max_patches_per_pack"],
-                  max_vision_frames=static.get("max_vision_frames"), static_visual=True)
+        kw.update(
+            pad_cu_seqlens=True,
+            max_segments=segments,
+            max_patches_per_pack=static["max_patches_per_pack"],
+            max_vision_frames=static.get("max_vision_frames"),
+            static_visual=True,
+        )
     encoder = QwenVLPackingTaskEncoder(**kw)
     dataset = get_train_dataset(
-        data, batch_size=1, shuffle_buffer_size=64, max_samples_per_sequence=64,
+        data,
+        batch_size=1,
+        shuffle_buffer_size=64,
+        max_samples_per_sequence=64,
         worker_config=WorkerConfig.default_worker_config(num_workers=workers),
-        task_encoder=encoder, packing_buffer_size=buffer,
+        task_encoder=encoder,
+        packing_buffer_size=buffer,
     )
     return get_savable_loader(dataset), encoder
 
@@ -393,9 +492,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default="demo_data")
     p.add_argument("--model", default="qwen2.5-vl", choices=sorted(MODELS))
     p.add_argument("--size", default="3b", choices=SIZES)
-    p.add_argument("--tokenizer", default=None,
-                   help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local HF folder (default: the --model's "
-                        "real tokenizer, built offline); demo: the 773-token test tokenizer")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local HF folder (default: the --model's "
+        "real tokenizer, built offline); demo: the 773-token test tokenizer",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--width", type=int, default=8192)
@@ -418,18 +520,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def add_static_args(p: argparse.ArgumentParser) -> None:
     """``--static`` / ``--patch-budget`` / ``--grad-checkpoint`` / ``--compile-model`` / ``--cuda-graphs``."""
-    p.add_argument("--static", action="store_true",
-                   help="static packs: fixed width, static cu_seqlens, patch rows padded to --patch-budget (static_visual)")
-    p.add_argument("--patch-budget", type=int, default=None,
-                   help="max_patches_per_pack of --static packs (default: recommended from the data, "
-                        "energon_pack.bench.visual_budget)")
-    p.add_argument("--grad-checkpoint", action="store_true", help="activation checkpointing (LLM layers and vision blocks)")
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="static packs: fixed width, static cu_seqlens, patch rows padded to --patch-budget (static_visual)",
+    )
+    p.add_argument(
+        "--patch-budget",
+        type=int,
+        default=None,
+        help="max_patches_per_pack of --static packs (default: recommended from the data, "
+        "energon_pack.bench.visual_budget)",
+    )
+    p.add_argument(
+        "--grad-checkpoint", action="store_true", help="activation checkpointing (LLM layers and vision blocks)"
+    )
     p.add_argument("--compile-model", action="store_true", help="torch.compile the whole model forward (dynamic=False)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
-    p.add_argument("--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)")
-    p.add_argument("--graph-vision", action="store_true",
-                   help="--static: the vision tower alone compiled with mode reduce-overhead (CUDA graphs of its forward "
-                        "and backward), the rest eager")
+    p.add_argument(
+        "--cuda-graphs", action="store_true", help="with --compile-model: mode reduce-overhead (CUDA graphs)"
+    )
+    p.add_argument(
+        "--graph-vision",
+        action="store_true",
+        help="--static: the vision tower alone compiled with mode reduce-overhead (CUDA graphs of its forward "
+        "and backward), the rest eager",
+    )
 
 
 def static_budgets(args: argparse.Namespace, preset: Any, static: bool = False) -> dict | None:
@@ -442,9 +558,13 @@ def static_budgets(args: argparse.Namespace, preset: Any, static: bool = False) 
     from energon_pack.bench.visual_budget import candidate_costs, recommend_patch_budget
 
     costs = candidate_costs(args.data, width=args.width, preset=preset, tokenizer=args.tokenizer)
-    rec = recommend_patch_budget(costs, args.width, buffer=args.buffer, multiple=4 * preset.merge_size ** 2)
-    return {"max_patches_per_pack": rec["budget"], "max_segments": rec["max_segments"],
-            "max_vision_frames": rec["max_vision_frames"], "fill_delta_points": rec["fill_delta_points"]}
+    rec = recommend_patch_budget(costs, args.width, buffer=args.buffer, multiple=4 * preset.merge_size**2)
+    return {
+        "max_patches_per_pack": rec["budget"],
+        "max_segments": rec["max_segments"],
+        "max_vision_frames": rec["max_vision_frames"],
+        "fill_delta_points": rec["fill_delta_points"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -459,9 +579,19 @@ def main(argv: list[str] | None = None) -> None:
     barrier()
     preset = vision_preset(args.model, args.size, args.max_pixels)
     budget = static_budgets(args, preset)
-    loader, encoder = make_loader(args.data, width=args.width, preset=preset, buffer=args.buffer, workers=args.workers,
-                                  seed=args.seed, tokenizer=args.tokenizer, static=budget)
-    model = prepare_model(build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed))
+    loader, encoder = make_loader(
+        args.data,
+        width=args.width,
+        preset=preset,
+        buffer=args.buffer,
+        workers=args.workers,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        static=budget,
+    )
+    model = prepare_model(
+        build_model(args.model, args.size, encoder.tokenizer, device=device, dtype=dtype, seed=args.seed)
+    )
     if args.grad_checkpoint:
         grad_checkpoint(model)
     if args.compile_model:
@@ -481,8 +611,11 @@ def main(argv: list[str] | None = None) -> None:
     touch = vision_params(model) if world > 1 and not budget else None  # static packs always run the tower
     counts = param_counts(model)
     if rank == 0:
-        print(f"{args.model} ({args.size}): {counts['total'] / 1e6:,.1f}M parameters "
-              f"(vision {counts['vision'] / 1e6:,.1f}M), {dtype}, world {world}, width {args.width}", flush=True)
+        print(
+            f"{args.model} ({args.size}): {counts['total'] / 1e6:,.1f}M parameters "
+            f"(vision {counts['vision'] / 1e6:,.1f}M), {dtype}, world {world}, width {args.width}",
+            flush=True,
+        )
 
     tracker = PackingStatsTracker()
     history, keys = [], []
@@ -498,16 +631,28 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        g_sum, g_count, g_real, g_wait = all_sum([float(loss_sum.detach()), float(count), float(batch["real_tokens"]), wait], device)
+        g_sum, g_count, g_real, g_wait = all_sum(
+            [float(loss_sum.detach()), float(count), float(batch["real_tokens"]), wait], device
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_s = time.perf_counter() - t0
-        entry = {"step": step, "loss": g_sum / max(g_count, 1), "real_tokens": int(g_real), "supervised_tokens": int(g_count),
-                 "step_s": step_s, "data_wait_s": wait, "graphs_compiled": compiled_graphs() - graphs}
+        entry = {
+            "step": step,
+            "loss": g_sum / max(g_count, 1),
+            "real_tokens": int(g_real),
+            "supervised_tokens": int(g_count),
+            "step_s": step_s,
+            "data_wait_s": wait,
+            "graphs_compiled": compiled_graphs() - graphs,
+        }
         history.append(entry)
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss {entry['loss']:.6f}  real tokens {int(g_real):6d} (all ranks)  "
-                  f"step {step_s * 1e3:7.1f} ms  data wait {wait * 1e3:6.1f} ms", flush=True)
+            print(
+                f"step {step:4d}  loss {entry['loss']:.6f}  real tokens {int(g_real):6d} (all ranks)  "
+                f"step {step_s * 1e3:7.1f} ms  data wait {wait * 1e3:6.1f} ms",
+                flush=True,
+            )
         if args.save_at is not None and step + 1 == args.save_at:
             save_checkpoint(Path(args.ckpt), step + 1, model, opt, loader, rank)
 
@@ -517,19 +662,32 @@ def main(argv: list[str] | None = None) -> None:
     all_keys = gather(keys)
     stats = tracker.total.summary()
     summary = {
-        "model": args.model, "size": args.size, "params": counts, "dtype": str(dtype), "world_size": world,
-        "device": str(device), "width": args.width, "steps": len(history), "start_step": start_step,
+        "model": args.model,
+        "size": args.size,
+        "params": counts,
+        "dtype": str(dtype),
+        "world_size": world,
+        "device": str(device),
+        "width": args.width,
+        "steps": len(history),
+        "start_step": start_step,
         "losses": {str(h["step"]): h["loss"] for h in history},
         "real_tokens_per_s": sum(h["real_tokens"] for h in timed) / elapsed if elapsed else None,
         "fill": sum(h["real_tokens"] for h in history) / (len(history) * world * args.width) if history else None,
         "data_wait_share": max(waits) / elapsed if elapsed else None,
         "median_step_s": sorted(h["step_s"] for h in timed)[len(timed) // 2] if timed else None,
-        "static_budgets": budget, "graphs_compiled_after_first_step": sum(h["graphs_compiled"] for h in history[1:]),
-        "rank0_packing_stats": stats, "keys_per_rank": all_keys, "history": history,
+        "static_budgets": budget,
+        "graphs_compiled_after_first_step": sum(h["graphs_compiled"] for h in history[1:]),
+        "rank0_packing_stats": stats,
+        "keys_per_rank": all_keys,
+        "history": history,
     }
     if rank == 0:
-        print(f"real tokens/s (all ranks) {summary['real_tokens_per_s'] or float('nan'):,.0f}  fill {summary['fill']:.2%}  "
-              f"data wait {summary['data_wait_share'] or 0:.1%} of the step time (worst rank)", flush=True)
+        print(
+            f"real tokens/s (all ranks) {summary['real_tokens_per_s'] or float('nan'):,.0f}  fill {summary['fill']:.2%}  "
+            f"data wait {summary['data_wait_share'] or 0:.1%} of the step time (worst rank)",
+            flush=True,
+        )
         if args.report:
             Path(args.report).write_text(json.dumps(summary, indent=1))
     if dist.is_initialized():

@@ -51,7 +51,6 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune_multi_gpu as ft  # noqa: E402
-
 from energon_pack.integrations import hf as H  # noqa: E402
 
 PEAK_SPEC, PEAK_MEASURED = 989e12, 790e12
@@ -62,14 +61,22 @@ FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry", "carry-static")
 def members(batch: dict, image_pad: int, video_pad: int, merge: int = 4) -> list[dict]:
     """The member samples of a pack: real tokens, labels, positions (ours) and their own visual rows."""
     cu, cu_pad = batch["cu_seqlens_q"].tolist(), batch["cu_seqlens_q_padded"].tolist()
-    visual = {"img": ("image_grid_thw", "pixel_values", image_pad), "vid": ("video_grid_thw", "pixel_values_videos", video_pad)}
+    visual = {
+        "img": ("image_grid_thw", "pixel_values", image_pad),
+        "vid": ("video_grid_thw", "pixel_values_videos", video_pad),
+    }
     cursor = {k: [0, 0] for k in visual}
     out = []
     for s in range(batch["num_segments"]):
         start, length = cu_pad[s], cu[s + 1] - cu[s]
         sl = slice(start, start + length)
-        m = {"input_ids": batch["input_ids"][:, sl], "labels": batch["labels"][:, sl], "loss_mask": batch["loss_mask"][:, sl],
-             "position_ids": batch["position_ids"][:, sl], "key": batch["__keys__"][s]}
+        m = {
+            "input_ids": batch["input_ids"][:, sl],
+            "labels": batch["labels"][:, sl],
+            "loss_mask": batch["loss_mask"][:, sl],
+            "position_ids": batch["position_ids"][:, sl],
+            "key": batch["__keys__"][s],
+        }
         if batch.get("mrope_position_ids") is not None:
             m["mrope_position_ids"] = batch["mrope_position_ids"][:, :, sl]
         for kind, (grid_key, pix_key, pad) in visual.items():
@@ -81,7 +88,7 @@ def members(batch: dict, image_pad: int, video_pad: int, merge: int = 4) -> list
                 n = int(g.prod())
                 need -= n // merge
                 grids.append(g)
-                pix.append(batch[pix_key][prow: prow + n])
+                pix.append(batch[pix_key][prow : prow + n])
                 row, prow = row + 1, prow + n
             cursor[kind] = [row, prow]
             if grids:
@@ -109,11 +116,21 @@ def padded_batch(samples: list[dict], pad_id: int) -> dict:
     longest = max(s["input_ids"].shape[1] for s in samples)
 
     def pad(key, value):
-        return torch.cat([torch.nn.functional.pad(s[key], (0, longest - s[key].shape[1]), value=value) for s in samples])
+        return torch.cat(
+            [torch.nn.functional.pad(s[key], (0, longest - s[key].shape[1]), value=value) for s in samples]
+        )
 
-    out = {"input_ids": pad("input_ids", pad_id), "labels": pad("labels", -100), "loss_mask": pad("loss_mask", 0.0),
-           "attention_mask": torch.cat([torch.nn.functional.pad(torch.ones_like(s["input_ids"]), (0, longest - s["input_ids"].shape[1]))
-                                        for s in samples])}
+    out = {
+        "input_ids": pad("input_ids", pad_id),
+        "labels": pad("labels", -100),
+        "loss_mask": pad("loss_mask", 0.0),
+        "attention_mask": torch.cat(
+            [
+                torch.nn.functional.pad(torch.ones_like(s["input_ids"]), (0, longest - s["input_ids"].shape[1]))
+                for s in samples
+            ]
+        ),
+    }
     for k in ("image_grid_thw", "pixel_values", "video_grid_thw", "pixel_values_videos"):
         parts = [s[k] for s in samples if k in s]
         out[k] = torch.cat(parts) if parts else None
@@ -143,7 +160,7 @@ class SampleFeed:
     def next(self) -> list[dict]:
         while len(self.queue) < self.mbs:
             self.queue.extend(members(next(self.it), self.tok.special.image_pad, self.tok.special.video_pad))
-        out, self.queue = self.queue[: self.mbs], self.queue[self.mbs:]
+        out, self.queue = self.queue[: self.mbs], self.queue[self.mbs :]
         return out
 
 
@@ -154,13 +171,30 @@ def attention_flops(lengths: list[int], cfg: Any) -> float:
     return 12.0 * t.num_hidden_layers * t.num_attention_heads * head_dim * sum(L * L for L in lengths) / 2
 
 
-def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: Any, device: torch.device,
-             world: int, counts: dict, cpu_group: Any = None) -> dict:
-    mode, buffer = ("rounds", int(feed[len("rounds"):])) if feed.startswith("rounds") else ("carry", args.buffer)
+def run_feed(
+    feed: str,
+    args: argparse.Namespace,
+    model: Any,
+    runner: Any,
+    opt: Any,
+    device: torch.device,
+    world: int,
+    counts: dict,
+    cpu_group: Any = None,
+) -> dict:
+    mode, buffer = ("rounds", int(feed[len("rounds") :])) if feed.startswith("rounds") else ("carry", args.buffer)
     preset = ft.vision_preset(args.model, args.size)
     budget = ft.static_budgets(args, preset, static=True) if feed == "carry-static" else None
-    loader, encoder = ft.make_loader(args.data, width=args.width, preset=preset, buffer=buffer, workers=args.workers,
-                                     packing_mode=mode, tokenizer=args.tokenizer, static=budget)
+    loader, encoder = ft.make_loader(
+        args.data,
+        width=args.width,
+        preset=preset,
+        buffer=buffer,
+        workers=args.workers,
+        packing_mode=mode,
+        tokenizer=args.tokenizer,
+        static=budget,
+    )
     tok = encoder.tokenizer
     sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
     packs = None if sample_feed else iter(loader)
@@ -197,7 +231,9 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
             lengths = (batch["cu_seqlens_q"][1:] - batch["cu_seqlens_q"][:-1]).tolist()
             n_real, n_slots = int(batch["real_tokens"]), int(batch["input_ids"].numel())
         wait = time.perf_counter() - t0
-        n_patches = sum(int(batch[k].shape[0]) for k in ("pixel_values", "pixel_values_videos") if batch.get(k) is not None)
+        n_patches = sum(
+            int(batch[k].shape[0]) for k in ("pixel_values", "pixel_values_videos") if batch.get(k) is not None
+        )
         if batch.get("visual_grid_thw") is not None:  # static packs: the real rows (the padding is not useful work)
             n_patches = int(batch["visual_grid_thw"].prod(-1).sum())
         if cuda:
@@ -205,7 +241,11 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
             ev0.record()
         c0 = time.perf_counter()
         if feed == "padded":
-            kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k not in ("labels", "loss_mask")}
+            kw = {
+                k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                for k, v in batch.items()
+                if k not in ("labels", "loss_mask")
+            }
             kw["mm_token_type_ids"] = H.mm_token_type_ids(kw["input_ids"], model.config)
             out = runner(**kw, use_cache=False)
             loss_sum, count = H.packed_loss(out.logits, batch)
@@ -234,7 +274,13 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
             step_ms.append(ev1)
         else:
             step_ms.append((time.perf_counter() - c0) * 1e3)
-        steps, real, slots, patches, waits = steps + 1, real + n_real, slots + n_slots, patches + n_patches, waits + wait
+        steps, real, slots, patches, waits = (
+            steps + 1,
+            real + n_real,
+            slots + n_slots,
+            patches + n_patches,
+            waits + wait,
+        )
         attn += attention_flops(lengths, model.config)
         # All ranks stop at the same step (DDP). The flag travels over a CPU (gloo) group: no
         # per-step device sync, the host keeps queueing the next step while the GPU works.
@@ -257,11 +303,22 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
     wait_max = max(ft.gather(waits / wall))
     flops = 6.0 * counts["llm"] * tot[0] + 6.0 * counts["vision"] * tot[2] + tot[3]
     med = statistics.median(step_ms)
-    row = {"feed": feed, "gpus": world, "static_budgets": budget, "steps": steps, "real_tokens": int(tot[0]), "real_tokens_per_s": tot[0] / wall_max,
-           "median_step_ms": med, "fill": tot[0] / tot[1], "data_wait_share": wait_max, "model_tflop": flops / 1e12,
-           "tflops_per_gpu": flops / wall_max / world / 1e12, "warmup_s": warm_s,
-           "graphs_compiled_in_timed_steps": ft.gather(ft.compiled_graphs() - graphs_at_start),  # per rank
-           "step_ms_all": [round(x, 1) for x in step_ms]}
+    row = {
+        "feed": feed,
+        "gpus": world,
+        "static_budgets": budget,
+        "steps": steps,
+        "real_tokens": int(tot[0]),
+        "real_tokens_per_s": tot[0] / wall_max,
+        "median_step_ms": med,
+        "fill": tot[0] / tot[1],
+        "data_wait_share": wait_max,
+        "model_tflop": flops / 1e12,
+        "tflops_per_gpu": flops / wall_max / world / 1e12,
+        "warmup_s": warm_s,
+        "graphs_compiled_in_timed_steps": ft.gather(ft.compiled_graphs() - graphs_at_start),  # per rank
+        "step_ms_all": [round(x, 1) for x in step_ms],
+    }
     # Steady state: the timed steps in which no rank compiled, device time (CUDA events) only. A
     # short benchmark meets vision patch counts that cross inductor's size guards (e.g. 4096 rows)
     # late; a long training run compiles those few variants once. Wall-clock rows stay the headline.
@@ -277,17 +334,24 @@ def run_feed(feed: str, args: argparse.Namespace, model: Any, runner: Any, opt: 
 # --------------------------------------------------------------------------------- tables
 def table(rows: list[dict]) -> str:
     base = {(r["gpus"]): r["real_tokens_per_s"] for r in rows if r["feed"] == "padded"}
-    lines = ["| feed | GPUs | real tokens/s | vs padded | steady tokens/s (steps) | median step ms | fill | TFLOP/s/GPU "
-             "| MFU (989 spec) | data wait |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| feed | GPUs | real tokens/s | vs padded | steady tokens/s (steps) | median step ms | fill | TFLOP/s/GPU "
+        "| MFU (989 spec) | data wait |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         vs = f"{r['real_tokens_per_s'] / base[r['gpus']]:.2f}x" if r["gpus"] in base else "n/a"
         mfu = f"{r['mfu_spec']:.1%}" if r.get("mfu_spec") is not None else "n/a"
-        steady = (f"{r['steady_real_tokens_per_s']:,.0f} ({r['steady_steps']}/{r['steps']})"
-                  if r.get("steady_real_tokens_per_s") else "n/a")
-        lines.append(f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs} | {steady} | "
-                     f"{r['median_step_ms']:.1f} | {r['fill']:.2%} | {r['tflops_per_gpu']:.1f} | {mfu} | "
-                     f"{r['data_wait_share']:.2%} |")
+        steady = (
+            f"{r['steady_real_tokens_per_s']:,.0f} ({r['steady_steps']}/{r['steps']})"
+            if r.get("steady_real_tokens_per_s")
+            else "n/a"
+        )
+        lines.append(
+            f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs} | {steady} | "
+            f"{r['median_step_ms']:.1f} | {r['fill']:.2%} | {r['tflops_per_gpu']:.1f} | {mfu} | "
+            f"{r['data_wait_share']:.2%} |"
+        )
     return "\n".join(lines)
 
 
@@ -312,10 +376,18 @@ def targets(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["feed"] == "carry-static" and r.get("steady_real_tokens_per_s"):
             v = r["real_tokens_per_s"] / r["steady_real_tokens_per_s"]
-            out.append({"target": f"carry-static wall / steady ({r['gpus']} GPU)", "value": v, "need": 0.98, "met": v >= 0.98})
+            out.append(
+                {"target": f"carry-static wall / steady ({r['gpus']} GPU)", "value": v, "need": 0.98, "met": v >= 0.98}
+            )
             v = sum(r["graphs_compiled_in_timed_steps"])
-            out.append({"target": f"carry-static graphs compiled in timed steps ({r['gpus']} GPU)", "value": v,
-                        "need": "0", "met": v == 0})
+            out.append(
+                {
+                    "target": f"carry-static graphs compiled in timed steps ({r['gpus']} GPU)",
+                    "value": v,
+                    "need": "0",
+                    "met": v == 0,
+                }
+            )
     carry = [r for r in rows if r["feed"] == "carry"]
     if carry:
         v = max(r["data_wait_share"] for r in carry)
@@ -325,8 +397,10 @@ def targets(rows: list[dict]) -> list[dict]:
 
 def report(result: dict, md: str | None) -> None:
     text = table(result["rows"])
-    lines = [text, ""] + [f"- {t['target']}: {t['value']:.3f} (need {t['need']}) {'MET' if t['met'] else 'MISSED'}"
-                          for t in result["targets"]]
+    lines = [text, ""] + [
+        f"- {t['target']}: {t['value']:.3f} (need {t['need']}) {'MET' if t['met'] else 'MISSED'}"
+        for t in result["targets"]
+    ]
     print("\n".join(lines), flush=True)
     if md:
         Path(md).write_text("\n".join(lines) + "\n")
@@ -339,15 +413,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=2400, help="demo samples written when --data does not exist")
     p.add_argument("--model", default="qwen2.5-vl", choices=sorted(ft.MODELS))
     p.add_argument("--size", default="3b", choices=ft.SIZES)
-    p.add_argument("--tokenizer", default=None,
-                   help="default: the --model's real tokenizer (built offline; LM head 151,936 rows as the real "
-                        "models); demo: the 773-token test tokenizer")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="default: the --model's real tokenizer (built offline; LM head 151,936 rows as the real "
+        "models); demo: the 773-token test tokenizer",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--width", type=int, default=8192)
     p.add_argument("--steps", type=int, default=12, help="timed real tokens per rank = steps x width")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps at least")
-    p.add_argument("--settle", type=int, default=3,
-                   help="then warm up until this many steps in a row compiled no new graph (--compile)")
+    p.add_argument(
+        "--settle",
+        type=int,
+        default=3,
+        help="then warm up until this many steps in a row compiled no new graph (--compile)",
+    )
     p.add_argument("--max-warmup", type=int, default=30, help="warm-up steps at most")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket size (torch's default 25 MB)")
     p.add_argument("--mbs", type=int, default=4)
@@ -357,16 +438,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="bench_results/gpu_benchmark.json")
     p.add_argument("--md", default=None)
     p.add_argument("--combine", nargs="+", default=None, help="merge the JSON of earlier runs (1 GPU, DP=N) into --out")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the RMSNorm/MLP/rotary pieces (compile time shows in the rows' warmup_s)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the RMSNorm/MLP/rotary pieces (compile time shows in the rows' warmup_s)",
+    )
     ft.add_static_args(p)
     args = p.parse_args(argv)
 
     if args.combine:
         runs = [json.loads(Path(f).read_text()) for f in args.combine]
         rows = [r for run in runs for r in run["rows"]]
-        result = {"runs": [{k: v for k, v in run.items() if k != "rows"} for run in runs], "rows": rows,
-                  "targets": targets(rows)}
+        result = {
+            "runs": [{k: v for k, v in run.items() if k != "rows"} for run in runs],
+            "rows": rows,
+            "targets": targets(rows),
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         report(result, args.md)
@@ -398,8 +485,11 @@ def main(argv: list[str] | None = None) -> None:
     runner = ft.wrap_ddp(model, device, args.bucket_mb) if world > 1 else model
     cpu_group = dist.new_group(backend="gloo") if world > 1 else None
     if rank == 0:
-        print(f"{args.model} {args.size}: {counts['total'] / 1e9:.2f}B params (LLM {counts['llm'] / 1e9:.2f}B, "
-              f"vision {counts['vision'] / 1e9:.2f}B), {dtype}, {world} x {device.type}", flush=True)
+        print(
+            f"{args.model} {args.size}: {counts['total'] / 1e9:.2f}B params (LLM {counts['llm'] / 1e9:.2f}B, "
+            f"vision {counts['vision'] / 1e9:.2f}B), {dtype}, {world} x {device.type}",
+            flush=True,
+        )
     rows = []
     for feed in args.feeds.split(","):
         if feed not in FEEDS and not feed.startswith("rounds"):
@@ -410,21 +500,38 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         rows.append(row)
-        result = {"model": args.model, "size": args.size, "params": counts, "width": args.width, "mbs": args.mbs,
-                  "buffer": args.buffer, "workers": args.workers, "world_size": world, "bucket_mb": args.bucket_mb,
-                  "device": str(device),
-                  "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                  "torch": torch.__version__, "transformers": transformers.__version__,
-                  "python": sys.version.split()[0], "tokenizer": describe_tokenizer(tokenizer),
-                  "vocab_rows": model.get_input_embeddings().num_embeddings, "steps_arg": args.steps, "compiled": compiled,
-                  "grad_checkpoint": args.grad_checkpoint,
-                  "rows": rows, "targets": targets(rows)}
+        result = {
+            "model": args.model,
+            "size": args.size,
+            "params": counts,
+            "width": args.width,
+            "mbs": args.mbs,
+            "buffer": args.buffer,
+            "workers": args.workers,
+            "world_size": world,
+            "bucket_mb": args.bucket_mb,
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": sys.version.split()[0],
+            "tokenizer": describe_tokenizer(tokenizer),
+            "vocab_rows": model.get_input_embeddings().num_embeddings,
+            "steps_arg": args.steps,
+            "compiled": compiled,
+            "grad_checkpoint": args.grad_checkpoint,
+            "rows": rows,
+            "targets": targets(rows),
+        }
         if rank == 0:  # after every feed: a run stopped by a time limit keeps the feeds it finished
-            print(f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
-                  f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}  "
-                  f"steady {row['steady_real_tokens_per_s'] or 0:,.0f} ({row['steady_steps']} steps)  "
-                  f"warm-up {len(row['warmup_s'])} steps {sum(row['warmup_s']):.1f} s  "
-                  f"graphs compiled in timed steps (per rank) {row['graphs_compiled_in_timed_steps']}", flush=True)
+            print(
+                f"{feed:9s} {row['real_tokens_per_s']:10,.0f} real tok/s  step {row['median_step_ms']:8.1f} ms  "
+                f"fill {row['fill']:.2%}  {row['tflops_per_gpu']:.1f} TFLOP/s/GPU  wait {row['data_wait_share']:.2%}  "
+                f"steady {row['steady_real_tokens_per_s'] or 0:,.0f} ({row['steady_steps']} steps)  "
+                f"warm-up {len(row['warmup_s'])} steps {sum(row['warmup_s']):.1f} s  "
+                f"graphs compiled in timed steps (per rank) {row['graphs_compiled_in_timed_steps']}",
+                flush=True,
+            )
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
     if rank == 0:

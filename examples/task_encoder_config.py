@@ -27,19 +27,24 @@ from energon_pack import (
 # transformers.AutoTokenizer.from_pretrained(local_qwen_dir) when you added tokens).
 task_encoder = QwenVLPackingTaskEncoder(
     tokenizer=load_tokenizer("qwen2.5-vl"),
-    preset="qwen2.5-vl",        # or "qwen2-vl", "qwen3-vl"; override e.g. get_preset("qwen2.5-vl", max_pixels=...)
-    seq_length=8192,            # pack width (tokens)
-    cp=2, tp=4, sp=True,        # each segment is aligned to lcm(2*CP, CP*TP) = 8 tokens
-    pad_to_max_length=True,     # fixed width: every row is exactly seq_length tokens
-    pad_cu_seqlens=True,        # static cu_seqlens shape (CUDA graphs); needs max_segments
+    preset="qwen2.5-vl",  # or "qwen2-vl", "qwen3-vl"; override e.g. get_preset("qwen2.5-vl", max_pixels=...)
+    seq_length=8192,  # pack width (tokens)
+    cp=2,
+    tp=4,
+    sp=True,  # each segment is aligned to lcm(2*CP, CP*TP) = 8 tokens
+    pad_to_max_length=True,  # fixed width: every row is exactly seq_length tokens
+    pad_cu_seqlens=True,  # static cu_seqlens shape (CUDA graphs); needs max_segments
     max_segments=64,
-    packing_mode="carry",       # "rounds" = Energon's own PackingDataset behaviour
+    packing_mode="carry",  # "rounds" = Energon's own PackingDataset behaviour
 )
 
 
 def qwen_vl_loader(path: str, rank: int = 0, world_size: int = 1):
     dataset = get_train_dataset(
-        path, batch_size=1, shuffle_buffer_size=100, max_samples_per_sequence=100,
+        path,
+        batch_size=1,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
         worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=2),
         task_encoder=task_encoder,
         packing_buffer_size=64,  # candidate samples held per worker (bytes, not pixels)
@@ -49,10 +54,17 @@ def qwen_vl_loader(path: str, rank: int = 0, world_size: int = 1):
 
 # ---------------------------------------------------------------- 2. GPT-SFT JSONL, in-batch packing (MBS > 1)
 def jsonl_loader(path: str, rank: int = 0, world_size: int = 1, width: int = 4096):
-    dataset = JsonlSFTDataset(path, load_tokenizer("qwen2.5-vl"), format="prompt_completion",
-                              prompt_field="input", completion_field="output", max_length=width)
-    sampler = TokenBudgetBatchSampler(dataset, width, pad_multiple=alignment_multiple(cp=1, tp=1),
-                                      seed=1234, num_replicas=world_size, rank=rank)
+    dataset = JsonlSFTDataset(
+        path,
+        load_tokenizer("qwen2.5-vl"),
+        format="prompt_completion",
+        prompt_field="input",
+        completion_field="output",
+        max_length=width,
+    )
+    sampler = TokenBudgetBatchSampler(
+        dataset, width, pad_multiple=alignment_multiple(cp=1, tp=1), seed=1234, num_replicas=world_size, rank=rank
+    )
     collate = InBatchPacker.for_dataset(dataset, width, pad_to_max_length=True)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=2)
 
@@ -61,10 +73,22 @@ if __name__ == "__main__":
     tmp = Path(tempfile.mkdtemp())
     make_demo_shards(tmp / "vlm", samples=200)
     batch = next(iter(qwen_vl_loader(str(tmp / "vlm"))))
-    print("Qwen-VL pack:", batch["input_ids"].shape, "segments", batch["num_segments"],
-          "real tokens", batch["real_tokens"], "pixel_values", tuple(batch["pixel_values"].shape))
+    print(
+        "Qwen-VL pack:",
+        batch["input_ids"].shape,
+        "segments",
+        batch["num_segments"],
+        "real tokens",
+        batch["real_tokens"],
+        "pixel_values",
+        tuple(batch["pixel_values"].shape),
+    )
     with open(tmp / "sft.jsonl", "w") as f:
         for i in range(500):
-            f.write(json.dumps({"input": f"question {i}: " + "why " * (i % 40), "output": "because " * (1 + i % 60)}) + "\n")
+            f.write(
+                json.dumps({"input": f"question {i}: " + "why " * (i % 40), "output": "because " * (1 + i % 60)}) + "\n"
+            )
     batch = next(iter(jsonl_loader(str(tmp / "sft.jsonl"))))
-    print("JSONL pack:", batch["input_ids"].shape, "segments", batch["num_segments"], "real tokens", batch["real_tokens"])
+    print(
+        "JSONL pack:", batch["input_ids"].shape, "segments", batch["num_segments"], "real tokens", batch["real_tokens"]
+    )

@@ -88,11 +88,19 @@ def run(path: str, packs: int, workers: int, width: int) -> dict:
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
     from harness.loaders import close
 
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=get_preset("qwen2-vl", max_pixels=160 * 28 * 28),
-                                  seq_length=width)
-    ds = get_train_dataset(path, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), task_encoder=te,
-                           packing_buffer_size=16, repeat=True)
+    te = QwenVLPackingTaskEncoder(
+        tokenizer="demo", preset=get_preset("qwen2-vl", max_pixels=160 * 28 * 28), seq_length=width
+    )
+    ds = get_train_dataset(
+        path,
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+        task_encoder=te,
+        packing_buffer_size=16,
+        repeat=True,
+    )
     start = time.perf_counter()
     loader = get_savable_loader(ds)
     it = iter(loader)
@@ -121,7 +129,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from _s3_server import s3_server
-
     from energon_pack.energon.demo_data import make_demo_shards
     from energon_pack.object_reads import configure_object_reads
 
@@ -134,17 +141,28 @@ def main(argv: list[str] | None = None) -> dict:
         best: dict[str, dict] = {}
         for _ in range(args.rounds):
             for name in REGIMES:
-                configure_object_reads(whole_object_limit=0 if "range" in name else None,
-                                       read_ahead=args.read_ahead if "read-ahead" in name else 0)
+                configure_object_reads(
+                    whole_object_limit=0 if "range" in name else None,
+                    read_ahead=args.read_ahead if "read-ahead" in name else 0,
+                )
                 counter.reset()
                 result = run(str(local) if name == "local" else remote, args.packs, args.workers, args.width)
                 requests, read = counter.reset()
                 keys = result.pop("keys")
                 used = sum(sizes[k] for k in keys)
-                row = best.setdefault(name, {"regime": name, "first_batch_s": float("inf"), "steady_samples_per_s": 0.0,
-                                             "samples": len(keys), "keys": keys, "requests": requests,
-                                             "requests_per_sample": round(requests / len(keys), 2),
-                                             "bytes_read_per_byte_used": round(read / used, 2) if read else None})
+                row = best.setdefault(
+                    name,
+                    {
+                        "regime": name,
+                        "first_batch_s": float("inf"),
+                        "steady_samples_per_s": 0.0,
+                        "samples": len(keys),
+                        "keys": keys,
+                        "requests": requests,
+                        "requests_per_sample": round(requests / len(keys), 2),
+                        "bytes_read_per_byte_used": round(read / used, 2) if read else None,
+                    },
+                )
                 row["first_batch_s"] = round(min(row["first_batch_s"], result["first_batch_s"]), 3)
                 row["steady_samples_per_s"] = round(max(row["steady_samples_per_s"], result["steady_samples_per_s"]), 1)
                 assert keys == row["keys"], f"{name}: another sample order in a later round"
@@ -159,8 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'regime':32} {'1st batch':>9} {'x local':>7} {'smp/s':>7} {'x local':>7} {'req/smp':>7} {'read/used':>9}")
     for r in rows:
         ratio = "-" if r["bytes_read_per_byte_used"] is None else f"{r['bytes_read_per_byte_used']:.2f}"
-        print(f"{r['regime']:32} {r['first_batch_s']:8.2f}s {r['first_batch_vs_local']:7.2f} "
-              f"{r['steady_samples_per_s']:7.1f} {r['steady_vs_local']:7.2f} {r['requests_per_sample']:7.2f} {ratio:>9}")
+        print(
+            f"{r['regime']:32} {r['first_batch_s']:8.2f}s {r['first_batch_vs_local']:7.2f} "
+            f"{r['steady_samples_per_s']:7.1f} {r['steady_vs_local']:7.2f} {r['requests_per_sample']:7.2f} {ratio:>9}"
+        )
     result = {"context": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,19 @@ def code_corpus(chars: int) -> str:
 
 
 def mixed_corpus(chars: int, seed: int = 0) -> str:
-    ranges = [(0x20, 0x7e), (0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x590, 0x6ff), (0x900, 0x97f),
-              (0xe00, 0xe7f), (0x3040, 0x30ff), (0x4e00, 0x9fff), (0xac00, 0xd7a3), (0x1f300, 0x1faff)]
+    ranges = [
+        (0x20, 0x7E),
+        (0xA0, 0x24F),
+        (0x370, 0x3FF),
+        (0x400, 0x4FF),
+        (0x590, 0x6FF),
+        (0x900, 0x97F),
+        (0xE00, 0xE7F),
+        (0x3040, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0x1F300, 0x1FAFF),
+    ]
     alphabet = [chr(c) for lo, hi in ranges for c in range(lo, hi + 1)]
     rng = random.Random(seed)
     words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(20000)]
@@ -90,19 +101,23 @@ def main() -> None:
     t = time.perf_counter()
     enc = tiktoken.Encoding("qwen", pat_str=Q.PRETOKENIZE_REGEX, mergeable_ranks=ranks, special_tokens=specials)
     tiktoken_build = time.perf_counter() - t
-    print(f"build: cold {cold:.2f} s (recover merges + build + write cache), cached {cached:.2f} s "
-          f"(read + verify cache), load_qwen_tokenizer('qwen2.5-vl') from cache {full:.2f} s; "
-          f"tiktoken.Encoding from the ranks {tiktoken_build:.2f} s")
+    print(
+        f"build: cold {cold:.2f} s (recover merges + build + write cache), cached {cached:.2f} s "
+        f"(read + verify cache), load_qwen_tokenizer('qwen2.5-vl') from cache {full:.2f} s; "
+        f"tiktoken.Encoding from the ranks {tiktoken_build:.2f} s"
+    )
 
     adapter = QwenTokenizer(raw, cache_size=0)  # no memo: every call really encodes
     threads = os.cpu_count() or 1
-    print(f"\n| corpus | MB | docs | tokens | tokenizers per doc | our adapter per doc | tiktoken per doc "
-          f"| tokenizers batch | tiktoken batch ({threads} threads) |")
+    print(
+        f"\n| corpus | MB | docs | tokens | tokenizers per doc | our adapter per doc | tiktoken per doc "
+        f"| tokenizers batch | tiktoken batch ({threads} threads) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     chars = int(args.mb * 1e6)
     for name, text in (("code", code_corpus(chars)), ("mixed", mixed_corpus(chars // 3))):
         text = unicodedata.normalize("NFC", text)
-        docs = [text[i:i + args.doc_chars] for i in range(0, len(text), args.doc_chars)]
+        docs = [text[i : i + args.doc_chars] for i in range(0, len(text), args.doc_chars)]
         mb = len(text.encode("utf-8")) / 1e6
         ours = [e.ids for e in raw.encode_batch(docs, add_special_tokens=False)]
         theirs = enc.encode_batch(docs, allowed_special="all")
@@ -113,8 +128,9 @@ def main() -> None:
             "our adapter per doc": best(lambda: [adapter.encode(d) for d in docs], args.repeat),
             "tiktoken per doc": best(lambda: [enc.encode(d, allowed_special="all") for d in docs], args.repeat),
             "tokenizers batch": best(lambda: raw.encode_batch(docs, add_special_tokens=False), args.repeat),
-            "tiktoken batch": best(lambda: enc.encode_batch(docs, allowed_special="all", num_threads=threads),
-                                   args.repeat),
+            "tiktoken batch": best(
+                lambda: enc.encode_batch(docs, allowed_special="all", num_threads=threads), args.repeat
+            ),
         }
         cells = " | ".join(f"{mb / s:.1f} MB/s" for s in rows.values())
         print(f"| {name} | {mb:.1f} | {len(docs)} | {n_tokens:,} | {cells} |")

@@ -19,8 +19,14 @@ QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 VOCAB_SIZE = 1024
 
@@ -54,14 +60,19 @@ def corpus(seed: int = 0, lines: int = 3000) -> list[str]:
 
 def build() -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)  # ids above the learned vocab, like Qwen
@@ -69,7 +80,11 @@ def build() -> Tokenizer:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "energon_pack/assets/qwen_demo_tokenizer.json"
+    out = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else Path(__file__).resolve().parents[1] / "energon_pack/assets/qwen_demo_tokenizer.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build().to_str(pretty=False) + "\n", encoding="utf-8")
     print(f"wrote {out} ({out.stat().st_size} bytes)")

@@ -45,7 +45,7 @@ def make_videos(cache: Path, specs) -> list[Path]:
     return paths
 
 
-OURS = r'''
+OURS = r"""
 import os, sys, time, json, resource
 os.sched_setaffinity(0, {int(sys.argv[2])})
 import torch; torch.set_num_threads(1)
@@ -67,9 +67,9 @@ for path in json.loads(sys.argv[1]):
                 "grid": list(plan.grid_thw), "shape": list(pixels.shape)})
     del rows, pixels
 print(json.dumps({"runs": out, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-'''
+"""
 
-REFERENCE = r'''
+REFERENCE = r"""
 import os, sys, time, json, resource
 os.sched_setaffinity(0, {int(sys.argv[2])})
 sys.path.insert(0, sys.argv[3]); sys.path.insert(0, sys.argv[4])
@@ -96,14 +96,22 @@ for path in json.loads(sys.argv[1]):
                 "grid": res["video_grid_thw"][0].tolist(), "shape": list(res["pixel_values_videos"].shape)})
     del video, res
 print(json.dumps({"runs": out, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-'''
+"""
 
 
 def run_side(code: str, paths: list[Path], cpu: int) -> dict:
-    args = [sys.executable, "-c", code, json.dumps([str(p) for p in paths]), str(cpu),
-            str(ROOT / ".venv" / "video-reference"), str(ROOT / "tests")]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = [
+        sys.executable,
+        "-c",
+        code,
+        json.dumps([str(p) for p in paths]),
+        str(cpu),
+        str(ROOT / ".venv" / "video-reference"),
+        str(ROOT / "tests"),
+    ]
+    done = subprocess.run(
+        args, cwd=ROOT, capture_output=True, text=True, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -123,16 +131,29 @@ def main() -> None:
         row = {"file": path.stem}
         for side, code in (("ours", OURS), ("reference", REFERENCE)):
             runs = [run_side(code, [path, path], args.cpu)["runs"][1] for _ in range(args.repeats)]  # 2nd: warm
-            row[side] = {"seconds": statistics.median(r["seconds"] for r in runs), "frames": runs[0]["frames"],
-                         "grid": runs[0]["grid"], "shape": runs[0]["shape"]}
+            row[side] = {
+                "seconds": statistics.median(r["seconds"] for r in runs),
+                "frames": runs[0]["frames"],
+                "grid": runs[0]["grid"],
+                "shape": runs[0]["shape"],
+            }
         assert row["ours"]["grid"] == row["reference"]["grid"], row
         row["speedup"] = row["reference"]["seconds"] / row["ours"]["seconds"]
         rows.append(row)
-        print(f"{row['file']:22s} frames {row['ours']['frames']:4d} grid {row['ours']['grid']}  ours "
-              f"{row['ours']['seconds'] * 1e3:8.1f} ms  reference {row['reference']['seconds'] * 1e3:8.1f} ms  "
-              f"x{row['speedup']:.2f}", flush=True)
-    result = {"preset": "qwen2.5-vl", "cores_per_side": 1, "repeats": args.repeats, "files": rows,
-              "machine": os.uname().machine, "cpus": os.cpu_count()}
+        print(
+            f"{row['file']:22s} frames {row['ours']['frames']:4d} grid {row['ours']['grid']}  ours "
+            f"{row['ours']['seconds'] * 1e3:8.1f} ms  reference {row['reference']['seconds'] * 1e3:8.1f} ms  "
+            f"x{row['speedup']:.2f}",
+            flush=True,
+        )
+    result = {
+        "preset": "qwen2.5-vl",
+        "cores_per_side": 1,
+        "repeats": args.repeats,
+        "files": rows,
+        "machine": os.uname().machine,
+        "cpus": os.cpu_count(),
+    }
     if not args.skip_long:
         long = make_videos(Path(args.cache), [LONG])
         result["long_video"] = {"file": LONG[0]}
@@ -140,10 +161,18 @@ def main() -> None:
             t0 = time.perf_counter()
             res = run_side(code, long, args.cpu)
             run = res["runs"][0]
-            result["long_video"][side] = {"seconds": run["seconds"], "frames": run["frames"], "grid": run["grid"],
-                                          "max_rss_mb": res["max_rss_mb"], "wall_with_startup": time.perf_counter() - t0}
-            print(f"{LONG[0]} {side}: {run['frames']} frames {run['grid']} {run['seconds']:.1f} s, peak RSS "
-                  f"{res['max_rss_mb']:.0f} MB", flush=True)
+            result["long_video"][side] = {
+                "seconds": run["seconds"],
+                "frames": run["frames"],
+                "grid": run["grid"],
+                "max_rss_mb": res["max_rss_mb"],
+                "wall_with_startup": time.perf_counter() - t0,
+            }
+            print(
+                f"{LONG[0]} {side}: {run['frames']} frames {run['grid']} {run['seconds']:.1f} s, peak RSS "
+                f"{res['max_rss_mb']:.0f} MB",
+                flush=True,
+            )
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 

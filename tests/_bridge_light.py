@@ -19,15 +19,18 @@ import re
 import sys
 import types
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 STUB_PREFIXES = ("megatron.core", "transformer_engine")  # never torchvision: transformers would think it installed
 STUB_MODULES = (
-    "megatron.bridge.training.config", "megatron.bridge.training.losses", "megatron.bridge.training.state",
-    "megatron.bridge.training.utils.flop_utils", "megatron.bridge.training.utils.pg_utils",
-    "megatron.bridge.models.gpt_provider", "megatron.bridge.utils.common_utils",
+    "megatron.bridge.training.config",
+    "megatron.bridge.training.losses",
+    "megatron.bridge.training.state",
+    "megatron.bridge.training.utils.flop_utils",
+    "megatron.bridge.training.utils.pg_utils",
+    "megatron.bridge.models.gpt_provider",
+    "megatron.bridge.utils.common_utils",
     "megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_config",
     "megatron.bridge.training.tokenizers.tokenizer",
 )
@@ -68,14 +71,14 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 class PackedSeqParams:
     """Megatron-Core's ``PackedSeqParams`` fields (a plain stand-in)."""
 
-    qkv_format: Optional[str] = None
-    cu_seqlens_q: Optional[torch.Tensor] = None
-    cu_seqlens_kv: Optional[torch.Tensor] = None
-    cu_seqlens_q_padded: Optional[torch.Tensor] = None
-    cu_seqlens_kv_padded: Optional[torch.Tensor] = None
-    max_seqlen_q: Optional[int] = None
-    max_seqlen_kv: Optional[int] = None
-    total_tokens: Optional[int] = None
+    qkv_format: str | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_kv: torch.Tensor | None = None
+    cu_seqlens_q_padded: torch.Tensor | None = None
+    cu_seqlens_kv_padded: torch.Tensor | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_kv: int | None = None
+    total_tokens: int | None = None
 
 
 class MegatronModule(torch.nn.Module):
@@ -131,8 +134,16 @@ def bridge_module(name: str):
 
 # ---------------------------------------------------------------------------------- test stand-ins
 #: Qwen2/2.5/3-VL's ids of the special tokens our encoder needs (Bridge's Qwen-VL providers default to these).
-QWEN_SPECIAL_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652,
-                    "<|vision_end|>": 151653, "<|vision_pad|>": 151654, "<|image_pad|>": 151655, "<|video_pad|>": 151656}
+QWEN_SPECIAL_IDS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+}
 
 
 def tiny_tokenizer(special_ids: dict[str, int] | None = None):
@@ -160,9 +171,19 @@ def tiny_tokenizer(special_ids: dict[str, int] | None = None):
 RECIPE_DEFAULTS = {
     "train": dict(micro_batch_size=None, global_batch_size=None),
     "validation": dict(eval_micro_batch_size=None, eval_global_batch_size=None),
-    "model": dict(calculate_per_token_loss=False, pipeline_model_parallel_size=1, mtp_num_layers=None, cuda_graph_impl="none",
-                  overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False, context_parallel_size=1,
-                  tensor_model_parallel_size=1, sequence_parallel=False, expert_model_parallel_size=1, seq_length=1024),
+    "model": dict(
+        calculate_per_token_loss=False,
+        pipeline_model_parallel_size=1,
+        mtp_num_layers=None,
+        cuda_graph_impl="none",
+        overlap_moe_expert_parallel_comm=False,
+        delay_wgrad_compute=False,
+        context_parallel_size=1,
+        tensor_model_parallel_size=1,
+        sequence_parallel=False,
+        expert_model_parallel_size=1,
+        seq_length=1024,
+    ),
     "ddp": dict(average_in_collective=False),
     "dist": dict(eval_context_parallel_size=None),
 }
@@ -226,7 +247,9 @@ class RecipeStandIn:
         return out
 
     def build(self, module: str, function: str) -> types.SimpleNamespace:
-        cfg = types.SimpleNamespace(comm_overlap=None, dataset=None, **{top: self._fresh(top) for top in RECIPE_DEFAULTS})
+        cfg = types.SimpleNamespace(
+            comm_overlap=None, dataset=None, **{top: self._fresh(top) for top in RECIPE_DEFAULTS}
+        )
         found = self._resolve(module, function)
         if found is None:
             raise LookupError(f"{module}.{function} not found in the installed Bridge source")
@@ -299,5 +322,7 @@ class RecipeStandIn:
 
 def qwen25_vl_7b_sft_stand_in() -> types.SimpleNamespace:
     """:class:`RecipeStandIn` of ``megatron.bridge.recipes.qwen_vl.qwen25_vl.qwen25_vl_7b_sft_config``."""
-    reader = RecipeStandIn(model_provider=("megatron.bridge.models.qwen_vl.qwen25_vl_provider", "Qwen25VLModelProvider"))
+    reader = RecipeStandIn(
+        model_provider=("megatron.bridge.models.qwen_vl.qwen25_vl_provider", "Qwen25VLModelProvider")
+    )
     return reader.build("megatron.bridge.recipes.qwen_vl.qwen25_vl", "qwen25_vl_7b_sft_config")

@@ -29,17 +29,21 @@ CHATML_GENERATION_TEMPLATE = (
 
 
 def gpt_sft_modules() -> types.SimpleNamespace | None:
-    """Bridge's ``datasets.gpt_sft``, ``sft_processing``, ``packing.{offline,algorithms,parquet}``; None without Bridge."""
+    """Bridge's ``datasets.gpt_sft``, ``sft_processing``, ``packing.{offline,algorithms,parquet}``;
+    None without Bridge."""
     if bridge_version() is None:
         return None
     root = load_bridge()
     msc = importlib.import_module("megatron.core.msc_utils")
     if not hasattr(getattr(msc, "MultiStorageClientFeature", None), "is_enabled"):
-        msc.MultiStorageClientFeature = type("MultiStorageClientFeature", (), {"is_enabled": staticmethod(lambda: False)})
+        msc.MultiStorageClientFeature = type(
+            "MultiStorageClientFeature", (), {"is_enabled": staticmethod(lambda: False)}
+        )
     utils = sys.modules["megatron.bridge.data.datasets.utils"]
     if not hasattr(utils, "_JSONLMemMapDataset"):
-        spec = importlib.util.spec_from_file_location("megatron.bridge.data.datasets._utils_real",
-                                                      root / "data" / "datasets" / "utils.py")
+        spec = importlib.util.spec_from_file_location(
+            "megatron.bridge.data.datasets._utils_real", root / "data" / "datasets" / "utils.py"
+        )
         real = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(real)
         for name, value in vars(real).items():
@@ -49,8 +53,13 @@ def gpt_sft_modules() -> types.SimpleNamespace | None:
     if saved is None and importlib.util.find_spec("datasets") is None:
         sys.modules["datasets"] = types.SimpleNamespace(load_dataset=None, builder=types.SimpleNamespace())
     try:
-        names = ("data.datasets.gpt_sft", "data.sft_processing", "data.packing.offline", "data.packing.algorithms",
-                 "data.packing.parquet")
+        names = (
+            "data.datasets.gpt_sft",
+            "data.sft_processing",
+            "data.packing.offline",
+            "data.packing.algorithms",
+            "data.packing.parquet",
+        )
         mods = {name.split(".")[-1]: bridge_module(name) for name in names}
     finally:
         if saved is None:

@@ -26,8 +26,11 @@ PROFILE = "energon-s3"
 PROFILE_DOWN = "energon-s3-down"
 BUCKET = "energon-pack-test"
 #: what the tests set in the environment while the server runs (moto accepts any key)
-ENV = {"AWS_ACCESS_KEY_ID": "energon-pack-test", "AWS_SECRET_ACCESS_KEY": "energon-pack-test-secret",
-       "AWS_DEFAULT_REGION": "us-east-1"}
+ENV = {
+    "AWS_ACCESS_KEY_ID": "energon-pack-test",
+    "AWS_SECRET_ACCESS_KEY": "energon-pack-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @dataclass
@@ -122,23 +125,46 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
     import boto3
 
     port = _free_port()
-    launched = subprocess.run([sys.executable, "-c", _LAUNCH, _SERVER, str(os.getpid()), str(port)],
-                              capture_output=True, text=True, check=True)
+    launched = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, _SERVER, str(os.getpid()), str(port)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(launched.stdout)
     saved = {k: os.environ.get(k) for k in (*ENV, "MSC_CONFIG")}
     try:
         _wait_listening(port, pid)
         endpoint = f"http://127.0.0.1:{port}"
         config = Path(workdir) / "msc_config.json"
-        def profile(url: str, **options: Any) -> dict:
-            return {"storage_provider": {"type": "s3", "options": {
-                "base_path": "", "endpoint_url": url, "region_name": ENV["AWS_DEFAULT_REGION"], **options}}}
 
-        config.write_text(json.dumps({"profiles": {
-            PROFILE: profile(endpoint),
-            # nothing listens there: a store that cannot be reached, tried once
-            PROFILE_DOWN: {**profile(f"http://127.0.0.1:{_free_port()}", retries={"max_attempts": 1}),
-                           "retry": {"attempts": 1}}}}))
+        def profile(url: str, **options: Any) -> dict:
+            return {
+                "storage_provider": {
+                    "type": "s3",
+                    "options": {
+                        "base_path": "",
+                        "endpoint_url": url,
+                        "region_name": ENV["AWS_DEFAULT_REGION"],
+                        **options,
+                    },
+                }
+            }
+
+        config.write_text(
+            json.dumps(
+                {
+                    "profiles": {
+                        PROFILE: profile(endpoint),
+                        # nothing listens there: a store that cannot be reached, tried once
+                        PROFILE_DOWN: {
+                            **profile(f"http://127.0.0.1:{_free_port()}", retries={"max_attempts": 1}),
+                            "retry": {"attempts": 1},
+                        },
+                    }
+                }
+            )
+        )
         os.environ.update(ENV, MSC_CONFIG=str(config))
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket=BUCKET)

@@ -21,16 +21,19 @@ def test_inspect_caches_in_the_user_cache_not_beside_the_file_and_reuses_it(tmp_
     data = tmp_path / "data"
     data.mkdir()
     path = data / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"q {i}", "completion": "a " * (i % 30 + 1)}) + "\n"
-                            for i in range(300)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"q {i}", "completion": "a " * (i % 30 + 1)}) + "\n" for i in range(300))
+    )
     data.chmod(stat.S_IRUSR | stat.S_IXUSR)  # read-only, as a shared data folder is
     before = listing(data)
     env = {k: v for k, v in os.environ.items() if k != "ENERGON_PACK_CACHE_DIR"}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path / "home"))
     report = tmp_path / "report.json"
     try:
-        runs = [energon_pack("inspect", str(path), "--tokenizer", "demo", "--json-out", str(report), env=env)
-                for _ in range(2)]
+        runs = [
+            energon_pack("inspect", str(path), "--tokenizer", "demo", "--json-out", str(report), env=env)
+            for _ in range(2)
+        ]
         assert listing(data) == before  # nothing new next to the input, nothing rewritten
     finally:
         data.chmod(stat.S_IRWXU)

@@ -12,7 +12,6 @@ from energon_pack.errors import ConfigError
 from energon_pack.object_reads import configure_object_reads
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
-
 from harness.loaders import batch_difference
 
 
@@ -35,11 +34,19 @@ def requests(monkeypatch):
 
 def packs(path, n=8):
     """The first ``n`` 2,048-token packs of one in-process pass (in shard order)."""
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=get_preset("qwen2-vl", max_pixels=160 * 28 * 28),
-                                  seq_length=2048)
-    ds = get_train_dataset(path, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=te,
-                           packing_buffer_size=8, repeat=False)
+    te = QwenVLPackingTaskEncoder(
+        tokenizer="demo", preset=get_preset("qwen2-vl", max_pixels=160 * 28 * 28), seq_length=2048
+    )
+    ds = get_train_dataset(
+        path,
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        task_encoder=te,
+        packing_buffer_size=8,
+        repeat=False,
+    )
     it = iter(get_loader(ds))
     return [next(it) for _ in range(n)]
 

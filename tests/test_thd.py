@@ -142,8 +142,9 @@ def test_golden_unaligned_text_has_no_gaps():
 
 
 def test_golden_single_sample_fixed_width_tail_absorbed():
-    batch = build_thd_batch([seg([5, 6, 7, 8], [1, 1, 1, 1], key="only")],
-                            ThdLayout(seq_length=12, pad_to_max_length=True))
+    batch = build_thd_batch(
+        [seg([5, 6, 7, 8], [1, 1, 1, 1], key="only")], ThdLayout(seq_length=12, pad_to_max_length=True)
+    )
     assert_batch(
         batch,
         ids=[5, 6, 7, 8] + [0] * 8,
@@ -526,7 +527,7 @@ def test_batch_invariants(pack):
     assert cu_padded[-1] == T and cu_padded[n:] == [T] * (len(cu) - n)
     assert all(b % m == 0 for b in cu_padded)
     assert all(aligned_length(x, m) == b - a for x, a, b in zip(lengths[:-1], cu_padded, cu_padded[1:]))
-    spans = [b - a for a, b in zip(cu_padded[: n], cu_padded[1 : n + 1])]
+    spans = [b - a for a, b in zip(cu_padded[:n], cu_padded[1 : n + 1])]
     assert batch["max_seqlen_q"].item() == (layout.seq_length if layout.pad_cu_seqlens else max(spans))
     # Real ranges and gaps.
     real = torch.zeros(T, dtype=torch.bool)

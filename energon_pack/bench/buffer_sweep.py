@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .loader_bench import CellResult, _wait_for_workers_to_exit, cells_to_json, format_cells, run_cell
 from .targets import check, format_target
@@ -60,36 +61,57 @@ def sweep(
     """Every (mode, K) cell; ``on_cell(cells so far)`` after each; the time left is estimated from
     the first cell's measured rate (:func:`estimate_seconds`) and printed after each cell."""
     plan = [(mode, k) for mode in modes for k in buffers]
-    print(f"sweep: {len(plan)} cells ({len(modes)} modes x {len(buffers)} K) x "
-          + (f"{packs} packs" if packs is not None else "one full epoch each")
-          + ("; the time left is estimated from the first cell" if len(plan) > 1 else ""), flush=True)
+    print(
+        f"sweep: {len(plan)} cells ({len(modes)} modes x {len(buffers)} K) x "
+        + (f"{packs} packs" if packs is not None else "one full epoch each")
+        + ("; the time left is estimated from the first cell" if len(plan) > 1 else ""),
+        flush=True,
+    )
     cells: list[CellResult] = []
     first_took = 0.0
     for i, (mode, k) in enumerate(plan):
         start = time.perf_counter()
-        cells.append(run_cell(path, mode=mode, buffer=k, workers=workers, packs=packs, seq_length=seq_length,
-                              preset=preset, progress=progress, tokenizer=tokenizer))
+        cells.append(
+            run_cell(
+                path,
+                mode=mode,
+                buffer=k,
+                workers=workers,
+                packs=packs,
+                seq_length=seq_length,
+                preset=preset,
+                progress=progress,
+                tokenizer=tokenizer,
+            )
+        )
         if on_cell is not None:
             on_cell(cells)
         if i + 1 < len(plan):
             if i == 0:
                 _wait_for_workers_to_exit()  # part of every later cell's cost
                 first_took = time.perf_counter() - start
-            left = estimate_seconds(cells[0], first_took, [k for _, k in plan[i + 1:]])
-            print(f"cell {i + 1}/{len(plan)} done" + (f" in {_minutes(first_took)}" if i == 0 else "")
-                  + f": about {_minutes(left)} left (from the first cell's measured rate)", flush=True)
+            left = estimate_seconds(cells[0], first_took, [k for _, k in plan[i + 1 :]])
+            print(
+                f"cell {i + 1}/{len(plan)} done"
+                + (f" in {_minutes(first_took)}" if i == 0 else "")
+                + f": about {_minutes(left)} left (from the first cell's measured rate)",
+                flush=True,
+            )
     return cells
 
 
-def recommendation(cells: list[CellResult], mode: str = "carry", within: float = RECOMMEND_WITHIN) -> tuple[int | None, str]:
+def recommendation(
+    cells: list[CellResult], mode: str = "carry", within: float = RECOMMEND_WITHIN
+) -> tuple[int | None, str]:
     """(K, why): :func:`recommended_k`, or None and the reason the measurement cannot support one."""
     rows = [c for c in cells if c.mode == mode] or [c for c in cells if c.mode == cells[0].mode]
     if not rows:
         return None, "no cell finished"
     ks = sorted({c.buffer for c in rows})
     if len(ks) < 2:
-        return None, (f"only K={ks[0]} was measured ({rows[0].mode}): a recommendation compares several K "
-                      f"(e.g. --buffers 1,8,64)")
+        return None, (
+            f"only K={ks[0]} was measured ({rows[0].mode}): a recommendation compares several K (e.g. --buffers 1,8,64)"
+        )
     skipped = sum(sum(c.skips.values()) for c in rows)
     read = skipped + sum(c.samples for c in rows)
     if read and skipped > MAX_SKIPPED_SHARE * read:
@@ -118,25 +140,43 @@ def targets(cells: list[CellResult]) -> list[dict[str, Any]]:
     checks = []
     for k in sorted({c.buffer for c in cells}):
         if ("carry", k) in by and ("rounds", k) in by:
-            checks.append(check(f"carry fill >= rounds fill at K={k}", by["carry", k].fill - by["rounds", k].fill, ">=", 0.0))
+            checks.append(
+                check(f"carry fill >= rounds fill at K={k}", by["carry", k].fill - by["rounds", k].fill, ">=", 0.0)
+            )
     small, large = ("carry", 8), ("carry", 256)
     if small in by and large in by:
-        checks.append(check("carry worker RSS K=256 / K=8 <= 1.15",
-                             by[large].peak_worker_rss_mb / by[small].peak_worker_rss_mb, "<=", 1.15))
-        checks.append(check("carry first-batch latency K=256 / K=8 <= 3",
-                             by[large].first_batch_s / by[small].first_batch_s, "<=", 3.0))
+        checks.append(
+            check(
+                "carry worker RSS K=256 / K=8 <= 1.15",
+                by[large].peak_worker_rss_mb / by[small].peak_worker_rss_mb,
+                "<=",
+                1.15,
+            )
+        )
+        checks.append(
+            check(
+                "carry first-batch latency K=256 / K=8 <= 3",
+                by[large].first_batch_s / by[small].first_batch_s,
+                "<=",
+                3.0,
+            )
+        )
     return checks
 
 
 def markdown_table(cells: list[CellResult]) -> str:
-    lines = ["| mode | K | packs | samples/pack | fill | packs/s | samples/s | real tokens/s | first batch (s) | "
-             "peak worker RSS (MB) | skipped |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| mode | K | packs | samples/pack | fill | packs/s | samples/s | real tokens/s | first batch (s) | "
+        "peak worker RSS (MB) | skipped |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for c in cells:
-        lines.append(f"| {c.mode} | {c.buffer} | {c.packs} | {c.samples_per_pack:.1f} | {c.fill * 100:.2f}% | "
-                     f"{c.packs_per_s:.2f} | {c.samples_per_s:.1f} | {c.real_tokens_per_s:.0f} | {c.first_batch_s:.2f} | "
-                     f"{c.peak_worker_rss_mb:.0f} | "
-                     f"{sum(c.skips.values())} |")
+        lines.append(
+            f"| {c.mode} | {c.buffer} | {c.packs} | {c.samples_per_pack:.1f} | {c.fill * 100:.2f}% | "
+            f"{c.packs_per_s:.2f} | {c.samples_per_s:.1f} | {c.real_tokens_per_s:.0f} | {c.first_batch_s:.2f} | "
+            f"{c.peak_worker_rss_mb:.0f} | "
+            f"{sum(c.skips.values())} |"
+        )
     return "\n".join(lines)
 
 
@@ -155,9 +195,11 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
     context = context or {}
     ks = sorted({c.buffer for c in cells})
     packs = context.get("packs")
-    title = (f"{context.get('dataset', '?')}\nwidth {context.get('seq_length', '?')}, {context.get('workers', '?')} workers, "
-             f"{'one epoch' if packs is None else f'{packs} packs'} per cell"
-             + (f", {context['preset']}" if context.get("preset") else ""))
+    title = (
+        f"{context.get('dataset', '?')}\nwidth {context.get('seq_length', '?')}, {context.get('workers', '?')} workers, "
+        f"{'one epoch' if packs is None else f'{packs} packs'} per cell"
+        + (f", {context['preset']}" if context.get("preset") else "")
+    )
     rec = recommended_k(cells)
     modes = [m for m in MODES if any(c.mode == m for c in cells)]
 
@@ -177,9 +219,11 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
             ax.set_xlim(ks[0] / 1.3, ks[-1] * 1.3)
 
     out = {}
-    for attr, label, name in (("fill", "bin fill: real tokens / slots (%)", "fill"),
-                              ("peak_worker_rss_mb", "peak RSS of all workers (MB)", "rss"),
-                              ("first_batch_s", "first-batch latency (s)", "latency")):
+    for attr, label, name in (
+        ("fill", "bin fill: real tokens / slots (%)", "fill"),
+        ("peak_worker_rss_mb", "peak RSS of all workers (MB)", "rss"),
+        ("first_batch_s", "first-batch latency (s)", "latency"),
+    ):
         fig, ax = base(label)
         top = 0.0
         for mode in modes:
@@ -188,15 +232,22 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
             ax.plot([c.buffer for c in rows], ys, marker="o", label=mode)
             top = max([top, *[y for y in ys if y == y]])
         if attr == "fill":
-            ax.axhline(FILL_TARGET * 100, color="green", linestyle="--", linewidth=1,
-                       label=f"fill target {FILL_TARGET:.0%}")
+            ax.axhline(
+                FILL_TARGET * 100, color="green", linestyle="--", linewidth=1, label=f"fill target {FILL_TARGET:.0%}"
+            )
             ax.set_ylim(0, 101)
         else:
             ax.set_ylim(0, top * 1.15 if top > 0 else 1)
         if rec is not None:
-            ax.axvline(rec, color="gray", linestyle=":", linewidth=1.5,
-                       label=f"recommended K={rec} (smallest K within 0.5 fill points of the best carry fill)"
-                       if attr == "fill" else f"recommended K={rec}")
+            ax.axvline(
+                rec,
+                color="gray",
+                linestyle=":",
+                linewidth=1.5,
+                label=f"recommended K={rec} (smallest K within 0.5 fill points of the best carry fill)"
+                if attr == "fill"
+                else f"recommended K={rec}",
+            )
         ticks(ax)
         ax.legend(fontsize=7, loc="lower right" if attr == "fill" else "best")
         fig.tight_layout()
@@ -246,20 +297,34 @@ def _write_json(path: Path, result: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def main(path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer_name: str | None = None,
-         **kw: Any) -> dict[str, Any]:
+def main(
+    path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer_name: str | None = None, **kw: Any
+) -> dict[str, Any]:
     """The sweep, its report and files; ``buffer_sizes.json`` is rewritten after every cell
     (``"complete": false`` until the sweep ends), so an interrupted sweep keeps its finished cells."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "buffer_sizes.json"
-    context = {"dataset": str(path), "seq_length": kw.get("seq_length", 8192), "workers": kw.get("workers", 2),
-               "packs": kw.get("packs", 200), "preset": kw.get("preset", "qwen2.5-vl"), "tokenizer": tokenizer_name}
+    context = {
+        "dataset": str(path),
+        "seq_length": kw.get("seq_length", 8192),
+        "workers": kw.get("workers", 2),
+        "packs": kw.get("packs", 200),
+        "preset": kw.get("preset", "qwen2.5-vl"),
+        "tokenizer": tokenizer_name,
+    }
     partial = {"dataset": str(path), "context": context, "complete": False}
     cells = sweep(path, on_cell=lambda done: _write_json(json_path, {**partial, "cells": cells_to_json(done)}), **kw)
     rec, why = recommendation(cells)
-    result = {"dataset": str(path), "context": context, "complete": True, "cells": cells_to_json(cells),
-              "recommended_k": rec, "recommendation": why, "targets": targets(cells)}
+    result = {
+        "dataset": str(path),
+        "context": context,
+        "complete": True,
+        "cells": cells_to_json(cells),
+        "recommended_k": rec,
+        "recommendation": why,
+        "targets": targets(cells),
+    }
     print(format_cells(cells))
     print(f"\nrecommended K = {rec}: {why}" if rec is not None else f"\nno recommended K: {why}")
     if result["targets"]:

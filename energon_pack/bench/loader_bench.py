@@ -45,7 +45,7 @@ class RssSampler:
             self.peak_self = max(self.peak_self, me.memory_info().rss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -104,13 +104,22 @@ def run_cell(
     if packs is not None and packs < 1:
         from energon_pack.errors import ConfigError
 
-        raise ConfigError("packs", f"must be at least 1, got {packs}", "pass a positive pack count, or None for one full epoch")
+        raise ConfigError(
+            "packs", f"must be at least 1, got {packs}", "pass a positive pack count, or None for one full epoch"
+        )
     _wait_for_workers_to_exit()
-    encoder = QwenVLPackingTaskEncoder(tokenizer=tokenizer, preset=preset, seq_length=seq_length, packing_mode=mode, seed=seed)
+    encoder = QwenVLPackingTaskEncoder(
+        tokenizer=tokenizer, preset=preset, seq_length=seq_length, packing_mode=mode, seed=seed
+    )
     dataset = get_train_dataset(
-        str(path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        str(path),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers, seed_offset=seed),
-        task_encoder=encoder, packing_buffer_size=buffer, repeat=packs is not None,
+        task_encoder=encoder,
+        packing_buffer_size=buffer,
+        repeat=packs is not None,
     )
     samples = real = emitted = real_first = 0
     stats: dict[tuple, dict] = {}
@@ -151,18 +160,29 @@ def run_cell(
     rate_packs = emitted - 1  # packs after the first one, over the time after the first one
     per_s = (lambda n: n / elapsed_after_first) if elapsed_after_first > 0 and emitted > 1 else (lambda n: float("nan"))
     return CellResult(
-        mode=mode, buffer=buffer, workers=workers, packs=emitted, samples=samples, real_tokens=real,
-        slots=emitted * seq_length, fill=real / (emitted * seq_length), samples_per_pack=samples / emitted,
-        packs_per_s=per_s(rate_packs), samples_per_s=per_s(samples * rate_packs / emitted),
+        mode=mode,
+        buffer=buffer,
+        workers=workers,
+        packs=emitted,
+        samples=samples,
+        real_tokens=real,
+        slots=emitted * seq_length,
+        fill=real / (emitted * seq_length),
+        samples_per_pack=samples / emitted,
+        packs_per_s=per_s(rate_packs),
+        samples_per_s=per_s(samples * rate_packs / emitted),
         first_batch_s=first or 0.0,
         peak_worker_rss_mb=(rss.peak_workers if workers else rss.peak_self) / 2**20,
-        skips=dict(sorted(skips.items())), real_tokens_per_s=per_s(real - real_first),
+        skips=dict(sorted(skips.items())),
+        real_tokens_per_s=per_s(real - real_first),
     )
 
 
 def format_cells(cells: list[CellResult]) -> str:
-    head = (f"{'mode':<7}{'K':>5}{'packs':>7}{'samples':>9}{'smp/pack':>9}{'fill':>8}{'real tok':>10}{'pad tok':>9}"
-            f"{'packs/s':>9}{'smp/s':>8}{'real tok/s':>11}{'1st batch':>10}{'worker RSS':>11}  skips")
+    head = (
+        f"{'mode':<7}{'K':>5}{'packs':>7}{'samples':>9}{'smp/pack':>9}{'fill':>8}{'real tok':>10}{'pad tok':>9}"
+        f"{'packs/s':>9}{'smp/s':>8}{'real tok/s':>11}{'1st batch':>10}{'worker RSS':>11}  skips"
+    )
     lines = [head, "-" * len(head)]
     for c in cells:
         lines.append(

@@ -65,11 +65,20 @@ def bench_packing(
             costs = MIXES[mix](samples, width, seed)
             capacity = (width, MEDIA_PER_PACK)[: costs.shape[1]]
             look = run_online(costs, capacity, lookahead_packs=lookahead_packs)
-            rows.append({"mix": mix, "width": width, "buffer": f"lookahead_packs={lookahead_packs:g}", **_prefix("online", look)})
+            rows.append(
+                {
+                    "mix": mix,
+                    "width": width,
+                    "buffer": f"lookahead_packs={lookahead_packs:g}",
+                    **_prefix("online", look),
+                }
+            )
             for k in buffers:
                 online = run_online(costs, capacity, max_buffered=k)
                 rounds = run_rounds(costs, capacity, k)
-                rows.append({"mix": mix, "width": width, "buffer": k, **_prefix("online", online), **_prefix("rounds", rounds)})
+                rows.append(
+                    {"mix": mix, "width": width, "buffer": k, **_prefix("online", online), **_prefix("rounds", rounds)}
+                )
     return {"samples": samples, "seed": seed, "rows": rows, "targets": _targets(rows, lookahead_packs)}
 
 

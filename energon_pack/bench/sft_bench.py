@@ -30,8 +30,10 @@ from energon_pack.sft.index import cache_path, load_line_index
 from energon_pack.sft.inspect import best_baseline
 from energon_pack.sft.sampler import TokenBudgetBatchSampler
 
-WORDS = ("the of and to in is that for it with as was on be by this are from at or an have not but what all were "
-         "when we there can model data train token pack batch width loss answer question user").split()
+WORDS = (
+    "the of and to in is that for it with as was on be by this are from at or an have not but what all were "
+    "when we there can model data train token pack batch width loss answer question user"
+).split()
 #: the tokenizer every row runs: the real Qwen2.5-VL vocabulary (built offline), as a user's run has it
 TOKENIZER = "qwen2.5-vl"
 TARGETS = {"index_vs_wc": 3.0, "getitem_per_s": 20000.0, "fill": 0.98, "length_pass_speedup": 3.0}
@@ -46,7 +48,10 @@ def write_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
     rng = random.Random(seed)
     lines, total = [], 0
     while total < min(size_bytes, 4 << 20):
-        line = json.dumps({"prompt": _text(rng, rng.randint(5, 120)), "completion": _text(rng, rng.randint(5, 400))}) + "\n"
+        line = (
+            json.dumps({"prompt": _text(rng, rng.randint(5, 120)), "completion": _text(rng, rng.randint(5, 400))})
+            + "\n"
+        )
         lines.append(line)
         total += len(line)
     block = "".join(lines).encode()
@@ -79,8 +84,14 @@ def index_timings(path: Path, cache_dir: Path, repeats: int = 3) -> dict[str, An
     index = _best_of(build, repeats)
     cached = _best_of(lambda: load_line_index(path, cache_dir), repeats)
     lines = len(load_line_index(path, cache_dir))
-    return {"bytes": path.stat().st_size, "lines": lines, "wc_l_s": wc, "index_build_s": index,
-            "index_cached_load_s": cached, "ratio": index / wc}
+    return {
+        "bytes": path.stat().st_size,
+        "lines": lines,
+        "wc_l_s": wc,
+        "index_build_s": index,
+        "index_cached_load_s": cached,
+        "ratio": index / wc,
+    }
 
 
 def bench_index(workdir: Path, size_mb: int, repeats: int = 3) -> dict[str, Any]:
@@ -113,8 +124,15 @@ def getitem_timings(make: Any, samples: int, seed: int = 0) -> dict[str, Any]:
         cached[i]
     cached_s = time.perf_counter() - start
     n = len(order)
-    return {"samples": n, "mean_tokens": tokens / n, "per_s": n / elapsed, "us_per_sample": elapsed / n * 1e6,
-            "tokens_per_s": tokens / elapsed, "cache_tokens_per_s": n / cached_s, "length_pass_s": pass_s}
+    return {
+        "samples": n,
+        "mean_tokens": tokens / n,
+        "per_s": n / elapsed,
+        "us_per_sample": elapsed / n * 1e6,
+        "tokens_per_s": tokens / elapsed,
+        "cache_tokens_per_s": n / cached_s,
+        "length_pass_s": pass_s,
+    }
 
 
 def bench_getitem(workdir: Path, samples: int = 5000) -> dict[str, Any]:
@@ -147,7 +165,9 @@ def write_unique_jsonl(path: Path, size_bytes: int, seed: int = 0) -> int:
     return written
 
 
-def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, sample_lines: int = 20000) -> dict[str, Any]:
+def bench_length_pass(
+    workdir: Path, size_mb: int, workers: int | None = None, sample_lines: int = 20000
+) -> dict[str, Any]:
     """Index + length pass over a ``size_mb`` MiB JSONL (the real Qwen2.5-VL tokenizer, prompt/completion): today's
     serial per-line pass vs the batched pass over ``workers`` processes (None: one per core), same
     run; results must be identical. Also the tokenizer-only CPU time (one thread,
@@ -158,9 +178,8 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     import os
     import resource
 
-    from energon_pack.sft import length_pass as length_pass
-
     from energon_pack.records import decode_json_record
+    from energon_pack.sft import length_pass as length_pass
 
     path = workdir / "lengths.jsonl"
     size = write_unique_jsonl(path, size_mb << 20)
@@ -183,7 +202,7 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     new_index, new_total, new, lines, new_cpu = run(workers=workers, batch=True)
     old_index, old_total, old, _, _ = run(workers=1, batch=False)
-    identical = (np.array_equal(new[0], old[0]) and new[1] == old[1] and new[2] == old[2])
+    identical = np.array_equal(new[0], old[0]) and new[1] == old[1] and new[2] == old[2]
     ds = JsonlSFTDataset(path, QwenTokenizer(raw), cache_dir=workdir / "cache")
     n = min(sample_lines, lines)
     records = [decode_json_record(ds.index.line(i)) for i in range(n)]
@@ -196,11 +215,22 @@ def bench_length_pass(workdir: Path, size_mb: int, workers: int | None = None, s
         tok_cpu = (time.process_time() - cpu) * lines / n
     for f in workdir.glob("lengths.jsonl*"):
         f.unlink()
-    return {"bytes": size, "lines": lines, "cores": cores, "workers": workers or cores,
-            "serial_index_s": old_index, "serial_total_s": old_total, "new_index_s": new_index, "new_total_s": new_total,
-            "speedup": old_total / new_total, "identical": bool(identical),
-            "tokenizer_only_cpu_s": tok_cpu, "ceiling_on_cores": old_total / (tok_cpu / cores),
-            "new_cpu_s": new_cpu, "tokenizer_only_chunk_texts": chunk}
+    return {
+        "bytes": size,
+        "lines": lines,
+        "cores": cores,
+        "workers": workers or cores,
+        "serial_index_s": old_index,
+        "serial_total_s": old_total,
+        "new_index_s": new_index,
+        "new_total_s": new_total,
+        "speedup": old_total / new_total,
+        "identical": bool(identical),
+        "tokenizer_only_cpu_s": tok_cpu,
+        "ceiling_on_cores": old_total / (tok_cpu / cores),
+        "new_cpu_s": new_cpu,
+        "tokenizer_only_chunk_texts": chunk,
+    }
 
 
 def fill_timings(lengths: np.ndarray, width: int, window: int = 4096, seed: int = 0) -> dict[str, Any]:
@@ -210,17 +240,30 @@ def fill_timings(lengths: np.ndarray, width: int, window: int = 4096, seed: int 
     stats = sampler.stats
     plan_s = time.perf_counter() - start
     good = lengths[(lengths > 0) & (lengths <= width)]
-    return {"width": width, "window": window, "fill": stats.fill, "packs": stats.packs, "plan_s": plan_s,
-            "oversize": int(stats.skips.get("oversize", 0)),
-            "baseline": best_baseline(good, width, seed) if len(good) else None}
+    return {
+        "width": width,
+        "window": window,
+        "fill": stats.fill,
+        "packs": stats.packs,
+        "plan_s": plan_s,
+        "oversize": int(stats.skips.get("oversize", 0)),
+        "baseline": best_baseline(good, width, seed) if len(good) else None,
+    }
 
 
 def bench_fill(samples: int = 20000, width: int = 4096, window: int = 4096, seed: int = 0) -> dict[str, Any]:
     return {"samples": samples, **fill_timings(lognormal_text(samples, width, seed)[:, 0], width, window, seed)}
 
 
-def bench_data(path: str | Path, tokenizer: Any, *, format: str = "prompt_completion", width: int = 4096,
-               getitem_samples: int = 5000, **format_kw: Any) -> dict[str, Any]:
+def bench_data(
+    path: str | Path,
+    tokenizer: Any,
+    *,
+    format: str = "prompt_completion",
+    width: int = 4096,
+    getitem_samples: int = 5000,
+    **format_kw: Any,
+) -> dict[str, Any]:
     """The same figures on the user's JSONL (only read; caches in a temporary folder): index build
     vs ``wc -l``, the length pass, lazy ``__getitem__`` over up to ``getitem_samples`` usable lines,
     and the fill at ``width``."""
@@ -237,66 +280,109 @@ def bench_data(path: str | Path, tokenizer: Any, *, format: str = "prompt_comple
         pass_s = time.perf_counter() - start
         usable = lengths[lengths > 0]
         if not len(usable):
-            raise AllSkippedError(f"{path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}), so "
-                                  f"there is nothing to measure: `energon-pack inspect {path} --format {format}` "
-                                  f"names the likely fix")
+            raise AllSkippedError(
+                f"{path}: all {len(lengths)} lines were skipped ({skip_counts_text(ds.skips)}), so "
+                f"there is nothing to measure: `energon-pack inspect {path} --format {format}` "
+                f"names the likely fix"
+            )
         getitem = getitem_timings(make, getitem_samples)
-        length_pass = {"lines": len(lengths), "usable": int(len(usable)), "skips": dict(ds.skips), "seconds": pass_s,
-                       "lines_per_s": len(lengths) / pass_s, "tokens_per_s": float(usable.sum()) / pass_s}
+        length_pass = {
+            "lines": len(lengths),
+            "usable": int(len(usable)),
+            "skips": dict(ds.skips),
+            "seconds": pass_s,
+            "lines_per_s": len(lengths) / pass_s,
+            "tokens_per_s": float(usable.sum()) / pass_s,
+        }
         fill = fill_timings(lengths.astype(np.int64), width)
-    return {"file": str(path), "format": format, "index": index, "length_pass": length_pass, "getitem": getitem,
-            "fill": fill}
+    return {
+        "file": str(path),
+        "format": format,
+        "index": index,
+        "length_pass": length_pass,
+        "getitem": getitem,
+        "fill": fill,
+    }
 
 
 def _print_index(index: dict[str, Any]) -> None:
-    print(f"index: {index['bytes'] / 2**20:.0f} MiB, {index['lines']} lines: build {index['index_build_s']:.3f}s, "
-          f"wc -l {index['wc_l_s']:.3f}s ({index['ratio']:.1f}x), cached load {index['index_cached_load_s'] * 1e3:.1f}ms")
+    print(
+        f"index: {index['bytes'] / 2**20:.0f} MiB, {index['lines']} lines: build {index['index_build_s']:.3f}s, "
+        f"wc -l {index['wc_l_s']:.3f}s ({index['ratio']:.1f}x), cached load {index['index_cached_load_s'] * 1e3:.1f}ms"
+    )
 
 
 def _print_getitem(getitem: dict[str, Any]) -> None:
     if not getitem["samples"]:
         print("getitem: no usable line")
         return
-    print(f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s "
-          f"({getitem['us_per_sample']:.1f} us, {getitem['tokens_per_s'] / 1e6:.2f}M tokens/s; {getitem['samples']} "
-          f"lines in random order); with cache_tokens {getitem['cache_tokens_per_s']:.0f} samples/s after a "
-          f"{getitem['length_pass_s']:.2f}s length pass")
+    print(
+        f"getitem: {getitem['mean_tokens']:.0f} tokens/sample, {getitem['per_s']:.0f} samples/s "
+        f"({getitem['us_per_sample']:.1f} us, {getitem['tokens_per_s'] / 1e6:.2f}M tokens/s; {getitem['samples']} "
+        f"lines in random order); with cache_tokens {getitem['cache_tokens_per_s']:.0f} samples/s after a "
+        f"{getitem['length_pass_s']:.2f}s length pass"
+    )
 
 
 def _print_fill(fill: dict[str, Any]) -> None:
     b = fill["baseline"]
-    print(f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s"
-          + (f", {fill['oversize']} samples over the width" if fill.get("oversize") else "") + ")"
-          + (f" vs concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)" if b else ""))
+    print(
+        f"fill @{fill['width']}: packer {fill['fill']:.2%} ({fill['packs']} packs, plan {fill['plan_s']:.2f}s"
+        + (f", {fill['oversize']} samples over the width" if fill.get("oversize") else "")
+        + ")"
+        + (f" vs concat MBS={b['mbs']} {b['fill']:.2%} ({b['overflow_rate']:.1%} rows over width)" if b else "")
+    )
 
 
-def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, getitem_samples: int = 5000,
-         fill_samples: int = 20000, workdir: str | Path | None = None, length_pass_mb: int | None = None,
-         data: str | Path | None = None, tokenizer: Any = None, tokenizer_name: str | None = None,
-         format: str = "prompt_completion", width: int = 4096, check: bool = False,
-         **format_kw: Any) -> dict[str, Any]:
+def main(
+    out: str | Path = "bench_results/sft.json",
+    *,
+    size_mb: int = 1024,
+    getitem_samples: int = 5000,
+    fill_samples: int = 20000,
+    workdir: str | Path | None = None,
+    length_pass_mb: int | None = None,
+    data: str | Path | None = None,
+    tokenizer: Any = None,
+    tokenizer_name: str | None = None,
+    format: str = "prompt_completion",
+    width: int = 4096,
+    check: bool = False,
+    **format_kw: Any,
+) -> dict[str, Any]:
     """Print the figures and write them to ``out`` as JSON: on ``data`` (the user's JSONL, read with
     ``tokenizer`` in ``format``; no targets) or on generated files (the project's targets are
     returned, and printed when ``check``)."""
     if data is not None:
         print(f"tokenizer: {tokenizer_name or tokenizer}; {data} ({format}), width {width}", flush=True)
-        result = {"data": bench_data(data, tokenizer, format=format, width=width, getitem_samples=getitem_samples,
-                                     **format_kw), "targets": []}
+        result = {
+            "data": bench_data(
+                data, tokenizer, format=format, width=width, getitem_samples=getitem_samples, **format_kw
+            ),
+            "targets": [],
+        }
         d = result["data"]
         _print_index(d["index"])
         lp = d["length_pass"]
-        print(f"length pass: {lp['lines']} lines ({lp['usable']} usable) in {lp['seconds']:.2f}s: "
-              f"{lp['lines_per_s']:.0f} lines/s, {lp['tokens_per_s'] / 1e6:.2f}M tokens/s"
-              + (f"; skips {lp['skips']}" if lp["skips"] else ""))
+        print(
+            f"length pass: {lp['lines']} lines ({lp['usable']} usable) in {lp['seconds']:.2f}s: "
+            f"{lp['lines_per_s']:.0f} lines/s, {lp['tokens_per_s'] / 1e6:.2f}M tokens/s"
+            + (f"; skips {lp['skips']}" if lp["skips"] else "")
+        )
         _print_getitem(d["getitem"])
         _print_fill(d["fill"])
         if d["fill"]["oversize"] * 2 > lp["usable"]:
-            print(f"note: {d['fill']['oversize']} of {lp['usable']} usable samples are longer than the width "
-                  f"{width}, so the fill covers only those that fit: `energon-pack inspect {data}` suggests a width")
+            print(
+                f"note: {d['fill']['oversize']} of {lp['usable']} usable samples are longer than the width "
+                f"{width}, so the fill covers only those that fit: `energon-pack inspect {data}` suggests a width"
+            )
         _write(out, result)
         return result
-    print(f"tokenizer: {describe_qwen_version(TOKENIZER)}; synthetic prompt/completion "
-          f"JSONL, {size_mb} MiB for the index benchmark", flush=True)
+    print(
+        f"tokenizer: {describe_qwen_version(TOKENIZER)}; synthetic prompt/completion "
+        f"JSONL, {size_mb} MiB for the index benchmark",
+        flush=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="sft_bench_", dir=workdir))
     length_pass = None
     try:
@@ -308,26 +394,48 @@ def main(out: str | Path = "bench_results/sft.json", *, size_mb: int = 1024, get
         shutil.rmtree(tmp, ignore_errors=True)
     fill = bench_fill(fill_samples)
     targets = [
-        {"name": "index build / wc -l", "value": index["ratio"], "target": f"<= {TARGETS['index_vs_wc']}", "met": index["ratio"] <= TARGETS["index_vs_wc"]},
-        {"name": "lazy __getitem__ samples/s", "value": getitem["per_s"], "target": f">= {TARGETS['getitem_per_s']:.0f}", "met": getitem["per_s"] >= TARGETS["getitem_per_s"]},
-        {"name": "in-batch fill @4096", "value": fill["fill"], "target": f">= {TARGETS['fill']}", "met": fill["fill"] >= TARGETS["fill"]},
+        {
+            "name": "index build / wc -l",
+            "value": index["ratio"],
+            "target": f"<= {TARGETS['index_vs_wc']}",
+            "met": index["ratio"] <= TARGETS["index_vs_wc"],
+        },
+        {
+            "name": "lazy __getitem__ samples/s",
+            "value": getitem["per_s"],
+            "target": f">= {TARGETS['getitem_per_s']:.0f}",
+            "met": getitem["per_s"] >= TARGETS["getitem_per_s"],
+        },
+        {
+            "name": "in-batch fill @4096",
+            "value": fill["fill"],
+            "target": f">= {TARGETS['fill']}",
+            "met": fill["fill"] >= TARGETS["fill"],
+        },
     ]
     if length_pass is not None:
         lp = length_pass
-        targets.append({"name": f"length pass speedup ({lp['cores']} cores)", "value": lp["speedup"],
-                        "target": f">= {TARGETS['length_pass_speedup']}",
-                        "met": lp["speedup"] >= TARGETS["length_pass_speedup"] and lp["identical"]})
+        targets.append(
+            {
+                "name": f"length pass speedup ({lp['cores']} cores)",
+                "value": lp["speedup"],
+                "target": f">= {TARGETS['length_pass_speedup']}",
+                "met": lp["speedup"] >= TARGETS["length_pass_speedup"] and lp["identical"],
+            }
+        )
     result = {"index": index, "getitem": getitem, "fill": fill, "length_pass": length_pass, "targets": targets}
     _print_index(index)
     _print_getitem(getitem)
     _print_fill(fill)
     if length_pass is not None:
         lp = length_pass
-        print(f"length pass: {lp['bytes'] / 2**20:.0f} MiB, {lp['lines']} distinct lines: index + serial per-line pass "
-              f"{lp['serial_total_s']:.1f}s, index + batched pass on {lp['workers']} processes {lp['new_total_s']:.1f}s "
-              f"({lp['speedup']:.2f}x, identical: {lp['identical']}; {lp['new_cpu_s']:.1f} CPU-s"
-              f"); tokenizer alone "
-              f"{lp['tokenizer_only_cpu_s']:.1f} CPU-s (ceiling on {lp['cores']} cores {lp['ceiling_on_cores']:.2f}x)")
+        print(
+            f"length pass: {lp['bytes'] / 2**20:.0f} MiB, {lp['lines']} distinct lines: index + serial per-line pass "
+            f"{lp['serial_total_s']:.1f}s, index + batched pass on {lp['workers']} processes {lp['new_total_s']:.1f}s "
+            f"({lp['speedup']:.2f}x, identical: {lp['identical']}; {lp['new_cpu_s']:.1f} CPU-s"
+            f"); tokenizer alone "
+            f"{lp['tokenizer_only_cpu_s']:.1f} CPU-s (ceiling on {lp['cores']} cores {lp['ceiling_on_cores']:.2f}x)"
+        )
     if check:
         print("\nproject benchmark targets (issue 5, on this generated data)")
         print(f"{'target':<30} {'value':>12} {'goal':>10}  met")

@@ -22,8 +22,9 @@ def frame_rgb(i: int, width: int, height: int) -> np.ndarray:
     return rgb
 
 
-def write_video(path: str | Path, num_frames: int, fps, width: int, height: int, gop: int | None = None,
-                options: dict | None = None) -> None:
+def write_video(
+    path: str | Path, num_frames: int, fps, width: int, height: int, gop: int | None = None, options: dict | None = None
+) -> None:
     """Encode ``num_frames`` frames at ``fps`` (int, float or Fraction) into ``path`` (codec from its
     extension), a keyframe every ``gop`` frames when given; ``options`` go to the encoder."""
     ext = str(path).rsplit(".", 1)[-1]

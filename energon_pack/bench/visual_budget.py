@@ -8,7 +8,6 @@ budget, as the loader runs it (carry mode, ``packing_buffer_size`` K, seeded).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,15 @@ RECOMMEND_WITHIN = 0.005
 __all__ = ["RECOMMEND_WITHIN", "candidate_costs", "fill_with_budget", "recommend_patch_budget"]
 
 
-def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokenizer: Any = None,
-                    limit: int | None = None, **packing: Any) -> np.ndarray:
+def candidate_costs(
+    path: str,
+    *,
+    width: int,
+    preset: Any = "qwen2.5-vl",
+    tokenizer: Any = None,
+    limit: int | None = None,
+    **packing: Any,
+) -> np.ndarray:
     """int64 (n, 3): each sample's (aligned tokens, patches, frames) as the encoder's ``preencode_sample``
     costs it (frames: one per image, the temporal grid per video); skipped samples are left out.
     ``packing``: other :class:`PackingConfig` knobs (cp, tp, ...)."""
@@ -40,11 +46,24 @@ def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokeni
         def batch(self, samples: list) -> list:
             return [tuple(s.cost) for s in samples if isinstance(s, PackCandidate)]
 
-    encoder = CostReader(tokenizer=tokenizer, preset=preset, seq_length=width, max_patches_per_pack=2**40,
-                         static_visual=True, max_vision_frames=2**40, **packing)
-    dataset = get_train_dataset(path, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=encoder,
-                                repeat=False)
+    encoder = CostReader(
+        tokenizer=tokenizer,
+        preset=preset,
+        seq_length=width,
+        max_patches_per_pack=2**40,
+        static_visual=True,
+        max_vision_frames=2**40,
+        **packing,
+    )
+    dataset = get_train_dataset(
+        path,
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        task_encoder=encoder,
+        repeat=False,
+    )
     rows: list[tuple[int, ...]] = []
     for batch in get_loader(dataset):
         rows.extend(batch)
@@ -57,8 +76,16 @@ def candidate_costs(path: str, *, width: int, preset: Any = "qwen2.5-vl", tokeni
 _BUDGETS = (("max_patches_per_pack", 1), ("max_segments", 2), ("max_vision_frames", 3))
 
 
-def fill_with_budget(costs: np.ndarray, width: int, budget: int | None = None, *, segments: int | None = None,
-                     frames: int | None = None, buffer: int = 64, seed: int = 0) -> dict:
+def fill_with_budget(
+    costs: np.ndarray,
+    width: int,
+    budget: int | None = None,
+    *,
+    segments: int | None = None,
+    frames: int | None = None,
+    buffer: int = 64,
+    seed: int = 0,
+) -> dict:
     """Fill (real tokens / slots), packs, skips and the fullest pack's patches / segments / frames of the
     carry packer replayed on ``costs`` (:func:`candidate_costs`) with the budgets given (None: no budget)."""
     full = np.column_stack([costs[:, 0], costs[:, 1], np.ones(len(costs), dtype=np.int64), costs[:, 2]])
@@ -74,8 +101,14 @@ def fill_with_budget(costs: np.ndarray, width: int, budget: int | None = None, *
     for i, row in enumerate(full[:, dims].tolist()):
         done(packer.push(i, tuple(row)))
     done(packer.flush())
-    return {"fill": packer.stats.fill, "packs": packer.stats.packs, "skipped": packer.stats.skipped,
-            "max_pack_patches": int(most[1]), "max_pack_segments": int(most[2]), "max_pack_frames": int(most[3])}
+    return {
+        "fill": packer.stats.fill,
+        "packs": packer.stats.packs,
+        "skipped": packer.stats.skipped,
+        "max_pack_patches": int(most[1]),
+        "max_pack_segments": int(most[2]),
+        "max_pack_frames": int(most[3]),
+    }
 
 
 def _smallest(lo: int, hi: int, step: int, ok: Any) -> int:
@@ -91,8 +124,15 @@ def _smallest(lo: int, hi: int, step: int, ok: Any) -> int:
     return hi
 
 
-def recommend_patch_budget(costs: np.ndarray, width: int, *, buffer: int = 64, within: float = RECOMMEND_WITHIN,
-                           multiple: int = 256, seed: int = 0) -> dict:
+def recommend_patch_budget(
+    costs: np.ndarray,
+    width: int,
+    *,
+    buffer: int = 64,
+    within: float = RECOMMEND_WITHIN,
+    multiple: int = 256,
+    seed: int = 0,
+) -> dict:
     """The budgets of static packs, each the smallest whose fill stays within ``within`` of packs with no
     budget but tokens: ``max_patches_per_pack`` (a multiple of ``multiple``), then with it ``max_segments``
     (static LLM cu_seqlens), then ``max_vision_frames`` (the vision tower's full-attention cu_seqlens).
@@ -104,25 +144,46 @@ def recommend_patch_budget(costs: np.ndarray, width: int, *, buffer: int = 64, w
     def ok(name: str) -> Any:
         def test(value: int) -> bool:
             return free["fill"] - fill_with_budget(costs, width, **{**chosen, name: value}, **kw)["fill"] <= within
+
         return test
 
     lo = max(multiple, -(-int(costs[:, 1].max(initial=1)) // multiple) * multiple)
-    chosen["budget"] = _smallest(lo, max(lo, -(-free["max_pack_patches"] // multiple) * multiple), multiple, ok("budget"))
+    chosen["budget"] = _smallest(
+        lo, max(lo, -(-free["max_pack_patches"] // multiple) * multiple), multiple, ok("budget")
+    )
     top = fill_with_budget(costs, width, chosen["budget"], **kw)
     chosen["segments"] = _smallest(1, top["max_pack_segments"], 1, ok("segments"))
     top = fill_with_budget(costs, width, chosen["budget"], segments=chosen["segments"], **kw)
-    chosen["frames"] = _smallest(max(1, int(costs[:, 2].max(initial=1))), max(1, top["max_pack_frames"]), 1, ok("frames"))
+    chosen["frames"] = _smallest(
+        max(1, int(costs[:, 2].max(initial=1))), max(1, top["max_pack_frames"]), 1, ok("frames")
+    )
     best = fill_with_budget(costs, width, **chosen, **kw)
-    return {"budget": chosen["budget"], "max_segments": chosen["segments"], "max_vision_frames": chosen["frames"],
-            "fill_dynamic": free["fill"], "fill_static": best["fill"],
-            "fill_delta_points": round(100 * (free["fill"] - best["fill"]), 3),
-            "mean_pack_patches": round(float(costs[:, 1].sum()) / max(best["packs"], 1), 1), "width": width,
-            "buffer": buffer, "samples": int(len(costs)), "max_dynamic_pack_patches": free["max_pack_patches"],
-            "skipped": best["skipped"]}
+    return {
+        "budget": chosen["budget"],
+        "max_segments": chosen["segments"],
+        "max_vision_frames": chosen["frames"],
+        "fill_dynamic": free["fill"],
+        "fill_static": best["fill"],
+        "fill_delta_points": round(100 * (free["fill"] - best["fill"]), 3),
+        "mean_pack_patches": round(float(costs[:, 1].sum()) / max(best["packs"], 1), 1),
+        "width": width,
+        "buffer": buffer,
+        "samples": int(len(costs)),
+        "max_dynamic_pack_patches": free["max_pack_patches"],
+        "skipped": best["skipped"],
+    }
 
 
-def main(path: str, out_dir: str | None = None, *, width: int = 8192, buffer: int = 64, preset: str = "qwen2.5-vl",
-         tokenizer: Any = None, within: float = RECOMMEND_WITHIN) -> dict:
+def main(
+    path: str,
+    out_dir: str | None = None,
+    *,
+    width: int = 8192,
+    buffer: int = 64,
+    preset: str = "qwen2.5-vl",
+    tokenizer: Any = None,
+    within: float = RECOMMEND_WITHIN,
+) -> dict:
     """Read the costs of ``path``, print and return the recommended patch budget (``visual_budget.json`` in
     ``out_dir`` when given)."""
     import json
@@ -130,11 +191,14 @@ def main(path: str, out_dir: str | None = None, *, width: int = 8192, buffer: in
 
     costs = candidate_costs(path, width=width, preset=preset, tokenizer=tokenizer)
     result = recommend_patch_budget(costs, width, buffer=buffer, within=within)
-    print(f"recommended max_patches_per_pack = {result['budget']}, max_segments = {result['max_segments']}, "
-          f"max_vision_frames = {result['max_vision_frames']} for width {width}, K={buffer}: fill "
-          f"{result['fill_static']:.2%} vs {result['fill_dynamic']:.2%} without a patch budget "
-          f"({result['fill_delta_points']:+.2f} points); a pack holds {result['mean_pack_patches']:,.0f} real patches "
-          f"on average ({result['samples']} samples). Use it with static_visual=True.", flush=True)
+    print(
+        f"recommended max_patches_per_pack = {result['budget']}, max_segments = {result['max_segments']}, "
+        f"max_vision_frames = {result['max_vision_frames']} for width {width}, K={buffer}: fill "
+        f"{result['fill_static']:.2%} vs {result['fill_dynamic']:.2%} without a patch budget "
+        f"({result['fill_delta_points']:+.2f} points); a pack holds {result['mean_pack_patches']:,.0f} real patches "
+        f"on average ({result['samples']} samples). Use it with static_visual=True.",
+        flush=True,
+    )
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "visual_budget.json").write_text(json.dumps(result, indent=1))

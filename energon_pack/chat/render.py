@@ -35,11 +35,15 @@ from .tokenizer import QwenTokenizer, as_qwen_tokenizer
 LOSS_POLICIES = ("assistant", "last_turn", "all")
 
 #: The official Qwen3-VL (and Qwen2.5 / Qwen3 LLM) template's tool preamble, around one JSON line per tool.
-TOOLS_PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_POSTAMBLE = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-                   "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-                   "\"arguments\": <args-json-object>}\n</tool_call>")
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call>'
+)
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,27 @@ class ChatConfig:
         if self.loss_policy not in LOSS_POLICIES:
             raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
         if not isinstance(self.train_newline_after_im_end, bool):
-            raise ConfigError("train_newline_after_im_end", f"must be a bool, got {self.train_newline_after_im_end!r}",
-                              "True for Megatron-Bridge's loss rule, False (default) for ours")
+            raise ConfigError(
+                "train_newline_after_im_end",
+                f"must be a bool, got {self.train_newline_after_im_end!r}",
+                "True for Megatron-Bridge's loss rule, False (default) for ours",
+            )
         for knob in ("max_num_images", "max_num_frames", "max_visual_tokens"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if knob == "max_num_images" else 1):
-                raise ConfigError(knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. {getattr(ChatConfig, knob)}")
-        if self.system_prompt is not TEMPLATE_DEFAULT and self.system_prompt is not None and not isinstance(self.system_prompt, str):
-            raise ConfigError("system_prompt", "must be a string, None (no system turn) or TEMPLATE_DEFAULT",
-                              "pass a str, or None for no system prompt")
+                raise ConfigError(
+                    knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. {getattr(ChatConfig, knob)}"
+                )
+        if (
+            self.system_prompt is not TEMPLATE_DEFAULT
+            and self.system_prompt is not None
+            and not isinstance(self.system_prompt, str)
+        ):
+            raise ConfigError(
+                "system_prompt",
+                "must be a string, None (no system turn) or TEMPLATE_DEFAULT",
+                "pass a str, or None for no system prompt",
+            )
 
     def resolve_system_prompt(self, template_default: str | None) -> str | None:
         """The system prompt to insert, given the model family's template default."""
@@ -163,9 +179,18 @@ def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
     return [m.role == "assistant" for m in messages]
 
 
-def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str, system_prompt: str | None,
-                media_block: MediaBlock | None = None, materialize: bool = True, tools: bool = False,
-                template: str = "this chat template", train_newline_after_im_end: bool = False) -> ChatMLBuilder:
+def render_chat(
+    messages: list[Message],
+    tok: QwenTokenizer,
+    *,
+    loss_policy: str,
+    system_prompt: str | None,
+    media_block: MediaBlock | None = None,
+    materialize: bool = True,
+    tools: bool = False,
+    template: str = "this chat template",
+    train_newline_after_im_end: bool = False,
+) -> ChatMLBuilder:
     """Render ``messages`` (media already placed) as ChatML; ``media_block(builder, kind)`` writes
     each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn.
     ``train_newline_after_im_end``: the ``\n`` after a supervised ``<|im_end|>`` is supervised too
@@ -176,8 +201,10 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
     tool_list = conversation_tools(messages)
     uses_tools = bool(tool_list) or any(m.tool_calls or m.role == "tool" for m in messages)
     if uses_tools and not tools:
-        raise SampleSkipped("tool_calls_unsupported",
-                            f"the conversation has tools, tool calls or tool turns and {template} has no tool handling")
+        raise SampleSkipped(
+            "tool_calls_unsupported",
+            f"the conversation has tools, tool calls or tool turns and {template} has no tool handling",
+        )
     if system_prompt is not None and messages[0].role != "system":
         messages = [Message("system", (("text", system_prompt),))] + list(messages)
     sp = tok.special
@@ -232,8 +259,9 @@ def render_chat(messages: list[Message], tok: QwenTokenizer, *, loss_policy: str
     return b
 
 
-def encode_text_chat(conversation, *, tokenizer, config: ChatConfig | None = None,
-                     template_default: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_text_chat(
+    conversation, *, tokenizer, config: ChatConfig | None = None, template_default: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A text-only conversation -> (input_ids, unshifted target mask); media placeholders are a
     counted ``media_count_mismatch`` skip. Tool calls are rendered the Qwen3 way (module docstring)."""
     config = config or ChatConfig()
@@ -241,7 +269,12 @@ def encode_text_chat(conversation, *, tokenizer, config: ChatConfig | None = Non
     messages = normalize_conversation(conversation)
     require_assistant_turn(messages)
     messages = place_media(messages, 0, 0)
-    b = render_chat(messages, tok, loss_policy=config.loss_policy,
-                    system_prompt=config.resolve_system_prompt(template_default), tools=True,
-                    train_newline_after_im_end=config.train_newline_after_im_end)
+    b = render_chat(
+        messages,
+        tok,
+        loss_policy=config.loss_policy,
+        system_prompt=config.resolve_system_prompt(template_default),
+        tools=True,
+        train_newline_after_im_end=config.train_newline_after_im_end,
+    )
     return b.supervised(config.loss_policy)

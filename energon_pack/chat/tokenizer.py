@@ -33,12 +33,14 @@ class DemoTokenizerWarning(UserWarning):
 
 
 def demo_tokenizer_message(where: str) -> str:
-    return (f"{where}: no tokenizer given, so the offline DEMO tokenizer is used (773 tokens, not a real "
-            "vocabulary: token counts come out about 3.5x those of a real Qwen tokenizer, so lengths, skips, "
-            "packs and fill are not your model's). Fix: pass your model's tokenizer: tokenizer=\"qwen2.5-vl\" "
-            "(or \"qwen2-vl\" / \"qwen3-vl\": the real Qwen-VL tokenizers, built offline), a Hugging Face tokenizer "
-            "(e.g. AutoTokenizer.from_pretrained(<your local model folder>)), or tokenizer=\"demo\" to use the demo "
-            "tokenizer on purpose")
+    return (
+        f"{where}: no tokenizer given, so the offline DEMO tokenizer is used (773 tokens, not a real "
+        "vocabulary: token counts come out about 3.5x those of a real Qwen tokenizer, so lengths, skips, "
+        "packs and fill are not your model's). Fix: pass your model's tokenizer: tokenizer=\"qwen2.5-vl\" "
+        '(or "qwen2-vl" / "qwen3-vl": the real Qwen-VL tokenizers, built offline), a Hugging Face tokenizer '
+        '(e.g. AutoTokenizer.from_pretrained(<your local model folder>)), or tokenizer="demo" to use the demo '
+        "tokenizer on purpose"
+    )
 
 
 def resolve_tokenizer(tokenizer: Any, *, where: str, stacklevel: int = 3, default: str | None = None) -> Any:
@@ -114,8 +116,9 @@ class SpecialIds:
     @property
     def skipped(self) -> frozenset[int]:
         """Ids never trained as targets (Bridge's skipped set; <|im_end|> is deliberately trained)."""
-        return frozenset({self.im_start, self.vision_start, self.vision_end, self.vision_pad,
-                          self.image_pad, self.video_pad})
+        return frozenset(
+            {self.im_start, self.vision_start, self.vision_end, self.vision_pad, self.image_pad, self.video_pad}
+        )
 
 
 class QwenTokenizer:
@@ -138,22 +141,34 @@ class QwenTokenizer:
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_size = cache_size
         if not self._is_raw and not isinstance(tokenizer, TokenizerLike):
-            raise ConfigError("tokenizer", f"{type(tokenizer).__name__} has no encode/convert_tokens_to_ids",
-                              "pass a Hugging Face tokenizer or a tokenizers.Tokenizer")
+            raise ConfigError(
+                "tokenizer",
+                f"{type(tokenizer).__name__} has no encode/convert_tokens_to_ids",
+                "pass a Hugging Face tokenizer or a tokenizers.Tokenizer",
+            )
         ids = {}
         for tok in QWEN_SPECIAL_TOKENS:
             tid = self.token_to_id(tok)
             if tid is None or self.encode(tok) != [tid]:
-                raise ConfigError("tokenizer", f"special token {tok!r} is not a single token in this tokenizer",
-                                  "use a Qwen tokenizer (or load_demo_tokenizer()) with the Qwen special tokens added")
+                raise ConfigError(
+                    "tokenizer",
+                    f"special token {tok!r} is not a single token in this tokenizer",
+                    "use a Qwen tokenizer (or load_demo_tokenizer()) with the Qwen special tokens added",
+                )
             ids[tok] = tid
         pad = ids[ENDOFTEXT]
         hf_pad = getattr(tokenizer, "pad_token_id", None)
         if isinstance(hf_pad, int):
             pad = hf_pad
         self.special = SpecialIds(
-            im_start=ids[IM_START], im_end=ids[IM_END], vision_start=ids[VISION_START], vision_end=ids[VISION_END],
-            vision_pad=ids[VISION_PAD], image_pad=ids[IMAGE_PAD], video_pad=ids[VIDEO_PAD], pad=pad,
+            im_start=ids[IM_START],
+            im_end=ids[IM_END],
+            vision_start=ids[VISION_START],
+            vision_end=ids[VISION_END],
+            vision_pad=ids[VISION_PAD],
+            image_pad=ids[IMAGE_PAD],
+            video_pad=ids[VIDEO_PAD],
+            pad=pad,
         )
         #: ids that text must never produce: the Qwen special tokens + the tokenizer's special tokens
         self.control_ids: frozenset[int] = control_token_ids(tokenizer) | frozenset(ids.values())
@@ -173,7 +188,11 @@ class QwenTokenizer:
             return self.inner.token_to_id(token)
         tid = self.inner.convert_tokens_to_ids(token)
         unk = getattr(self.inner, "unk_token_id", None)
-        return None if tid is None or (unk is not None and tid == unk and token != getattr(self.inner, "unk_token", None)) else tid
+        return (
+            None
+            if tid is None or (unk is not None and tid == unk and token != getattr(self.inner, "unk_token", None))
+            else tid
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS/EOS added (special tokens in the text are recognised)."""
@@ -214,8 +233,9 @@ def check_text(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise SampleSkipped("invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
-                                            f"{text[exc.start:exc.end]!r})") from None
+        raise SampleSkipped(
+            "invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: {text[exc.start : exc.end]!r})"
+        ) from None
 
 
 def control_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -243,8 +263,10 @@ def reject_control_tokens(ids: list[int], control_ids: frozenset[int], decode: A
         return
     bad = next(t for t in ids if t in control_ids)
     name = decode([bad]) if decode is not None else str(bad)
-    raise SampleSkipped("control_token_in_text",
-                        f"text contains the control token {name!r} (id {bad}); text never produces control tokens")
+    raise SampleSkipped(
+        "control_token_in_text",
+        f"text contains the control token {name!r} (id {bad}); text never produces control tokens",
+    )
 
 
 def _is_raw_tokenizers(obj: Any) -> bool:
@@ -312,20 +334,32 @@ def load_tokenizer(spec: Any = None, *, where: str = "tokenizer", stacklevel: in
         try:
             return Tokenizer.from_file(str(path))
         except Exception as exc:  # the tokenizers library raises its own Exception type
-            raise ConfigError("tokenizer", f"{path} is not a tokenizers JSON file ({str(exc).splitlines()[0][:120]})",
-                              "pass a tokenizer.json or a local Hugging Face tokenizer folder") from None
+            raise ConfigError(
+                "tokenizer",
+                f"{path} is not a tokenizers JSON file ({str(exc).splitlines()[0][:120]})",
+                "pass a tokenizer.json or a local Hugging Face tokenizer folder",
+            ) from None
     if path.is_dir():
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise ConfigError("tokenizer", f"{path} is a folder, and loading it needs transformers",
-                              "pip install transformers, or pass its tokenizer.json file") from None
+            raise ConfigError(
+                "tokenizer",
+                f"{path} is a folder, and loading it needs transformers",
+                "pip install transformers, or pass its tokenizer.json file",
+            ) from None
         try:
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as exc:  # transformers raises OSError/ValueError/... for unusable folders
-            raise ConfigError("tokenizer", f"no tokenizer could be loaded from {path} ({str(exc).splitlines()[0][:120]})",
-                              "pass a folder with tokenizer files or a tokenizer.json") from None
-    raise ConfigError("tokenizer", f"{spec}: no such file or folder",
-                      "pass a tokenizer.json or a local Hugging Face tokenizer folder (nothing is downloaded), "
-                      f"one of {', '.join(QWEN_VL_TOKENIZER_NAMES)} for a real Qwen-VL tokenizer, "
-                      "or \"demo\" for the demo tokenizer")
+            raise ConfigError(
+                "tokenizer",
+                f"no tokenizer could be loaded from {path} ({str(exc).splitlines()[0][:120]})",
+                "pass a folder with tokenizer files or a tokenizer.json",
+            ) from None
+    raise ConfigError(
+        "tokenizer",
+        f"{spec}: no such file or folder",
+        "pass a tokenizer.json or a local Hugging Face tokenizer folder (nothing is downloaded), "
+        f"one of {', '.join(QWEN_VL_TOKENIZER_NAMES)} for a real Qwen-VL tokenizer, "
+        'or "demo" for the demo tokenizer',
+    )

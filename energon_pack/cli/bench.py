@@ -24,26 +24,40 @@ def _modes(text: str) -> tuple[str, ...]:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(subparsers, NAME, "sweep packing_buffer_size K for carry and rounds on a prepared Energon dataset")
-    p.add_argument("--data", default=DEMO_DIR,
-                   help="prepared Energon dataset (energon-pack convert / prepare / make-demo); never written to")
-    p.add_argument("--buffers", type=ints, default=(1, 4, 8, 16, 32, 64, 128, 256),
-                   help="comma-separated packing_buffer_size values K")
-    p.add_argument("--modes", type=_modes, default=("carry", "rounds"),
-                   help="packing modes: carry (ours), rounds (Energon's)")
+    p.add_argument(
+        "--data",
+        default=DEMO_DIR,
+        help="prepared Energon dataset (energon-pack convert / prepare / make-demo); never written to",
+    )
+    p.add_argument(
+        "--buffers",
+        type=ints,
+        default=(1, 4, 8, 16, 32, 64, 128, 256),
+        help="comma-separated packing_buffer_size values K",
+    )
+    p.add_argument(
+        "--modes", type=_modes, default=("carry", "rounds"), help="packing modes: carry (ours), rounds (Energon's)"
+    )
     p.add_argument("--workers", type=non_negative_int, default=2, help="loader worker processes (0: in this process)")
     p.add_argument("--packs", type=non_negative_int, default=200, help="packs per cell (0 = one full epoch)")
     p.add_argument("--width", type=positive_int, default=8192, help="pack width in tokens (seq_length)")
     p.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: the --preset's real tokenizer")
     p.add_argument("--out-dir", default="bench_results", help="folder for buffer_sizes.json/.md and buffer_*.png")
-    p.add_argument("--visual-budget", action="store_true",
-                   help="instead of the K sweep: recommend max_patches_per_pack for static_visual packs (fill within "
-                        "0.5 points of packs without a patch budget), at --width and the largest --buffers K")
+    p.add_argument(
+        "--visual-budget",
+        action="store_true",
+        help="instead of the K sweep: recommend max_patches_per_pack for static_visual packs (fill within "
+        "0.5 points of packs without a patch budget), at --width and the largest --buffers K",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     object_read_options(p)
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 when one of the project's own benchmark targets is missed (they are printed as "
-                        "information otherwise)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when one of the project's own benchmark targets is missed (they are printed as "
+        "information otherwise)",
+    )
     return p
 
 
@@ -58,12 +72,21 @@ def run(args: argparse.Namespace) -> int:
     if args.visual_budget:
         from energon_pack.bench import visual_budget
 
-        visual_budget.main(str(data), args.out_dir, width=args.width, buffer=max(args.buffers), preset=args.preset,
-                           tokenizer=tokenizer)
+        visual_budget.main(
+            str(data), args.out_dir, width=args.width, buffer=max(args.buffers), preset=args.preset, tokenizer=tokenizer
+        )
         return 0
     result = buffer_sweep.main(
-        data, args.out_dir, plots=not args.no_plots, buffers=args.buffers, modes=args.modes, workers=args.workers,
-        packs=args.packs or None, seq_length=args.width, preset=args.preset, tokenizer=tokenizer,
+        data,
+        args.out_dir,
+        plots=not args.no_plots,
+        buffers=args.buffers,
+        modes=args.modes,
+        workers=args.workers,
+        packs=args.packs or None,
+        seq_length=args.width,
+        preset=args.preset,
+        tokenizer=tokenizer,
         tokenizer_name=described,
     )
     return targets_exit(result["targets"], args.check, format_target)

@@ -15,9 +15,13 @@ KNOB_FLAGS: dict[str, str] = {}
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from energon_pack.bench.offline_pack_bench import add_arguments
 
-    p = add_command(subparsers, NAME, "offline packing side by side with Bridge's tokenize_dataset + "
-                    "create_packing_strategy (first_fit_shuffle / first_fit_decreasing): fill, packs, peak RSS, "
-                    "wall time")
+    p = add_command(
+        subparsers,
+        NAME,
+        "offline packing side by side with Bridge's tokenize_dataset + "
+        "create_packing_strategy (first_fit_shuffle / first_fit_decreasing): fill, packs, peak RSS, "
+        "wall time",
+    )
     add_arguments(p)
     return p
 

@@ -14,8 +14,12 @@ KNOB_FLAGS: dict[str, str] = {}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(subparsers, NAME, "worker pixel path: images per CPU-second vs HF's processor and the decode "
-                    "floor, per pixel_dtype; real-loader CPU and bytes per pack")
+    p = add_command(
+        subparsers,
+        NAME,
+        "worker pixel path: images per CPU-second vs HF's processor and the decode "
+        "floor, per pixel_dtype; real-loader CPU and bytes per pack",
+    )
     p.add_argument("--images", type=positive_int, default=46, help="generated photos and scans to time")
     p.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds (best round counts)")
     p.add_argument("--loader-packs", type=int, default=24, help="packs per dtype through the real loader (0: skip)")
@@ -33,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     hf = importlib.util.find_spec("transformers") is not None
     if not hf:
         print("transformers is not installed: the HF processor column is left out (pip install transformers)")
-    result = pixel_bench.main(args.out, images=args.images, rounds=args.rounds, loader_packs=max(args.loader_packs, 0),
-                              draft=not args.no_draft, hf=hf)
+    result = pixel_bench.main(
+        args.out,
+        images=args.images,
+        rounds=args.rounds,
+        loader_packs=max(args.loader_packs, 0),
+        draft=not args.no_draft,
+        hf=hf,
+    )
     return targets_exit(result["targets"], args.check)

@@ -79,39 +79,57 @@ def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
     if kind == "prepared" or (jsonl_ok and kind == "prepared_jsonl"):
         return str(path) if is_remote(path) else Path(path)
     if is_remote(path):
-        raise CliError(f"{path} is not a prepared Energon dataset in object storage (it {REMOTE_KIND[kind]}): "
-                       f"point --data at the prefix that holds .nv-meta/dataset.yaml (prepare shards there with "
-                       f"`energon-pack prepare {path}`)")
+        raise CliError(
+            f"{path} is not a prepared Energon dataset in object storage (it {REMOTE_KIND[kind]}): "
+            f"point --data at the prefix that holds .nv-meta/dataset.yaml (prepare shards there with "
+            f"`energon-pack prepare {path}`)"
+        )
     path = Path(path)
     if kind == "missing":
-        hint = (f"`energon-pack make-demo {path}` writes demo data there" if str(path) == DEMO_DIR
-                else "check the path, or write demo data with `energon-pack make-demo DIR`")
+        hint = (
+            f"`energon-pack make-demo {path}` writes demo data there"
+            if str(path) == DEMO_DIR
+            else "check the path, or write demo data with `energon-pack make-demo DIR`"
+        )
         raise CliError(f"{path} does not exist: {hint}")
     if kind == "shards":
-        raise CliError(f"{path} holds *.tar shards but is not a prepared Energon dataset (no .nv-meta/dataset.yaml): "
-                       f"run `energon-pack prepare {path}` first")
+        raise CliError(
+            f"{path} holds *.tar shards but is not a prepared Energon dataset (no .nv-meta/dataset.yaml): "
+            f"run `energon-pack prepare {path}` first"
+        )
     if kind in ("raw", "prepared_jsonl"):
         src = raw_sources(path)
         name = src[0] if len(src) == 1 else path
-        what = ("a JSONL file prepared for the text encoder" if kind == "prepared_jsonl"
-                else "raw JSON/JSONL/Parquet data")
-        raise CliError(f"{path} is {what}, not an Energon WebDataset: run `energon-pack convert {name} OUT` "
-                       f"and pass --data OUT")
+        what = (
+            "a JSONL file prepared for the text encoder" if kind == "prepared_jsonl" else "raw JSON/JSONL/Parquet data"
+        )
+        raise CliError(
+            f"{path} is {what}, not an Energon WebDataset: run `energon-pack convert {name} OUT` and pass --data OUT"
+        )
     if kind == "empty":
-        raise CliError(f"{path} is an empty folder: convert your data into it with "
-                       f"`energon-pack convert SOURCE {path}`, "
-                       f"or write demo data with `energon-pack make-demo {path}`")
-    raise CliError(f"{path} holds no Energon dataset, *.tar shards or JSON/JSONL/Parquet data: point --data at a "
-                   f"folder prepared with `energon-pack convert` or `energon-pack prepare`")
+        raise CliError(
+            f"{path} is an empty folder: convert your data into it with "
+            f"`energon-pack convert SOURCE {path}`, "
+            f"or write demo data with `energon-pack make-demo {path}`"
+        )
+    raise CliError(
+        f"{path} holds no Energon dataset, *.tar shards or JSON/JSONL/Parquet data: point --data at a "
+        f"folder prepared with `energon-pack convert` or `energon-pack prepare`"
+    )
 
 
 #: the arguments that name what a command writes (reports, packs): local paths only
 OUTPUT_ARGS = ("out", "out_dir", "json_out", "cache_dir")
 
 #: what a remote path holds, for messages (the kinds of :func:`remote_dataset_kind`)
-REMOTE_KIND = {"missing": "holds no object", "prepared_jsonl": "is a prepared JSONL file",
-               "raw": "holds raw JSON/JSONL/Parquet data", "shards": "holds *.tar shards without .nv-meta/dataset.yaml",
-               "unusable": "holds no shards", "prepared": "is a prepared dataset"}
+REMOTE_KIND = {
+    "missing": "holds no object",
+    "prepared_jsonl": "is a prepared JSONL file",
+    "raw": "holds raw JSON/JSONL/Parquet data",
+    "shards": "holds *.tar shards without .nv-meta/dataset.yaml",
+    "unusable": "holds no shards",
+    "prepared": "is a prepared dataset",
+}
 
 
 def refuse_remote_output(path: Any, what: str) -> None:
@@ -119,8 +137,10 @@ def refuse_remote_output(path: Any, what: str) -> None:
     from energon_pack.storage import is_remote
 
     if path is not None and is_remote(path):
-        raise CliError(f"{path}: {what} is written to local disk only, not to object storage: pass a local path "
-                       f"(and copy the result with your storage tools)")
+        raise CliError(
+            f"{path}: {what} is written to local disk only, not to object storage: pass a local path "
+            f"(and copy the result with your storage tools)"
+        )
 
 
 def demo_dataset(path: str | Path, samples: int) -> str | Path:
@@ -131,9 +151,11 @@ def demo_dataset(path: str | Path, samples: int) -> str | Path:
 
     kind = dataset_kind(path)
     if is_remote(path) and kind != "prepared":
-        raise CliError(f"{path} is not a prepared dataset (it {REMOTE_KIND[kind]}) and demo data is written to local "
-                       f"disk only: write it with `energon-pack make-demo DIR`, copy DIR (with .nv-meta/) there and "
-                       f"pass --data {path}")
+        raise CliError(
+            f"{path} is not a prepared dataset (it {REMOTE_KIND[kind]}) and demo data is written to local "
+            f"disk only: write it with `energon-pack make-demo DIR`, copy DIR (with .nv-meta/) there and "
+            f"pass --data {path}"
+        )
     if not is_remote(path):
         path = Path(path)
     if kind in ("missing", "empty"):
@@ -169,8 +191,10 @@ def targets_exit(targets: list[dict], check: bool, formatter: Any = None) -> int
     missed = [t for t in targets if not t["met"]]
     if not check:
         if targets:
-            print("(the targets above are the project's own benchmark goals on its demo data, shown for "
-                  "information; --check makes a missed target exit 1)")
+            print(
+                "(the targets above are the project's own benchmark goals on its demo data, shown for "
+                "information; --check makes a missed target exit 1)"
+            )
         return 0
     if missed:
         print(f"--check: {len(missed)} of {len(targets)} targets missed", file=sys.stderr)
@@ -184,8 +208,9 @@ def jsonl_file(spec: str) -> Path:
     from energon_pack.storage import is_remote
 
     if is_remote(spec):
-        raise CliError(f"{spec}: JSONL files are read from local disk only (the line index seeks in the file): copy "
-                       f"it here first")
+        raise CliError(
+            f"{spec}: JSONL files are read from local disk only (the line index seeks in the file): copy it here first"
+        )
     path = Path(spec)
     if not path.is_file():
         raise CliError(f"{path} is not a file: pass a JSONL file" + (" (a folder was given)" if path.is_dir() else ""))

@@ -17,9 +17,12 @@ KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffer"}
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(subparsers, NAME, "make demo shards if absent, stream packed batches (carry vs rounds), report")
-    p.add_argument("--data", default=DEMO_DIR,
-                   help="dataset folder: demo data is written into it when it is absent or empty; "
-                        "a prepared Energon dataset is used as is; anything else is refused")
+    p.add_argument(
+        "--data",
+        default=DEMO_DIR,
+        help="dataset folder: demo data is written into it when it is absent or empty; "
+        "a prepared Energon dataset is used as is; anything else is refused",
+    )
     p.add_argument("--samples", type=positive_int, default=1200, help="demo samples to write when creating it")
     p.add_argument("--buffer", type=positive_int, default=64, help="packing_buffer_size K (samples per worker)")
     p.add_argument("--workers", type=non_negative_int, default=2, help="loader worker processes (0: in this process)")
@@ -37,12 +40,22 @@ def run(args: argparse.Namespace) -> int:
     tokenizer, described = resolve_tokenizer(None, default="qwen2.5-vl")
     print(f"tokenizer: {described}; preset qwen2.5-vl", flush=True)
     cells = [
-        run_cell(data, mode=mode, buffer=args.buffer, workers=args.workers, packs=args.packs,
-                 seq_length=args.width, progress=True, tokenizer=tokenizer)
+        run_cell(
+            data,
+            mode=mode,
+            buffer=args.buffer,
+            workers=args.workers,
+            packs=args.packs,
+            seq_length=args.width,
+            progress=True,
+            tokenizer=tokenizer,
+        )
         for mode in ("carry", "rounds")
     ]
-    print(f"\nQwen2.5-VL packing on {data} (width {args.width}, packing_buffer_size {args.buffer}, "
-          f"{args.workers} workers, {args.packs} packs per mode)\n")
+    print(
+        f"\nQwen2.5-VL packing on {data} (width {args.width}, packing_buffer_size {args.buffer}, "
+        f"{args.workers} workers, {args.packs} packs per mode)\n"
+    )
     print(format_cells(cells))
     carry, rounds = cells
     print(

@@ -18,8 +18,12 @@ NAME = "inspect"
 #: the knobs this command's flags set (library messages name these flags)
 KNOB_FLAGS = {**JSONL_FLAGS, "pad_multiple": "--pad-multiple"}
 #: how the report's hints name its settings here (``width`` is followed by a value)
-HINT_NAMES = {"chat": "--format chat", "prompt_completion": "--format prompt_completion",
-              "fields": "--prompt-field / --completion-field", "width": "--width "}
+HINT_NAMES = {
+    "chat": "--format chat",
+    "prompt_completion": "--format prompt_completion",
+    "fields": "--prompt-field / --completion-field",
+    "width": "--width ",
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -43,8 +47,9 @@ class ProgressBar:
         if self.bar is None and lines > RANGE_LINES:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False,
-                            mininterval=0.5)
+            self.bar = tqdm(
+                total=lines, unit=" lines", desc="length pass", file=sys.stderr, leave=False, mininterval=0.5
+            )
         if self.bar is not None:
             self.bar.update(done)
 
@@ -72,8 +77,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"tokenizer: {described}", flush=True)
     bar = ProgressBar()
     try:
-        return show(path, format=args.format, tokenizer=tokenizer, names=HINT_NAMES, progress=bar, width=args.width,
-                    pad_multiple=args.pad_multiple, max_length=args.max_length, json_out=args.json_out,
-                    **field_kw(args))
+        return show(
+            path,
+            format=args.format,
+            tokenizer=tokenizer,
+            names=HINT_NAMES,
+            progress=bar,
+            width=args.width,
+            pad_multiple=args.pad_multiple,
+            max_length=args.max_length,
+            json_out=args.json_out,
+            **field_kw(args),
+        )
     finally:
         bar.close()

@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any, NoReturn
 
-
 #: seconds a Ctrl-C leaves for ``finally`` blocks before the process exits regardless (a
 #: KeyboardInterrupt raised inside a finaliser or a library's cleanup is swallowed by Python)
 INTERRUPT_GRACE_S = 2.0

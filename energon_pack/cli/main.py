@@ -10,8 +10,18 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from . import (bench, bench_offline, bench_packing, bench_pixels, bench_sft, demo, inspect, make_demo, pack_offline,
-               prepare)
+from . import (
+    bench,
+    bench_offline,
+    bench_packing,
+    bench_pixels,
+    bench_sft,
+    demo,
+    inspect,
+    make_demo,
+    pack_offline,
+    prepare,
+)
 from .common import OUTPUT_ARGS, refuse_remote_output
 from .interrupt import interruptible
 from .options import Parser, object_reads
@@ -26,11 +36,23 @@ what was already written (``bench`` writes each finished cell).
 """
 
 #: the commands in ``--help`` order; ``convert`` is listed after ``make-demo``
-COMMANDS: tuple[ModuleType, ...] = (demo, make_demo, prepare, bench, bench_packing, inspect, bench_pixels, bench_sft,
-                                    pack_offline, bench_offline)
+COMMANDS: tuple[ModuleType, ...] = (
+    demo,
+    make_demo,
+    prepare,
+    bench,
+    bench_packing,
+    inspect,
+    bench_pixels,
+    bench_sft,
+    pack_offline,
+    bench_offline,
+)
 BY_NAME = {module.NAME: module for module in COMMANDS}
-CONVERT_HELP = ("your LLaVA/ShareGPT/OpenAI-messages/LLaMA-Factory (alpaca, tool calls) JSON(L) or Parquet -> prepared "
-                "Energon shards (see convert --help)")
+CONVERT_HELP = (
+    "your LLaVA/ShareGPT/OpenAI-messages/LLaMA-Factory (alpaca, tool calls) JSON(L) or Parquet -> prepared "
+    "Energon shards (see convert --help)"
+)
 
 
 def _version() -> str:
@@ -47,8 +69,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"energon-pack {_version()}")
-    parser.add_argument("--debug", action="store_true", default=False,
-                        help="show tracebacks instead of one-line errors")
+    parser.add_argument(
+        "--debug", action="store_true", default=False, help="show tracebacks instead of one-line errors"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(sub)

@@ -14,8 +14,9 @@ KNOB_FLAGS: dict[str, str] = {}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(subparsers, NAME,
-                    "write demo ChatML WebDataset shards into a new or empty folder and prepare them for Energon")
+    p = add_command(
+        subparsers, NAME, "write demo ChatML WebDataset shards into a new or empty folder and prepare them for Energon"
+    )
     p.add_argument("dir", help="output folder (new, empty, or an earlier make-demo output)")
     p.add_argument("--samples", type=positive_int, default=1200, help="number of demo samples")
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same bytes)")
@@ -30,11 +31,13 @@ def run(args: argparse.Namespace) -> int:
     if root.is_file():
         raise CliError(f"{root} is a file: pass a new or empty folder")
     if root.is_dir():
-        ours = (lambda name: name == ".nv-meta" or (name.startswith("demo-") and name.endswith((".tar", ".tar.idx"))))
+        ours = lambda name: name == ".nv-meta" or (name.startswith("demo-") and name.endswith((".tar", ".tar.idx")))
         foreign = [p.name for p in root.iterdir() if not ours(p.name)]
         if foreign:
-            raise CliError(f"{root} is not empty (it holds {', '.join(sorted(foreign)[:3])}"
-                           f"{', ...' if len(foreign) > 3 else ''}): demo data goes into a new or empty folder")
+            raise CliError(
+                f"{root} is not empty (it holds {', '.join(sorted(foreign)[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}): demo data goes into a new or empty folder"
+            )
     make_demo_shards(root, args.samples, seed=args.seed)
     print(f"wrote {args.samples} samples to {root}")
     return 0

@@ -64,29 +64,45 @@ class Parser(argparse.ArgumentParser):
 def common_options() -> argparse.ArgumentParser:
     """The options of every command (``--debug``, ``--cache-dir``), as an argparse parent."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of an error (default: off: a one-line message, exit status 2)")
-    common.add_argument("--cache-dir", default=None,
-                        help="folder for caches (JSONL line index and lengths, the built Qwen tokenizer); "
-                             "default: $ENERGON_PACK_CACHE_DIR, else $XDG_CACHE_HOME/energon_pack, else "
-                             "~/.cache/energon_pack (never next to your data)")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of an error (default: off: a one-line message, exit status 2)",
+    )
+    common.add_argument(
+        "--cache-dir",
+        default=None,
+        help="folder for caches (JSONL line index and lengths, the built Qwen tokenizer); "
+        "default: $ENERGON_PACK_CACHE_DIR, else $XDG_CACHE_HOME/energon_pack, else "
+        "~/.cache/energon_pack (never next to your data)",
+    )
     return common
 
 
 def add_command(subparsers: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
     """A command's parser: its help as description, the common options, defaults in every help line."""
-    return subparsers.add_parser(name, help=help, description=help, parents=[common_options()],
-                                 formatter_class=HelpFormatter, **kw)
+    return subparsers.add_parser(
+        name, help=help, description=help, parents=[common_options()], formatter_class=HelpFormatter, **kw
+    )
 
 
 def object_read_options(p: argparse.ArgumentParser) -> None:
     """How shards in object storage are read (``energon_pack.object_reads``; msc:// datasets only)."""
-    p.add_argument("--whole-object-limit", type=non_negative_int, default=None,
-                   help="msc:// shards up to this many bytes are downloaded whole, larger ones range-read "
-                        "(default: multi-storage-client's 512 MiB)")
-    p.add_argument("--read-ahead", type=non_negative_int, default=0,
-                   help="bytes each range read of an msc:// shard asks for at least (e.g. 1048576: a sample and its "
-                        "neighbours in one request; 0: one request per read, multi-storage-client's own)")
+    p.add_argument(
+        "--whole-object-limit",
+        type=non_negative_int,
+        default=None,
+        help="msc:// shards up to this many bytes are downloaded whole, larger ones range-read "
+        "(default: multi-storage-client's 512 MiB)",
+    )
+    p.add_argument(
+        "--read-ahead",
+        type=non_negative_int,
+        default=0,
+        help="bytes each range read of an msc:// shard asks for at least (e.g. 1048576: a sample and its "
+        "neighbours in one request; 0: one request per read, multi-storage-client's own)",
+    )
 
 
 @contextlib.contextmanager
@@ -105,8 +121,10 @@ def object_reads(args: argparse.Namespace) -> Iterator[None]:
 
 
 #: the ``--tokenizer`` help of the commands that read JSONL
-TOKENIZER_HELP = ("qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
-                  "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); ")
+TOKENIZER_HELP = (
+    "qwen2-vl | qwen2.5-vl | qwen3-vl (the real tokenizers, built offline), a tokenizer.json, "
+    "a local Hugging Face tokenizer folder (never downloaded), or demo (773 tokens, tests only); "
+)
 
 
 #: the record formats of ``energon_pack.sft.formats.FORMATS``, named here so that building the parser
@@ -119,12 +137,17 @@ def jsonl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help="record format")
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: qwen2.5-vl")
     p.add_argument("--width", type=positive_int, default=4096, help="pack width in tokens")
-    p.add_argument("--max-length", type=positive_int, default=None,
-                   help="skip samples longer than this (default: no limit)")
-    p.add_argument("--prompt-field", default=None,
-                   help="prompt field name (default: the format's own, e.g. prompt/input)")
-    p.add_argument("--completion-field", default=None,
-                   help="completion field name (default: the format's own, e.g. completion/output)")
+    p.add_argument(
+        "--max-length", type=positive_int, default=None, help="skip samples longer than this (default: no limit)"
+    )
+    p.add_argument(
+        "--prompt-field", default=None, help="prompt field name (default: the format's own, e.g. prompt/input)"
+    )
+    p.add_argument(
+        "--completion-field",
+        default=None,
+        help="completion field name (default: the format's own, e.g. completion/output)",
+    )
 
 
 def field_kw(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,5 +157,10 @@ def field_kw(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: the knobs the JSONL options set (for wording library messages)
-JSONL_FLAGS = {"seq_length": "--width", "width": "--width", "max_length": "--max-length",
-               "prompt_field": "--prompt-field", "completion_field": "--completion-field"}
+JSONL_FLAGS = {
+    "seq_length": "--width",
+    "width": "--width",
+    "max_length": "--max-length",
+    "prompt_field": "--prompt-field",
+    "completion_field": "--completion-field",
+}

@@ -18,26 +18,47 @@ KNOB_FLAGS = {"seq_length": "--width", "prompt_field": "--prompt-field", "comple
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(subparsers, NAME, "GPT-SFT JSONL -> Megatron-Bridge's offline packs (OUT/training_N.idx.parquet + "
-                    "OUT/N_metadata.jsonl), streamed in bounded memory, best-fit packed, deterministic")
+    p = add_command(
+        subparsers,
+        NAME,
+        "GPT-SFT JSONL -> Megatron-Bridge's offline packs (OUT/training_N.idx.parquet + "
+        "OUT/N_metadata.jsonl), streamed in bounded memory, best-fit packed, deterministic",
+    )
     p.add_argument("path", help="a prompt/completion or chat JSONL file (only read)")
     p.add_argument("out", help="output folder (Bridge's packed_train_data_path / packed_metadata_path go there)")
     p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help="record format")
-    p.add_argument("--tokenizer", default=None, help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local "
-                   "Hugging Face folder (never downloaded), or demo; default: qwen2.5-vl")
-    p.add_argument("--seq-length", "--width", dest="seq_length", type=positive_int, default=4096,
-                   help="packed_sequence_size = model.seq_length = dataset.seq_length")
-    p.add_argument("--pad-seq-to-mult", type=positive_int, default=None,
-                   help="per-sample alignment (default: the rule from --cp/--tp/--sp; an explicit value must be a "
-                        "multiple of it)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local "
+        "Hugging Face folder (never downloaded), or demo; default: qwen2.5-vl",
+    )
+    p.add_argument(
+        "--seq-length",
+        "--width",
+        dest="seq_length",
+        type=positive_int,
+        default=4096,
+        help="packed_sequence_size = model.seq_length = dataset.seq_length",
+    )
+    p.add_argument(
+        "--pad-seq-to-mult",
+        type=positive_int,
+        default=None,
+        help="per-sample alignment (default: the rule from --cp/--tp/--sp; an explicit value must be a multiple of it)",
+    )
     p.add_argument("--cp", type=positive_int, default=1, help="context parallel size the packs are for")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel size the packs are for")
     p.add_argument("--sp", action="store_true", help="sequence parallelism on")
     p.add_argument("--seed", type=int, default=0, help="pack order seed (the same seed writes the same bytes)")
     p.add_argument("--workers", type=positive_int, default=None, help="tokenizer processes (default: the usable cores)")
     p.add_argument("--split", default="training", choices=["training", "validation", "test"], help="file name prefix")
-    p.add_argument("--eos-id", type=int, default=None,
-                   help="the id Bridge's tokenizer reports as eos_id (alignment padding; default: the tokenizer's EOS)")
+    p.add_argument(
+        "--eos-id",
+        type=int,
+        default=None,
+        help="the id Bridge's tokenizer reports as eos_id (alignment padding; default: the tokenizer's EOS)",
+    )
     p.add_argument("--prompt-field", default=None, help="prompt field name (default: prompt)")
     p.add_argument("--completion-field", default=None, help="completion field name (default: completion)")
     p.add_argument("--json-out", default=None, help="also write the summary as JSON to this path")
@@ -54,23 +75,49 @@ def run(args: argparse.Namespace) -> int:
     tok, described = resolve_tokenizer(args.tokenizer)
     path = jsonl_file(args.path)
     print(f"tokenizer: {described}", flush=True)
-    summary = pack_offline(path, args.out, seq_length=args.seq_length, tokenizer=tok, format=args.format,
-                           pad_seq_to_mult=args.pad_seq_to_mult, cp=args.cp, tp=args.tp, sp=args.sp, seed=args.seed,
-                           workers=args.workers, split=args.split, eos_id=args.eos_id, **field_kw(args))
+    summary = pack_offline(
+        path,
+        args.out,
+        seq_length=args.seq_length,
+        tokenizer=tok,
+        format=args.format,
+        pad_seq_to_mult=args.pad_seq_to_mult,
+        cp=args.cp,
+        tp=args.tp,
+        sp=args.sp,
+        seed=args.seed,
+        workers=args.workers,
+        split=args.split,
+        eos_id=args.eos_id,
+        **field_kw(args),
+    )
     print(summary.describe())
     entries = json.loads(Path(summary.metadata_path).read_text())
     width = args.seq_length
-    check_gpt_sft_config(route="offline", micro_batch_size=1, global_batch_size=1, data_parallel_size=1,
-                         model_seq_length=width, dataset_seq_length=width, packed_sequence_size=width,
-                         context_parallel_size=args.cp, tensor_model_parallel_size=args.tp, sequence_parallel=args.sp,
-                         pad_seq_to_mult=entries[-1]["pad_seq_to_mult"], pad_to_max_length=True, pad_cu_seqlens=True,
-                         packing_metadata=entries)
+    check_gpt_sft_config(
+        route="offline",
+        micro_batch_size=1,
+        global_batch_size=1,
+        data_parallel_size=1,
+        model_seq_length=width,
+        dataset_seq_length=width,
+        packed_sequence_size=width,
+        context_parallel_size=args.cp,
+        tensor_model_parallel_size=args.tp,
+        sequence_parallel=args.sp,
+        pad_seq_to_mult=entries[-1]["pad_seq_to_mult"],
+        pad_to_max_length=True,
+        pad_cu_seqlens=True,
+        packing_metadata=entries,
+    )
     meta = entries[-1]["energon_pack"]
     split = "train" if args.split == "training" else "val"
-    print(f"Bridge: PackedSequenceSpecs(packed_sequence_size={width}, packed_{split}_data_path={summary.packs_path!r}, "
-          f"packed_metadata_path={summary.metadata_path!r}, pad_seq_to_mult={meta['pad_seq_to_mult']}) with "
-          f"model.seq_length = dataset.seq_length = {width}, micro_batch_size 1, and a tokenizer whose eos_id is "
-          f"{meta['eos_id']}")
+    print(
+        f"Bridge: PackedSequenceSpecs(packed_sequence_size={width}, packed_{split}_data_path={summary.packs_path!r}, "
+        f"packed_metadata_path={summary.metadata_path!r}, pad_seq_to_mult={meta['pad_seq_to_mult']}) with "
+        f"model.seq_length = dataset.seq_length = {width}, micro_batch_size 1, and a tokenizer whose eos_id is "
+        f"{meta['eos_id']}"
+    )
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(summary.to_json(), indent=2))

@@ -18,9 +18,13 @@ KNOB_FLAGS: dict[str, str] = {}
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(subparsers, NAME, "energon prepare, non-interactive: a folder of *.tar shards or a .jsonl file")
     p.add_argument("dir", help="shard folder (indexed as a CrudeWebdataset) or a .jsonl file")
-    p.add_argument("--split", type=_split, default=(1.0, 0.0, 0.0),
-                   help="train,val,test ratio of *shards* (missing parts are 0); the default puts everything in "
-                        "train, so get_val_dataset yields nothing: e.g. 0.9,0.1 for a val split (needs several shards)")
+    p.add_argument(
+        "--split",
+        type=_split,
+        default=(1.0, 0.0, 0.0),
+        help="train,val,test ratio of *shards* (missing parts are 0); the default puts everything in "
+        "train, so get_val_dataset yields nothing: e.g. 0.9,0.1 for a val split (needs several shards)",
+    )
     return p
 
 
@@ -31,8 +35,9 @@ def _split(text: str) -> tuple[float, float, float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give train,val,test ratios, e.g. 0.9,0.1,0") from None
     if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 1 to 3 non-negative ratios (train,val,test) with a positive "
-                                         f"sum, e.g. 0.9,0.1,0")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give 1 to 3 non-negative ratios (train,val,test) with a positive sum, e.g. 0.9,0.1,0"
+        )
     values += [0.0] * (3 - len(values))
     return tuple(values)  # type: ignore[return-value]
 
@@ -48,12 +53,17 @@ def run(args: argparse.Namespace) -> int:
     if kind == "missing":
         raise CliError(f"{path} does not exist: pass a folder of *.tar shards or a .jsonl file")
     if path.is_file() and path.suffix != ".jsonl":
-        raise CliError(f"{path} is not a .jsonl file or a shard folder: convert JSON/JSONL/Parquet VLM data with "
-                       f"`energon-pack convert {path} OUT` (it prepares OUT)")
+        raise CliError(
+            f"{path} is not a .jsonl file or a shard folder: convert JSON/JSONL/Parquet VLM data with "
+            f"`energon-pack convert {path} OUT` (it prepares OUT)"
+        )
     if path.is_dir() and kind not in ("shards", "prepared"):
         src = raw_sources(path)
-        hint = (f"convert it with `energon-pack convert {src[0] if len(src) == 1 else path} OUT`" if src
-                else "write shards with `energon-pack convert SOURCE OUT` or `energon-pack make-demo DIR`")
+        hint = (
+            f"convert it with `energon-pack convert {src[0] if len(src) == 1 else path} OUT`"
+            if src
+            else "write shards with `energon-pack convert SOURCE OUT` or `energon-pack make-demo DIR`"
+        )
         raise CliError(f"{path} holds no *.tar shards: {hint}")
     count = prepare(path, **({} if path.is_file() else {"split": tuple(args.split)}))
     print(f"prepared {path}: {count} samples")
@@ -69,8 +79,11 @@ def _prepare_remote(url: str, split: tuple[float, float, float]) -> int:
 
     kind = dataset_kind(url)
     if kind not in ("shards", "prepared"):
-        fix = ("JSONL files are indexed on local disk only: copy it here and prepare it there"
-               if url.endswith(".jsonl") else "pass the prefix of your *.tar shards")
+        fix = (
+            "JSONL files are indexed on local disk only: copy it here and prepare it there"
+            if url.endswith(".jsonl")
+            else "pass the prefix of your *.tar shards"
+        )
         raise CliError(f"{url} {REMOTE_KIND[kind]}: {fix}")
     count = prepare_webdataset(url, split=tuple(split))
     print(f"prepared {url}: {count} samples")
@@ -91,9 +104,14 @@ def _report_splits(path: str | Path, split: tuple[float, float, float]) -> None:
     print("shards per split: " + ", ".join(f"{k} {v}" for k, v in shards.items()))
     for name, ratio in zip(shards, split):
         if ratio > 0 and shards[name] == 0:
-            print(f"warning: the {name} split got no shard (ratios apply to whole shards, {sum(shards.values())} "
-                  f"here): write more, smaller shards (e.g. `energon-pack convert --samples-per-shard`) or "
-                  f"change --split", file=sys.stderr)
+            print(
+                f"warning: the {name} split got no shard (ratios apply to whole shards, {sum(shards.values())} "
+                f"here): write more, smaller shards (e.g. `energon-pack convert --samples-per-shard`) or "
+                f"change --split",
+                file=sys.stderr,
+            )
     if shards["val"] == 0:
-        print("no val split: get_val_dataset yields nothing; `energon-pack prepare DIR --split 0.9,0.1` makes one "
-              "(needs several shards)")
+        print(
+            "no val split: get_val_dataset yields nothing; `energon-pack prepare DIR --split 0.9,0.1` makes one "
+            "(needs several shards)"
+        )

@@ -38,7 +38,7 @@ def original_message(exc: BaseException) -> str:
     for i in range(len(lines) - 1, -1, -1):
         head, sep, rest = lines[i].partition(": ")
         if sep and (head == name or head.endswith("." + name)):
-            return "\n".join([rest, *lines[i + 1:]])
+            return "\n".join([rest, *lines[i + 1 :]])
     return lines[-1]
 
 
@@ -61,11 +61,15 @@ def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:
     """A user-facing line for ``exc``, with the next step where we know it."""
     text = " ".join(message(exc, flags).split()) or type(exc).__name__
     if text.startswith("Invalid dataset at"):
-        return (f"{text}: not a prepared Energon dataset: run `energon-pack prepare DIR` for *.tar shards or "
-                f"`energon-pack convert SOURCE OUT` for JSON/JSONL/Parquet data")
+        return (
+            f"{text}: not a prepared Energon dataset: run `energon-pack prepare DIR` for *.tar shards or "
+            f"`energon-pack convert SOURCE OUT` for JSON/JSONL/Parquet data"
+        )
     if text.startswith("No shards found in split part"):
-        return (f"{text}: the dataset's split gives this part no shard: re-run `energon-pack prepare DIR --split "
-                f"TRAIN,VAL,TEST` (ratios of whole shards)")
+        return (
+            f"{text}: the dataset's split gives this part no shard: re-run `energon-pack prepare DIR --split "
+            f"TRAIN,VAL,TEST` (ratios of whole shards)"
+        )
     from energon_pack.errors import AllSkippedError, ConfigError
 
     if isinstance(exc, (CliError, ConfigError, AllSkippedError)):

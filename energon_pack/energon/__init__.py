@@ -6,15 +6,15 @@ encoders is built.
 
 from .carry_over import CarryOverPackingDataset
 from .chatml import CHATML_COOKERS, ChatMLSample, cook_chatml, parse_chatml
-from .demo_data import make_demo_shards
-from .prepare import prepare, prepare_jsonl, prepare_webdataset
-from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
-from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
-from .stream import AllSkippedError
 from .checkpoint import restore_state_rank, save_state_rank
 from .compat import TESTED_ENERGON_VERSIONS, energon_guards_installed, install_energon_guards, uninstall_energon_guards
-from .fingerprint import ResumeConfigError
+from .config import OVERLENGTH_POLICIES, PACKING_MODES, PackingConfig
 from .dataset_change import DatasetViews, split_changed_dataset
+from .demo_data import make_demo_shards
+from .fingerprint import ResumeConfigError
+from .prepare import prepare, prepare_jsonl, prepare_webdataset
+from .samples import EncodedSegment, PackCandidate, PackedSamples, SkippedSample
+from .stream import AllSkippedError
 from .task_encoder import CarryOverPackingMixin, pack_members
 from .text import TextPackingTaskEncoder
 

@@ -58,8 +58,9 @@ def _encoded_image(image: Any) -> bytes:
         if image.dim() != 3:
             raise ValueError(f"expected an image tensor [C, H, W], got shape {tuple(image.shape)}")
         array = image.detach().to(torch.float32).mul(255).round().clamp(0, 255).to(torch.uint8)
-        image = Image.fromarray(array.permute(1, 2, 0).numpy().squeeze(-1) if array.shape[0] == 1
-                                else array.permute(1, 2, 0).numpy())
+        image = Image.fromarray(
+            array.permute(1, 2, 0).numpy().squeeze(-1) if array.shape[0] == 1 else array.permute(1, 2, 0).numpy()
+        )
     if not isinstance(image, Image.Image):
         raise TypeError(f"unsupported image type {type(image).__name__}")
     buf = io.BytesIO()
@@ -161,10 +162,15 @@ def read_bridge_dataset(path: str | Path) -> BridgeChatMLDataset:
 
     meta = epath(path) / ".nv-meta" / "dataset.yaml"
     if not meta.is_file():
-        raise ConfigError("dataset path", f"{str(path).rstrip('/')}/.nv-meta/dataset.yaml does not exist",
-                          "prepare the dataset (Energon / Bridge prepare_webdataset) first")
+        raise ConfigError(
+            "dataset path",
+            f"{str(path).rstrip('/')}/.nv-meta/dataset.yaml does not exist",
+            "prepare the dataset (Energon / Bridge prepare_webdataset) first",
+        )
     data = yaml.safe_load(meta.read_text()) or {}
     return BridgeChatMLDataset(
-        module=str(data.get("__module__", "")), cls=str(data.get("__class__", "")),
-        field_map=dict(data.get("field_map") or {}), subflavors=dict(data.get("subflavors") or {}),
+        module=str(data.get("__module__", "")),
+        cls=str(data.get("__class__", "")),
+        field_map=dict(data.get("field_map") or {}),
+        subflavors=dict(data.get("subflavors") or {}),
     )

@@ -17,7 +17,8 @@ after every source sample.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 from megatron.energon.errors import ErrorContext
 from megatron.energon.flavors.base_dataset import SavableDataset, add_sample_restore_key, set_sample_restore_key
@@ -74,17 +75,19 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         *,
         make_packer: Callable[[], OnlinePacker],
         cost_fn: Callable[[Any], Cost],
-        final_packer: Callable[[List[Any]], Any],
+        final_packer: Callable[[list[Any]], Any],
         final_packer_stateless: bool,
-        sample_encoder: Optional[Callable[[Any], Any]] = None,
+        sample_encoder: Callable[[Any], Any] | None = None,
         sample_encoder_stateless: bool = True,
         final_packer_failure_tolerance: int = 100,
         sample_encoder_failure_tolerance: int = 100,
-        skips: Optional[SkipWatch] = None,
+        skips: SkipWatch | None = None,
         worker_config: WorkerConfig,
     ) -> None:
-        super().__init__(SourceEnd(dataset, on_sample=self._after_source_sample, worker_config=worker_config),
-                         worker_config=worker_config)
+        super().__init__(
+            SourceEnd(dataset, on_sample=self._after_source_sample, worker_config=worker_config),
+            worker_config=worker_config,
+        )
         self.make_packer = make_packer
         self.cost_fn = cost_fn
         self.final_packer = final_packer
@@ -108,19 +111,19 @@ class CarryOverPackingDataset(BaseWrapperDataset):
     def reset_state_own(self) -> None:
         self._packer = self.make_packer()
         self._held = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
-        self._held_slots: List[int] = []
+        self._held_slots: list[int] = []
         self._next_slot = 0
-        self._pending: List[List[int]] = []
+        self._pending: list[list[int]] = []
         self._sample_encoder_sample_index = SampleIndex(self.worker_config, src=self)
         self._final_packing_sample_index = SampleIndex(self.worker_config, src=self)
         self._emitted = 0
 
     @property
-    def _packer_state(self) -> Dict[str, Any]:
+    def _packer_state(self) -> dict[str, Any]:
         return self._packer.state_dict()
 
     @_packer_state.setter
-    def _packer_state(self, state: Optional[Dict[str, Any]]) -> None:
+    def _packer_state(self, state: dict[str, Any] | None) -> None:
         self._packer = self.make_packer()
         if state is not None:
             self._packer.load_state_dict(state)
@@ -173,10 +176,12 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         placed = sorted(binned + [slot for group in self._pending for slot in group])
         if len(self._held.buffer) != len(self._held_slots) or placed != sorted(self._held_slots):
             raise ResumeConfigError(
-                "checkpoint", f"the carry-over state holds {len(self._held.buffer)} sample keys for "
+                "checkpoint",
+                f"the carry-over state holds {len(self._held.buffer)} sample keys for "
                 f"{len(self._held_slots)} slots, but its open bins and pending packs place {len(placed)} slots, so "
-                "some held samples would never be delivered", "restore an unmodified checkpoint, or start a new "
-                "run without restoring the loader state")
+                "some held samples would never be delivered",
+                "restore an unmodified checkpoint, or start a new run without restoring the loader state",
+            )
 
     def _after_source_sample(self, sample: Any) -> None:
         """Called by the source once a sample is placed (or skipped) and its packs are yielded."""
@@ -209,7 +214,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             self._emitted += 1  # packing_stats are stamped above, when the pack is yielded (PackStream)
             yield set_sample_restore_key(packed, pack_idx, *restore_keys, src=self)
 
-    def _encode_members(self, members: List[Any]) -> List[Any]:
+    def _encode_members(self, members: list[Any]) -> list[Any]:
         """Post-encode (decode pixels) the members of one pack; failures become counted skips."""
         if self.sample_encoder is None:
             return members
@@ -243,7 +248,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
     def restore_sample(self, restore_key: Any) -> Any:
         return restore_pack(self, restore_key)
 
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         packer = self.make_packer()
         return {
             "type": type(self).__qualname__,

@@ -105,8 +105,11 @@ def _empty_bytes(*args: Any) -> bytes:
 
 
 #: The only globals a media pickle may name: how protocols 0-2 spell bytes, replaced by safe twins.
-_BYTES_GLOBALS = {("_codecs", "encode"): _latin1_bytes, ("builtins", "bytes"): _empty_bytes,
-                  ("__builtin__", "bytes"): _empty_bytes}
+_BYTES_GLOBALS = {
+    ("_codecs", "encode"): _latin1_bytes,
+    ("builtins", "bytes"): _empty_bytes,
+    ("__builtin__", "bytes"): _empty_bytes,
+}
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):
@@ -137,8 +140,11 @@ def unpickle_media(raw: Any, name: str, *, frames: bool = False, allow_unsafe: b
         try:
             value = pickle.loads(raw) if allow_unsafe else _NoGlobalsUnpickler(io.BytesIO(raw)).load()
         except _Refused as exc:
-            raise SampleSkipped("unsafe_pickle", f"field {name!r} names {str(exc)[:120]}: not loaded (set "
-                                f"{ALLOW_UNSAFE_PICKLE_ENV}=1 only for data you trust)") from None
+            raise SampleSkipped(
+                "unsafe_pickle",
+                f"field {name!r} names {str(exc)[:120]}: not loaded (set "
+                f"{ALLOW_UNSAFE_PICKLE_ENV}=1 only for data you trust)",
+            ) from None
         except Exception as exc:  # pickle raises many types on corrupt input
             raise SampleSkipped("bad_media", f"field {name!r} is not a pickled list: {exc}"[:240]) from None
     if not isinstance(value, (list, tuple)):

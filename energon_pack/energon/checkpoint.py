@@ -10,7 +10,8 @@ shard list, encoder or packing configuration, or edited after saving, with a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from megatron.energon.savable_loader import SavableDatasetCheckpoint
 
@@ -76,7 +77,7 @@ def check_restore(loader: Any, state: Any) -> None:
             check_guard_state(saved_guard, guard.fingerprint)
 
 
-def find_guard(loader: Any) -> Optional[ResumeGuard]:
+def find_guard(loader: Any) -> ResumeGuard | None:
     """The :class:`ResumeGuard` of a loader of our task encoders; None for other loaders."""
     node = getattr(loader, "dataset", None)
     while node is not None and not isinstance(node, ResumeGuard):

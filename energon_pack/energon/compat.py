@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import megatron.energon
 from megatron.energon.savable_loader import SavableDataLoader, SavableDatasetCheckpoint, SavableDatasetWrapper
@@ -42,18 +42,22 @@ _warned: list[str] = []
 
 def _unhung_save(original: Callable) -> Callable:
     """``SavableDataLoader.save_state_rank`` that does not hang between ``iter(loader)`` and the first ``next()``."""
+
     def save_state_rank(self):
         return save_unhung(self, original)
+
     return save_state_rank
 
 
 def _checked_restore(original: Callable) -> Callable:
     """``SavableDataLoader.restore_state_rank`` that first refuses, for a loader of our task encoders, a state
     saved for another one (a changed worker count is otherwise a bare AssertionError inside Energon)."""
+
     def restore_state_rank(self, state):
         if find_guard(self) is not None:
             check_restore(self, state)
         return original(self, state)
+
     return restore_state_rank
 
 
@@ -61,13 +65,16 @@ def _pending_checkpoint(original: Callable) -> Callable:
     """``SavableDatasetWrapper.get_checkpoint`` that answers, for a worker still on its placeholder checkpoint,
     the state it will start from: its pending restore (``None``/0 when fresh), what Energon's unreachable
     "Immediate save after restore" branch meant to give."""
+
     def get_checkpoint(self, last_sample_indexes):
         checkpoints = self._last_checkpoints
         if len(checkpoints) == 1 and checkpoints[0].state is None and checkpoints[0].sample_index == -1:
             worker = self._worker_id
-            return SavableDatasetCheckpoint(state=self._workers_restore_from[worker],
-                                            offset=self._workers_skip_samples[worker])
+            return SavableDatasetCheckpoint(
+                state=self._workers_restore_from[worker], offset=self._workers_skip_samples[worker]
+            )
         return original(self, last_sample_indexes)
+
     return get_checkpoint
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 from energon_pack.errors import ConfigError
 from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
@@ -40,20 +40,20 @@ class PackingConfig:
     cp: int = 1
     tp: int = 1
     sp: bool = False
-    eval_cp: Optional[int] = None
+    eval_cp: int | None = None
     pad_to_max_length: bool = False
     pad_cu_seqlens: bool = False
-    max_segments: Optional[int] = None
-    max_media_per_pack: Optional[int] = None
-    max_patches_per_pack: Optional[int] = None
+    max_segments: int | None = None
+    max_media_per_pack: int | None = None
+    max_patches_per_pack: int | None = None
     packing_mode: str = "carry"
-    lookahead_packs: Optional[float] = None
-    min_fill: Optional[float] = None
-    max_age: Optional[int] = None
+    lookahead_packs: float | None = None
+    min_fill: float | None = None
+    max_age: int | None = None
     overlength: str = "skip"
     seed: int = 0
-    skip_guard: Optional[int] = None
-    skip_warn_rate: Optional[float] = 0.5
+    skip_guard: int | None = None
+    skip_warn_rate: float | None = 0.5
     skip_warn_window: int = 200
 
     def __post_init__(self) -> None:
@@ -61,14 +61,21 @@ class PackingConfig:
             raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
-        if self.skip_guard is not None and (not isinstance(self.skip_guard, int) or isinstance(self.skip_guard, bool)
-                                            or self.skip_guard < 1):
-            raise ConfigError("skip_guard", f"must be a positive int or None, got {self.skip_guard!r}",
-                              "leave it None for max(1000, 10 * packing_buffer_size)")
+        if self.skip_guard is not None and (
+            not isinstance(self.skip_guard, int) or isinstance(self.skip_guard, bool) or self.skip_guard < 1
+        ):
+            raise ConfigError(
+                "skip_guard",
+                f"must be a positive int or None, got {self.skip_guard!r}",
+                "leave it None for max(1000, 10 * packing_buffer_size)",
+            )
         rate = self.skip_warn_rate
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1):
-            raise ConfigError("skip_warn_rate", f"must be a fraction in (0, 1] or None, got {rate!r}",
-                              "use e.g. 0.5 (warn when half the samples of a window are skipped), or None for no warning")
+            raise ConfigError(
+                "skip_warn_rate",
+                f"must be a fraction in (0, 1] or None, got {rate!r}",
+                "use e.g. 0.5 (warn when half the samples of a window are skipped), or None for no warning",
+            )
         window = self.skip_warn_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError("skip_warn_window", f"must be a positive int, got {window!r}", "use e.g. 200 samples")
@@ -79,7 +86,7 @@ class PackingConfig:
         self.layout()  # validates width, alignment and static cu_seqlens knobs
 
     @classmethod
-    def build(cls, base: "PackingConfig | None" = None, **overrides: Any) -> "PackingConfig":
+    def build(cls, base: PackingConfig | None = None, **overrides: Any) -> PackingConfig:
         """``base`` with ``overrides`` applied; an unknown knob raises ConfigError naming it."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
@@ -111,6 +118,9 @@ class PackingConfig:
 
     def packer_options(self) -> dict[str, Any]:
         return {
-            "lookahead_packs": self.lookahead_packs, "min_fill": self.min_fill, "max_age": self.max_age,
-            "on_oversize": "error" if self.overlength == "error" else "skip", "seed": self.seed,
+            "lookahead_packs": self.lookahead_packs,
+            "min_fill": self.min_fill,
+            "max_age": self.max_age,
+            "on_oversize": "error" if self.overlength == "error" else "skip",
+            "seed": self.seed,
         }

@@ -50,12 +50,17 @@ def _saved(state: Any, key: str) -> dict:
     guards = guard_states(state)
     if not guards:
         raise ResumeConfigError(
-            "checkpoint", "the loader state has no resume fingerprint, so the shards it was saved with are unknown",
-            "pass a state saved by an energon_pack task encoder's loader (loader.save_state_rank())")
+            "checkpoint",
+            "the loader state has no resume fingerprint, so the shards it was saved with are unknown",
+            "pass a state saved by an energon_pack task encoder's loader (loader.save_state_rank())",
+        )
     found = {tuple(map(tuple, g["_resume"]["fingerprint"].get(key, ()))) for g in guards}
     if len(found) != 1:
-        raise ResumeConfigError("checkpoint", "the state's workers were saved with different shard lists",
-                                "pass one rank's unmodified save_state_rank() state")
+        raise ResumeConfigError(
+            "checkpoint",
+            "the state's workers were saved with different shard lists",
+            "pass one rank's unmodified save_state_rank() state",
+        )
     return dict(found.pop())
 
 
@@ -65,8 +70,11 @@ def _current_shards(path: Path, split_part: str) -> list[tuple[str, int]]:
     from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
 
     if not (path / META / "dataset.yaml").is_file():
-        raise ConfigError("path", f"{path} is not a prepared Energon WebDataset (no {META}/dataset.yaml)",
-                          "pass the dataset folder the loader reads (prepare it with `energon-pack prepare`)")
+        raise ConfigError(
+            "path",
+            f"{path} is not a prepared Energon WebDataset (no {META}/dataset.yaml)",
+            "pass the dataset folder the loader reads (prepare it with `energon-pack prepare`)",
+        )
     meta = WebdatasetMeta.from_config(EPath(path), split_part=split_part)
     return [(s.name, s.count) for s in meta.shards]
 
@@ -82,8 +90,12 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
 
     for knob, value in (("path", path), ("out", out)):
         if is_remote(value):
-            raise ConfigError(knob, f"{value} is in object storage; the views symlink shards, so the dataset and the "
-                              "views are local folders", "run it on a local copy of the dataset")
+            raise ConfigError(
+                knob,
+                f"{value} is in object storage; the views symlink shards, so the dataset and the "
+                "views are local folders",
+                "run it on a local copy of the dataset",
+            )
     path, out = Path(path).resolve(), Path(out)
     old = saved_shards(state)
     current = _current_shards(path, split_part)
@@ -92,17 +104,25 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
     gone += [f"{n} now has {now[n]} samples, not {c}" for n, c in old.items() if n in now and now[n] != c]
     sizes = _saved(state, "shard_bytes")
     size_now = {n: shard_bytes(path / n) for n in sizes if n in now}  # one stat per shard
-    gone += [f"{n} was rewritten ({size_now[n]} bytes, not {b})" for n, b in sizes.items()
-             if n in size_now and size_now[n] != b]
+    gone += [
+        f"{n} was rewritten ({size_now[n]} bytes, not {b})"
+        for n, b in sizes.items()
+        if n in size_now and size_now[n] != b
+    ]
     if gone:
         raise ResumeConfigError(
-            "dataset", f"the dataset lost or changed shards since the state was saved ({', '.join(gone)}); only added "
+            "dataset",
+            f"the dataset lost or changed shards since the state was saved ({', '.join(gone)}); only added "
             "shards can be accepted without repeating or skipping samples",
-            "restore the shards it was saved with, or start a new run without restoring the loader state")
+            "restore the shards it was saved with, or start a new run without restoring the loader state",
+        )
     added = [(n, c) for n, c in current if n not in old]
     if not added:
-        raise ConfigError("state", f"{path} has exactly the shards the state was saved with; nothing to split",
-                          "restore the state into a loader on the dataset itself (energon_pack.energon.restore_state_rank)")
+        raise ConfigError(
+            "state",
+            f"{path} has exactly the shards the state was saved with; nothing to split",
+            "restore the state into a loader on the dataset itself (energon_pack.energon.restore_state_rank)",
+        )
     if out.exists() and any(out.iterdir()):
         raise ConfigError("out", f"{out} is not empty", "pass a new or empty folder for the two views")
     resume = [(n, c) for n, c in current if n in old]

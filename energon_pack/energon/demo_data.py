@@ -48,7 +48,11 @@ def _image(rng: np.random.Generator) -> bytes:
 
 def demo_sample(index: int, rng: np.random.Generator) -> dict:
     """One sample as webdataset fields (``json`` + ``0.jpg``, ``1.jpg``...)."""
-    kind = CORRUPT_KINDS[(index // CORRUPT_EVERY) % len(CORRUPT_KINDS)] if index % CORRUPT_EVERY == CORRUPT_EVERY - 1 else None
+    kind = (
+        CORRUPT_KINDS[(index // CORRUPT_EVERY) % len(CORRUPT_KINDS)]
+        if index % CORRUPT_EVERY == CORRUPT_EVERY - 1
+        else None
+    )
     num_images = 0 if rng.random() < 0.35 else int(rng.choice([1, 1, 1, 2, 3]))
     turns = int(rng.choice([1, 1, 2, 3, 4]))
     conversation = [{"role": "system", "content": "You are a helpful assistant."}] if rng.random() < 0.3 else []
@@ -59,8 +63,10 @@ def demo_sample(index: int, rng: np.random.Generator) -> dict:
         conversation.append({"role": "user", "content": prompt})
         conversation.append({"role": "assistant", "content": _text(rng, 40)})
     if rng.random() < 0.3:  # LLaVA shape for a share of the samples
-        conversation = [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
-                        for m in conversation]
+        conversation = [
+            {"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
+            for m in conversation
+        ]
     images = [_image(rng) for _ in range(num_images)]
     if kind == "garbage_image":
         images = [bytes(rng.integers(0, 256, 512, dtype=np.uint8))]
@@ -75,7 +81,10 @@ def demo_sample(index: int, rng: np.random.Generator) -> dict:
         conversation = [{"role": "user", "content": "<image>\n<image>\ntwo?"}, {"role": "assistant", "content": "one."}]
         images = [_image(rng)]
     elif kind == "overlong":
-        conversation = [{"role": "user", "content": " ".join(["token"] * 12000)}, {"role": "assistant", "content": "ok."}]
+        conversation = [
+            {"role": "user", "content": " ".join(["token"] * 12000)},
+            {"role": "assistant", "content": "ok."},
+        ]
         images = []
     raw = json.dumps({"conversations": conversation}).encode()
     if kind == "bad_json":

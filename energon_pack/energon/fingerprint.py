@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from typing import Any, Iterable, Optional, Tuple, TypedDict
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
 from energon_pack.errors import ConfigError
 
 #: One shard as the fingerprint sees it: (name, sample count, file size in bytes or None when unknown).
-ShardFacts = Tuple[str, int, Optional[int]]
+ShardFacts = tuple[str, int, int | None]
 
 
 class ResumeConfigError(ConfigError):
@@ -32,7 +33,7 @@ class ResumeConfigError(ConfigError):
         fix: what to do instead.
     """
 
-    def __init__(self, knob: str, problem: Optional[str] = None, fix: Optional[str] = None) -> None:
+    def __init__(self, knob: str, problem: str | None = None, fix: str | None = None) -> None:
         if problem is None:
             ValueError.__init__(self, knob)
             found = re.search(r"ResumeConfigError: (\w+): ", knob)
@@ -50,7 +51,7 @@ class ResumeFingerprint(TypedDict, total=False):
     shards: list  # [[name, count], ...] sorted
     shard_bytes: list  # [[name, bytes], ...] sorted, known sizes only
     encoder: str
-    packing: Optional[dict]  # knob -> value; None without packing
+    packing: dict | None  # knob -> value; None without packing
 
 
 class GuardState(TypedDict):
@@ -71,8 +72,9 @@ def shard_bytes(path: Any) -> int | None:
         return None
 
 
-def resume_fingerprint(worker_config: Any, shards: Iterable[ShardFacts], encoder: Any,
-                       packing_buffer_size: Optional[int]) -> ResumeFingerprint:
+def resume_fingerprint(
+    worker_config: Any, shards: Iterable[ShardFacts], encoder: Any, packing_buffer_size: int | None
+) -> ResumeFingerprint:
     """The fingerprint of a rank's loader over ``shards`` with ``encoder`` (packing knobs only with packing)."""
     shards = list(shards)
     preset = getattr(getattr(encoder, "preset", None), "name", None)
@@ -94,9 +96,11 @@ def check_fingerprint(saved: dict, current: dict) -> None:
     """Raise ResumeConfigError naming what changed between the checkpoint's loader and this one."""
     if (saved["rank"], saved["world_size"]) != (current["rank"], current["world_size"]):
         raise ResumeConfigError(
-            "rank", f"the state was saved on rank {saved['rank']} of {saved['world_size']} and is restored on rank "
+            "rank",
+            f"the state was saved on rank {saved['rank']} of {saved['world_size']} and is restored on rank "
             f"{current['rank']} of {current['world_size']}, so this rank would yield another rank's share",
-            "restore each rank's own state into a run of the same world size (or start a new run without restoring)")
+            "restore each rank's own state into a run of the same world size (or start a new run without restoring)",
+        )
     if saved["num_workers"] != current["num_workers"]:
         raise worker_count_error(saved["num_workers"], current["num_workers"])
     if saved["shards"] != current["shards"]:
@@ -108,28 +112,36 @@ def check_fingerprint(saved: dict, current: dict) -> None:
         diff = diff or [f"{len(saved['shards'])} shards then, {len(current['shards'])} now, same names"]  # a blend
         fix = "start a new epoch/run without restoring the loader state, or restore with the shards it was saved with"
         if only_added:
-            fix += ("; to accept the added shards, energon_pack.energon.split_changed_dataset(dataset, state, out) "
-                    "writes a view of the old shards to restore into and a view of only the added ones")
+            fix += (
+                "; to accept the added shards, energon_pack.energon.split_changed_dataset(dataset, state, out) "
+                "writes a view of the old shards to restore into and a view of only the added ones"
+            )
         raise ResumeConfigError(
-            "dataset", f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
-            "it would repeat or skip samples", fix)
+            "dataset",
+            f"the dataset's shards changed since the state was saved ({', '.join(diff)}), so restoring "
+            "it would repeat or skip samples",
+            fix,
+        )
     if "shard_bytes" in saved and saved["shard_bytes"] != current["shard_bytes"]:
         old, new = dict(map(tuple, saved["shard_bytes"])), dict(map(tuple, current["shard_bytes"]))
         diff = [f"{n} now has {new[n]} bytes, not {old[n]}" for n in old if n in new and old[n] != new[n]]
         diff = diff or ["the shards' sizes are unknown now"]
         raise ResumeConfigError(
-            "dataset", f"the dataset's shards were rewritten since the state was saved ({', '.join(diff)}; same "
+            "dataset",
+            f"the dataset's shards were rewritten since the state was saved ({', '.join(diff)}; same "
             "sample counts), so restoring it would resume into other samples",
-            "start a new epoch/run without restoring the loader state, or restore with the shards it was saved with")
+            "start a new epoch/run without restoring the loader state, or restore with the shards it was saved with",
+        )
     if saved["encoder"] != current["encoder"]:
         raise ResumeConfigError(
             "encoder",
             f"the state was saved with task encoder {saved['encoder']}, this loader has {current['encoder']}",
-            f"restore with {saved['encoder']} (or start a new run without restoring the loader state)")
+            f"restore with {saved['encoder']} (or start a new run without restoring the loader state)",
+        )
     _check_knobs(saved.get("packing"), current.get("packing"))
 
 
-def _check_knobs(saved: Optional[dict], current: Optional[dict]) -> None:
+def _check_knobs(saved: dict | None, current: dict | None) -> None:
     """Raise ResumeConfigError naming the first packing knob whose value differs between checkpoint and now."""
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return  # a state saved without packing (or before knobs were stored): nothing to compare
@@ -152,7 +164,8 @@ def worker_count_error(saved: int, current: int) -> ResumeConfigError:
     return ResumeConfigError(
         "num_workers",
         f"the state was saved by a loader with num_workers={saved}, this loader has num_workers={current}",
-        f"restore with num_workers={saved}: each worker's position and open bins are its own part of the state")
+        f"restore with num_workers={saved}: each worker's position and open bins are its own part of the state",
+    )
 
 
 def state_checksum(state: Any) -> str:
@@ -187,11 +200,15 @@ def check_guard_state(state: Any, fingerprint: ResumeFingerprint) -> None:
     guard = state.get("_resume") if hasattr(state, "get") else None
     if not isinstance(guard, dict) or "checksum" not in guard or "fingerprint" not in guard:
         raise ResumeConfigError(
-            "checkpoint", "the loader state has no resume fingerprint (it was saved by another task encoder or "
-            "edited)", "restore a state saved by this loader's task encoder, or start a new run without restoring")
+            "checkpoint",
+            "the loader state has no resume fingerprint (it was saved by another task encoder or edited)",
+            "restore a state saved by this loader's task encoder, or start a new run without restoring",
+        )
     check_fingerprint(guard["fingerprint"], fingerprint)
     if state_checksum(state.get("datasets")) != guard["checksum"]:
         raise ResumeConfigError(
-            "checkpoint", "the loader state's parts (open bins, held sample keys, counters) do not match the "
+            "checkpoint",
+            "the loader state's parts (open bins, held sample keys, counters) do not match the "
             "checksum written when it was saved: it was edited or corrupted and would restore only in part",
-            "restore an unmodified checkpoint, or start a new run without restoring the loader state")
+            "restore an unmodified checkpoint, or start a new run without restoring the loader state",
+        )

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from typing import Any, Dict, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset, get_sample_restore_key
@@ -41,7 +42,7 @@ class PackStream(BaseWrapperDataset):
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._held_key: Optional[tuple] = None
+        self._held_key: tuple | None = None
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         return self.dataset.len_worker(worker_idx)
@@ -86,7 +87,7 @@ class PackStream(BaseWrapperDataset):
         else:
             log.info("%s: end of stream: %s", name, stats.summary())
 
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         return {"type": type(self).__qualname__, "dataset": self.dataset.config()}
 
     def __str__(self) -> str:

@@ -17,9 +17,12 @@ def prepare_jsonl(path: str | Path) -> int:
     from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
 
     if is_remote(path):
-        raise ConfigError("path", f"{path}: JSONL files are indexed on local disk only (Energon's JSONL reader "
-                          "needs the file and its .idx side by side)", "copy the file here and prepare it, or "
-                          "convert it into shards with `energon-pack convert` and upload those")
+        raise ConfigError(
+            "path",
+            f"{path}: JSONL files are indexed on local disk only (Energon's JSONL reader "
+            "needs the file and its .idx side by side)",
+            "copy the file here and prepare it, or convert it into shards with `energon-pack convert` and upload those",
+        )
     if not Path(path).is_file():
         raise FileNotFoundError(f"no JSONL file at {path}: check the path (`energon-pack prepare FILE.jsonl`)")
     try:
@@ -38,16 +41,21 @@ def _jsonl_index_error(path: Path) -> ConfigError:
             text = line.strip()
             if not text or (text.startswith(b"{") and text.endswith(b"}")):
                 continue
-            why = ("starts with a UTF-8 byte-order mark" if text.startswith(b"\xef\xbb\xbf")
-                   else "holds several records separated by CR only" if b"\r" in text
-                   else f"is not one JSON object: {text[:40]!r}")
+            why = (
+                "starts with a UTF-8 byte-order mark"
+                if text.startswith(b"\xef\xbb\xbf")
+                else "holds several records separated by CR only"
+                if b"\r" in text
+                else f"is not one JSON object: {text[:40]!r}"
+            )
             bad.append(f"line {lineno} {why}")
             if len(bad) == 3:
                 break
     if not lines or not bad:
         return ConfigError("jsonl", f"{path} holds no JSON record", "write one JSON object per line")
     return ConfigError(
-        "jsonl", f"Energon's JSONL indexer needs every non-blank line of {path} to be one {{...}} object; " + "; ".join(bad),
+        "jsonl",
+        f"Energon's JSONL indexer needs every non-blank line of {path} to be one {{...}} object; " + "; ".join(bad),
         "fix or remove those lines (strip a BOM, convert CR line ends with `tr '\\r' '\\n'`), or load the file with "
         "JsonlSFTDataset, which counts such lines as skips",
     )
@@ -58,7 +66,9 @@ def prepare(path: str | Path, **kw) -> int:
     return prepare_jsonl(path) if str(path).endswith(".jsonl") else prepare_webdataset(path, **kw)
 
 
-def prepare_webdataset(root: str | Path, *, split: tuple[float, float, float] = (1.0, 0.0, 0.0), workers: int = 2) -> int:
+def prepare_webdataset(
+    root: str | Path, *, split: tuple[float, float, float] = (1.0, 0.0, 0.0), workers: int = 2
+) -> int:
     """Index the ``*.tar`` shards under ``root`` for Energon and declare them a CrudeWebdataset.
 
     Writes ``.nv-meta/{split.yaml,.info.json,index.sqlite,dataset.yaml}`` and one ``.tar.idx``
@@ -70,8 +80,10 @@ def prepare_webdataset(root: str | Path, *, split: tuple[float, float, float] = 
 
     shards = [name for name in list_names(root) if name.endswith(".tar")]
     if not shards:
-        raise FileNotFoundError(f"no *.tar shards under {root}: for JSON/JSONL/Parquet VLM data run "
-                                f"`energon-pack convert SOURCE OUT` (it writes and prepares the shards)")
+        raise FileNotFoundError(
+            f"no *.tar shards under {root}: for JSON/JSONL/Parquet VLM data run "
+            f"`energon-pack convert SOURCE OUT` (it writes and prepares the shards)"
+        )
     where = epath(root)
     BaseWebdatasetFactory.prepare_dataset(
         where,

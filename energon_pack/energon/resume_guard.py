@@ -8,7 +8,7 @@ is restored.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.state import FlexState
@@ -34,7 +34,7 @@ class ResumeGuard(BaseWrapperDataset):
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._resume: Optional[GuardState] = None
+        self._resume: GuardState | None = None
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         return self.dataset.len_worker(worker_idx)
@@ -47,13 +47,13 @@ class ResumeGuard(BaseWrapperDataset):
         guard = GuardState(fingerprint=self.fingerprint, checksum=state_checksum(inner))
         return FlexState(__class__=type(self).__name__, _resume=guard, datasets=inner)
 
-    def restore_state(self, state: Optional[FlexState]) -> None:
+    def restore_state(self, state: FlexState | None) -> None:
         if state is not None:
             check_guard_state(state, self.fingerprint)
         super().restore_state(state)
         self._resume = None
 
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         return {"type": type(self).__qualname__, "fingerprint": self.fingerprint, "dataset": self.dataset.config()}
 
     def __str__(self) -> str:

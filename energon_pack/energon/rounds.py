@@ -16,7 +16,8 @@ samples form a round or how a round is partitioned:
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from megatron.energon import SkipSample
 from megatron.energon.flavors.base_dataset import SavableDataset
@@ -55,11 +56,21 @@ class RoundsPackingDataset(PackingDataset):
 
     _savable_fields = PackingDataset._savable_fields + ("_stats_state", "_emitted")
 
-    def __init__(self, dataset: SavableDataset, *, buffer_size: int, encoder: Any, sample_encoder=None,
-                 sample_encoder_stateless: bool = True, final_packer_stateless: bool = True,
-                 skips: Optional[SkipWatch] = None, pre_packer_failure_tolerance: int = 100,
-                 final_packer_failure_tolerance: int = 100, sample_encoder_failure_tolerance: int = 100,
-                 worker_config) -> None:
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        *,
+        buffer_size: int,
+        encoder: Any,
+        sample_encoder=None,
+        sample_encoder_stateless: bool = True,
+        final_packer_stateless: bool = True,
+        skips: SkipWatch | None = None,
+        pre_packer_failure_tolerance: int = 100,
+        final_packer_failure_tolerance: int = 100,
+        sample_encoder_failure_tolerance: int = 100,
+        worker_config,
+    ) -> None:
         self.encoder = encoder
         self.skips = skips
         self._user_sample_encoder = sample_encoder
@@ -70,7 +81,10 @@ class RoundsPackingDataset(PackingDataset):
             pre_packer_failure_tolerance = max(pre_packer_failure_tolerance, guard // buffer_size + 2)
         source = SourceEnd(dataset, on_sample=self._after_source_sample, worker_config=worker_config)
         super().__init__(
-            source, buffer_size, pre_packer=self._select, final_packer=self._final,
+            source,
+            buffer_size,
+            pre_packer=self._select,
+            final_packer=self._final,
             final_packer_stateless=final_packer_stateless,
             sample_encoder=None if sample_encoder is None else self._encode,
             sample_encoder_stateless=sample_encoder_stateless,
@@ -86,11 +100,11 @@ class RoundsPackingDataset(PackingDataset):
         self._emitted = 0
 
     @property
-    def _stats_state(self) -> Dict[str, Any]:
+    def _stats_state(self) -> dict[str, Any]:
         return self.stats.state_dict()
 
     @_stats_state.setter
-    def _stats_state(self, state: Optional[Dict[str, Any]]) -> None:
+    def _stats_state(self, state: dict[str, Any] | None) -> None:
         self.stats = PackingStats() if state is None else PackingStats.from_state_dict(state)
 
     @property
@@ -98,7 +112,7 @@ class RoundsPackingDataset(PackingDataset):
         return self._emitted
 
     # ------------------------------------------------------------------ the hooks upstream calls
-    def _select(self, samples: List[Any]) -> List[List[Any]]:
+    def _select(self, samples: list[Any]) -> list[list[Any]]:
         return self.encoder.select_groups(samples, self.stats)
 
     def _encode(self, sample: Any) -> Any:
@@ -108,7 +122,7 @@ class RoundsPackingDataset(PackingDataset):
             self.stats.record_skip(skip.reason)
             raise SkipSample() from None
 
-    def _final(self, samples: List[Any]) -> Any:
+    def _final(self, samples: list[Any]) -> Any:
         if not samples:  # every member failed post-encode (each counted): no pack
             raise SkipSample()
         return self.encoder.pack_selected_samples(samples)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from megatron.energon import Sample, edataclass
 
@@ -36,7 +36,7 @@ class PackedSamples(Sample):
     """The post-encoded members of one pack, in pack order, before batching."""
 
     samples: list
-    packing_stats: Optional[dict] = None
+    packing_stats: dict | None = None
 
 
 @edataclass

@@ -37,7 +37,10 @@ def check_shards(factory: Any) -> dict[str, int | None]:
     shards = [(str(getattr(s, "path", "")), getattr(s, "count", None)) for s in getattr(factory, "shards", None) or ()]
     shards = [(path, count) for path, count in shards if path]
     if any(is_remote(path) for path, _ in shards):
-        with store_errors(shards[0][0].rsplit("/", 1)[0]), ThreadPoolExecutor(min(REQUEST_THREADS, len(shards))) as pool:
+        with (
+            store_errors(shards[0][0].rsplit("/", 1)[0]),
+            ThreadPoolExecutor(min(REQUEST_THREADS, len(shards))) as pool,
+        ):
             facts = list(pool.map(lambda s: _shard_facts(*s), shards))
     else:
         facts = [_shard_facts(path, count) for path, count in shards]
@@ -65,8 +68,11 @@ def _shard_facts(path: str, count: int | None) -> tuple[int | None, int | None, 
 def _judge(path: str, count: int | None, size: int | None, end: int | None, entries: int) -> None:
     where = "in object storage" if is_remote(path) else "on disk"
     if size is None:
-        raise ConfigError("dataset", f"shard {path} is listed in the prepared index but missing",
-                          "re-copy the shard, or re-run `energon prepare` on the dataset folder")
+        raise ConfigError(
+            "dataset",
+            f"shard {path} is listed in the prepared index but missing",
+            "re-copy the shard, or re-run `energon prepare` on the dataset folder",
+        )
     if end is not None and size < end:
         raise ConfigError(
             "dataset",

@@ -7,7 +7,8 @@ remaining packs, then every sample again.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.wrappers.base import BaseWrapperDataset
@@ -29,8 +30,9 @@ class SourceEnd(BaseWrapperDataset):
 
     _savable_fields = ("_done",)
 
-    def __init__(self, dataset: SavableDataset, *, on_sample: Optional[Callable[[Any], None]] = None,
-                 worker_config) -> None:
+    def __init__(
+        self, dataset: SavableDataset, *, on_sample: Callable[[Any], None] | None = None, worker_config
+    ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self.on_sample = on_sample
         self._restored = False
@@ -58,7 +60,7 @@ class SourceEnd(BaseWrapperDataset):
                 self.on_sample(sample)
         self._done = True
 
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         return {"type": type(self).__qualname__, "dataset": self.dataset.config()}
 
     def __str__(self) -> str:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any
 
-from energon_pack.errors import (AllSkippedError, ConfigError, Hint, SkipRateWarning,  # noqa: F401 (re-exported)
-                                 all_skipped_hints, skip_counts_text)
+from energon_pack.errors import (
+    AllSkippedError,
+    Hint,
+    SkipRateWarning,  # noqa: F401 (re-exported)
+    all_skipped_hints,
+)
 
 from .fingerprint import ResumeConfigError  # noqa: F401 (its old path: energon_pack.energon.stream)
 
@@ -23,23 +27,34 @@ log = logging.getLogger("energon_pack")
 SKIP_GUARD_MIN = 1000
 
 
-def skip_guard_limit(configured: Optional[int], buffer_size: int) -> int:
+def skip_guard_limit(configured: int | None, buffer_size: int) -> int:
     return configured if configured is not None else max(SKIP_GUARD_MIN, 10 * buffer_size)
 
 
 #: the fixes an Energon worker that skipped everything suggests (knobs named, see :class:`Hint`)
-TOO_LONG_HINTS = (Hint("{seq_length} may be too small for these samples", ("seq_length",),
-                       python=(("seq_length", "seq_length (the pack width)"),)),
-                  Hint("set {overlength}='truncate' (text)", ("overlength",), sep=", or "))
-MISMATCH_HINT = Hint("the records may not match the encoder: check the field names (prompt/completion, "
-                     "conversations/messages) and that this is the right task encoder for the dataset")
+TOO_LONG_HINTS = (
+    Hint(
+        "{seq_length} may be too small for these samples",
+        ("seq_length",),
+        python=(("seq_length", "seq_length (the pack width)"),),
+    ),
+    Hint("set {overlength}='truncate' (text)", ("overlength",), sep=", or "),
+)
+MISMATCH_HINT = Hint(
+    "the records may not match the encoder: check the field names (prompt/completion, "
+    "conversations/messages) and that this is the right task encoder for the dataset"
+)
 
 
 def all_skipped_error(stats, worker: str, *, finished: bool) -> AllSkippedError:
     """The error of a worker that skipped everything it read (``finished``: its whole finite share)."""
     where = "its whole share of the finite stream" if finished else f"the first {stats.skipped} samples it read"
-    return AllSkippedError(f"{worker} skipped {where} and emitted 0 packs", who=worker, skips=stats.skips,
-                           hints=all_skipped_hints(stats.skips, too_long=TOO_LONG_HINTS, mismatch=MISMATCH_HINT))
+    return AllSkippedError(
+        f"{worker} skipped {where} and emitted 0 packs",
+        who=worker,
+        skips=stats.skips,
+        hints=all_skipped_hints(stats.skips, too_long=TOO_LONG_HINTS, mismatch=MISMATCH_HINT),
+    )
 
 
 def all_skipped_message(stats, worker: str, *, finished: bool) -> str:
@@ -63,7 +78,7 @@ class SkipRateMonitor:
         self.warned = False
         self._seen = 0
         self._start = (0, 0)  # (samples seen, skips counted) when the current window began
-        self._examples: Dict[str, str] = {}
+        self._examples: dict[str, str] = {}
 
     def after(self, sample: Any, stats) -> None:
         """Count ``sample`` (just consumed); ``stats``: the packing layer's :class:`PackingStats`."""
@@ -90,14 +105,16 @@ class SkipRateMonitor:
 SKIP_RATE_HINT = Hint("Check the field names, {seq_length} and that this task encoder fits the data", ("seq_length",))
 
 
-def skip_rate_warning(stats, worker: str, skipped: int, n: int, rate: float,
-                      examples: Dict[str, str]) -> SkipRateWarning:
+def skip_rate_warning(
+    stats, worker: str, skipped: int, n: int, rate: float, examples: dict[str, str]
+) -> SkipRateWarning:
     """The warning of a worker that skipped ``skipped`` of the last ``n`` samples (at or above ``rate``)."""
-    return SkipRateWarning(worker, skipped=skipped, window=n, rate=rate, skips=stats.skips, examples=examples,
-                           hints=(SKIP_RATE_HINT,))
+    return SkipRateWarning(
+        worker, skipped=skipped, window=n, rate=rate, skips=stats.skips, examples=examples, hints=(SKIP_RATE_HINT,)
+    )
 
 
-def skip_rate_message(stats, worker: str, skipped: int, n: int, rate: float, examples: Dict[str, str]) -> str:
+def skip_rate_message(stats, worker: str, skipped: int, n: int, rate: float, examples: dict[str, str]) -> str:
     """``str()`` of :func:`skip_rate_warning` (with the active :func:`~energon_pack.errors.knob_names`)."""
     return str(skip_rate_warning(stats, worker, skipped, n, rate, examples))
 
@@ -115,8 +132,7 @@ class SkipWatch:
         worker_config: Energon's worker configuration (names the worker).
     """
 
-    def __init__(self, *, guard: Optional[int], rate: Optional[float] = None, window: int = 200,
-                 worker_config) -> None:
+    def __init__(self, *, guard: int | None, rate: float | None = None, window: int = 200, worker_config) -> None:
         self.guard, self.worker_config = guard, worker_config
         self.monitor = None if rate is None else SkipRateMonitor(rate=rate, window=window, worker_config=worker_config)
 

@@ -20,9 +20,10 @@ Energon guards (:func:`~energon_pack.energon.compat.install_energon_guards`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 from functools import partial
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
 from megatron.energon import stateless
 from megatron.energon.flavors.base_dataset import SavableDataset
@@ -32,7 +33,6 @@ from megatron.energon.wrappers import BatchDataset, MapDataset
 
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasing
-
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
@@ -65,7 +65,8 @@ class CarryOverPackingMixin:
         span = self.layout.segment_span(shortest)
         if self.packing.seq_length < span:
             raise ConfigError(
-                "seq_length", f"{self.packing.seq_length} is below the shortest possible sample: {what} is already "
+                "seq_length",
+                f"{self.packing.seq_length} is below the shortest possible sample: {what} is already "
                 f"{shortest} tokens ({span} aligned), so every sample would be skipped",
                 f"use seq_length >= {span}; a good width is several times your median sample, e.g. 4096 or 8192",
             )
@@ -86,7 +87,7 @@ class CarryOverPackingMixin:
         return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
 
     # ---------------------------------------------------------------- Energon's own hooks
-    def select_samples_to_pack(self, samples: List[Any]) -> List[List[Any]]:
+    def select_samples_to_pack(self, samples: list[Any]) -> list[list[Any]]:
         """Rounds mode: first-fit-decreasing over this buffer; every valid sample is returned.
 
         Skip markers and oversize samples are counted (Energon would drop them silently). Our
@@ -95,7 +96,7 @@ class CarryOverPackingMixin:
         """
         return self.select_groups(samples, self._round_stats())
 
-    def select_groups(self, samples: List[Any], stats: PackingStats) -> List[List[Any]]:
+    def select_groups(self, samples: list[Any], stats: PackingStats) -> list[list[Any]]:
         valid = []
         for sample in samples:
             if isinstance(sample, SkippedSample):
@@ -112,7 +113,7 @@ class CarryOverPackingMixin:
         return groups
 
     @stateless
-    def pack_selected_samples(self, samples: List[Any]) -> PackedSamples:
+    def pack_selected_samples(self, samples: list[Any]) -> PackedSamples:
         # packing_stats are attached when the pack is yielded (PackStream), from checkpointed counters.
         return PackedSamples(
             __key__=",".join(s.__key__ for s in samples),
@@ -139,20 +140,24 @@ class CarryOverPackingMixin:
         raise skip
 
     # ---------------------------------------------------------------- the loader's stream, guarded for resume
-    def build_train_datasets(self, *, datasets: list, worker_config: WorkerConfig,
-                             packing_buffer_size: Optional[int] = None, **kwargs: Any) -> SavableDataset:
+    def build_train_datasets(
+        self, *, datasets: list, worker_config: WorkerConfig, packing_buffer_size: int | None = None, **kwargs: Any
+    ) -> SavableDataset:
         """Energon's train stream inside a :class:`ResumeGuard` (the shards are checked first)."""
         shards = self._checked_shards(datasets)
-        stream = super().build_train_datasets(datasets=datasets, worker_config=worker_config,
-                                              packing_buffer_size=packing_buffer_size, **kwargs)
+        stream = super().build_train_datasets(
+            datasets=datasets, worker_config=worker_config, packing_buffer_size=packing_buffer_size, **kwargs
+        )
         return self._guarded(stream, worker_config, shards, packing_buffer_size)
 
-    def build_val_datasets(self, *, datasets: list, worker_config: WorkerConfig,
-                           packing_buffer_size: Optional[int] = None, **kwargs: Any) -> SavableDataset:
+    def build_val_datasets(
+        self, *, datasets: list, worker_config: WorkerConfig, packing_buffer_size: int | None = None, **kwargs: Any
+    ) -> SavableDataset:
         """Energon's validation stream inside a :class:`ResumeGuard` (the shards are checked first)."""
         shards = self._checked_shards(datasets)
-        stream = super().build_val_datasets(datasets=datasets, worker_config=worker_config,
-                                            packing_buffer_size=packing_buffer_size, **kwargs)
+        stream = super().build_val_datasets(
+            datasets=datasets, worker_config=worker_config, packing_buffer_size=packing_buffer_size, **kwargs
+        )
         return self._guarded(stream, worker_config, shards, packing_buffer_size)
 
     @staticmethod
@@ -160,8 +165,13 @@ class CarryOverPackingMixin:
         """One stat (remote: HEAD) per shard of every loaded dataset: the truncation check and the fingerprint."""
         return [facts for loaded in datasets for facts in shard_facts(loaded.dataset)]
 
-    def _guarded(self, stream: SavableDataset, worker_config: WorkerConfig, shards: list[ShardFacts],
-                 packing_buffer_size: Optional[int]) -> ResumeGuard:
+    def _guarded(
+        self,
+        stream: SavableDataset,
+        worker_config: WorkerConfig,
+        shards: list[ShardFacts],
+        packing_buffer_size: int | None,
+    ) -> ResumeGuard:
         """The built stream, its state naming the rank, workers, shards, encoder and knobs it was saved for."""
         install_energon_guards()
         fingerprint = resume_fingerprint(worker_config, shards, self, packing_buffer_size)
@@ -177,41 +187,50 @@ class CarryOverPackingMixin:
         self,
         dataset: SavableDataset,
         *,
-        batch_size: Optional[int],
+        batch_size: int | None,
         batch_drop_last: bool = False,
-        packing_buffer_size: Optional[int] = None,
+        packing_buffer_size: int | None = None,
         worker_config: WorkerConfig,
     ) -> SavableDataset:
         if packing_buffer_size is not None:
             if not isinstance(packing_buffer_size, int) or packing_buffer_size < 1:
                 raise ConfigError(
-                    "packing_buffer_size", f"must be a positive int, got {packing_buffer_size!r}",
+                    "packing_buffer_size",
+                    f"must be a positive int, got {packing_buffer_size!r}",
                     "pass the number of candidate samples each worker may hold, e.g. 64",
                 )
             if batch_size != 1:
                 raise ConfigError(
-                    "batch_size", f"online packing emits one THD row per micro-batch, got {batch_size}",
+                    "batch_size",
+                    f"online packing emits one THD row per micro-batch, got {batch_size}",
                     "use batch_size=1 (physical MBS 1) with packing_buffer_size",
                 )
         if packing_buffer_size is None and isinstance(batch_size, int) and batch_size > 1:
             # Without packing, Energon would put batch_size samples into one THD row: rows overflow
             # the width and fail inside Energon (the samples are lost, one log line each).
             raise ConfigError(
-                "batch_size", f"batch_size={batch_size} without packing_buffer_size would concatenate {batch_size} "
+                "batch_size",
+                f"batch_size={batch_size} without packing_buffer_size would concatenate {batch_size} "
                 f"samples into one THD row of at most seq_length={self.packing.seq_length} tokens",
                 "pass packing_buffer_size=K (e.g. 64) with batch_size=1: every micro-batch is then one row filled "
                 "by the packer; or batch_size=1 without packing for one sample per row",
             )
         if packing_buffer_size is None:
             return super().build_batch(
-                dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
-                packing_buffer_size=packing_buffer_size, worker_config=worker_config,
+                dataset,
+                batch_size=batch_size,
+                batch_drop_last=batch_drop_last,
+                packing_buffer_size=packing_buffer_size,
+                worker_config=worker_config,
             )
         postencode = self.postencode_sample if self._is_overridden(self.postencode_sample) else None
         tolerance = self.__default_failure_tolerance__
-        skips = SkipWatch(guard=skip_guard_limit(self.packing.skip_guard, packing_buffer_size),
-                          rate=self.packing.skip_warn_rate, window=self.packing.skip_warn_window,
-                          worker_config=worker_config)
+        skips = SkipWatch(
+            guard=skip_guard_limit(self.packing.skip_guard, packing_buffer_size),
+            rate=self.packing.skip_warn_rate,
+            window=self.packing.skip_warn_window,
+            worker_config=worker_config,
+        )
         common = dict(
             final_packer_stateless=get_stateless(self.pack_selected_samples),
             sample_encoder=postencode,
@@ -223,8 +242,11 @@ class CarryOverPackingMixin:
         )
         if self.packing_mode == "rounds":
             dataset = RoundsPackingDataset(
-                dataset, buffer_size=packing_buffer_size, encoder=self,
-                pre_packer_failure_tolerance=get_failure_tolerance(self.select_samples_to_pack, tolerance), **common,
+                dataset,
+                buffer_size=packing_buffer_size,
+                encoder=self,
+                pre_packer_failure_tolerance=get_failure_tolerance(self.select_samples_to_pack, tolerance),
+                **common,
             )
         else:
             dataset = CarryOverPackingDataset(
@@ -237,20 +259,26 @@ class CarryOverPackingMixin:
         dataset = PackStream(dataset, worker_config=worker_config)
         # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
         dataset = BatchDataset(
-            dataset, batch_size=1, batcher=self.batch, batcher_stateless=get_stateless(self.batch),
-            drop_last=batch_drop_last, worker_config=worker_config,
+            dataset,
+            batch_size=1,
+            batcher=self.batch,
+            batcher_stateless=get_stateless(self.batch),
+            drop_last=batch_drop_last,
+            worker_config=worker_config,
             failure_tolerance=get_failure_tolerance(self.batch, self.__default_failure_tolerance__),
         )
         if self._is_overridden(self.encode_batch):
             dataset = MapDataset(
-                dataset, self.encode_batch, worker_config=worker_config,
+                dataset,
+                self.encode_batch,
+                worker_config=worker_config,
                 stateless_map_fn=get_stateless(self.encode_batch),
                 failure_tolerance=get_failure_tolerance(self.encode_batch, self.__default_failure_tolerance__),
             )
         return dataset
 
     @stateless
-    def batch(self, samples: List[Any]) -> dict:
+    def batch(self, samples: list[Any]) -> dict:
         """One THD row (README.md, "The batch contract") from the members of the micro-batch's pack(s)."""
         members = pack_members(samples)
         batch = build_thd_batch([m.segment for m in members], self.layout)

@@ -17,8 +17,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from megatron.energon import Cooker, DefaultCrudeJsonlDatasetFactory, DefaultTaskEncoder, Sample, SkipSample
-from megatron.energon import basic_sample_keys, edataclass, stateless
+from megatron.energon import (
+    Cooker,
+    DefaultCrudeJsonlDatasetFactory,
+    DefaultTaskEncoder,
+    Sample,
+    SkipSample,
+    basic_sample_keys,
+    edataclass,
+    stateless,
+)
 from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
 
 from energon_pack.errors import SampleSkipped
@@ -56,8 +64,14 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     cookers = [Cooker(cook_text_record)]
     decoder = None
 
-    def __init__(self, *, tokenizer: Any = None, format: str = "prompt_completion",
-                 config: PackingConfig | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        tokenizer: Any = None,
+        format: str = "prompt_completion",
+        config: PackingConfig | None = None,
+        **kw: Any,
+    ) -> None:
         from energon_pack.chat.tokenizer import resolve_tokenizer
         from energon_pack.sft.formats import make_format
 
@@ -67,8 +81,11 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         self.format = make_format(format, resolve_tokenizer(tokenizer, where=type(self).__name__), **kw)
         self.configure_packing(PackingConfig.build(config, **packing_kw), self.format.tokenizer.pad_id)
         if format == "chat" and self.packing.overlength != "truncate":
-            shortest = len(self.format.encode({"messages": [{"role": "user", "content": ""},
-                                                            {"role": "assistant", "content": "x"}]}))
+            shortest = len(
+                self.format.encode(
+                    {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]}
+                )
+            )
             self.check_width_fits(shortest, "a one-token answer to an empty question (the ChatML headers)")
 
     def _load_dataset(self, dataset, worker_rotation_offset, worker_config):
@@ -87,15 +104,20 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         if len(ids) > width and self.packing.overlength == "truncate":
             ids, mask = ids[:width], mask[:width]
             if not mask[1:].any():
-                return SkippedSample.derive_from(sample, reason="no_trained_tokens", detail="nothing supervised after truncation")
+                return SkippedSample.derive_from(
+                    sample, reason="no_trained_tokens", detail="nothing supervised after truncation"
+                )
         payload = (np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool))
-        return PackCandidate.derive_from(sample, cost=self.packing.cost(self.layout.segment_span(len(ids))), payload=payload)
+        return PackCandidate.derive_from(
+            sample, cost=self.packing.cost(self.layout.segment_span(len(ids))), payload=payload
+        )
 
     @stateless
     def postencode_sample(self, sample: PackCandidate) -> EncodedSegment:
         if isinstance(sample, SkippedSample):  # only without packing: Energon skips it
             raise SkipSample()
         ids, mask = sample.payload
-        segment = ThdSegment.from_target_mask(torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask),
-                                              key=sample.__key__)
+        segment = ThdSegment.from_target_mask(
+            torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask), key=sample.__key__
+        )
         return EncodedSegment.derive_from(sample, segment=segment)

@@ -26,21 +26,26 @@ import dataclasses
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import yaml
-
 from megatron.energon import Cooker, stateless
 
 from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
 from energon_pack.energon import SkippedSample
 from energon_pack.energon.bridge_layout import (  # noqa: F401 (also importable from here, their old home)
-    BRIDGE_CHATML_DATASET_CLASSES, FIELD_MAP_SUBFLAVOR, BridgeChatMLDataset, bridge_chatml_to_sample,
-    cook_bridge_chatml, read_bridge_dataset)
+    BRIDGE_CHATML_DATASET_CLASSES,
+    FIELD_MAP_SUBFLAVOR,
+    BridgeChatMLDataset,
+    bridge_chatml_to_sample,
+    cook_bridge_chatml,
+    read_bridge_dataset,
+)
 from energon_pack.errors import ConfigError
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.thd import VISUAL_KEYS, alignment_multiple
@@ -65,9 +70,19 @@ __all__ = [
 #: The keys of a converted batch that Bridge's VLM step reads (``tokens`` is not emitted: the step
 #: falls back to ``input_ids`` when it is absent, as with Bridge's own Qwen-VL encoder).
 BRIDGE_BATCH_KEYS = (
-    "input_ids", "position_ids", "labels", "loss_mask", "attention_mask", "visual_inputs",
-    "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-    "max_seqlen_q", "max_seqlen_kv", "total_tokens",
+    "input_ids",
+    "position_ids",
+    "labels",
+    "loss_mask",
+    "attention_mask",
+    "visual_inputs",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "total_tokens",
 )
 #: Energon bookkeeping (restore keys) and our per-worker counters; Bridge's step sets them to None.
 METADATA_KEYS = ("__key__", "__keys__", "__restore_key__", "packing_stats")
@@ -83,14 +98,14 @@ class VisualInputs:
     Used only when Bridge is not importable; :func:`to_bridge_batch` prefers Bridge's class.
     """
 
-    pixel_values: Optional[torch.Tensor] = None
-    pixel_values_videos: Optional[torch.Tensor] = None
-    image_grid_thw: Optional[torch.Tensor] = None
-    video_grid_thw: Optional[torch.Tensor] = None
-    second_per_grid_ts: Optional[torch.Tensor] = None
-    image_sizes: Optional[torch.Tensor] = None
-    image_position_ids: Optional[torch.Tensor] = None
-    mm_token_type_ids: Optional[torch.Tensor] = None
+    pixel_values: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
+    image_sizes: torch.Tensor | None = None
+    image_position_ids: torch.Tensor | None = None
+    mm_token_type_ids: torch.Tensor | None = None
 
     def as_model_kwargs(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name."""
@@ -137,14 +152,20 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
     if batch["input_ids"].dim() != 2 or batch["input_ids"].shape[0] != 1:
         raise ValueError(f"Bridge's packed VLM step needs one THD row [1, T], got {tuple(batch['input_ids'].shape)}")
     if batch.get("visual_pixel_values") is not None:
-        raise ConfigError("static_visual", "the batch holds static (padded, token-ordered) vision rows; Bridge's vision "
-                          "models read pixel_values/grid_thw and pad for their own CUDA graphs",
-                          "build the encoder with static_visual=False")
+        raise ConfigError(
+            "static_visual",
+            "the batch holds static (padded, token-ordered) vision rows; Bridge's vision "
+            "models read pixel_values/grid_thw and pad for their own CUDA graphs",
+            "build the encoder with static_visual=False",
+        )
     for key in ("pixel_values", "pixel_values_videos"):
         pixels = batch.get(key)
         if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
-            raise ConfigError("pixel_dtype", f"{key} is uint8: Bridge's step feeds it to the vision model as raw 0..255 values",
-                              "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge")
+            raise ConfigError(
+                "pixel_dtype",
+                f"{key} is uint8: Bridge's step feeds it to the vision model as raw 0..255 values",
+                "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge",
+            )
     cls = visual_inputs_cls or bridge_visual_inputs_class()
     visual = cls(**{k: batch.get(k) for k in VISUAL_KEYS})
     mrope = batch.get("mrope_position_ids")
@@ -195,12 +216,14 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
         return {}
     if not spec.is_bridge_chatml:
         raise ConfigError(
-            "dataset.yaml", f"declares {spec.module}.{spec.cls}, not Bridge's ChatMLWebdataset nor a CrudeWebdataset",
+            "dataset.yaml",
+            f"declares {spec.module}.{spec.cls}, not Bridge's ChatMLWebdataset nor a CrudeWebdataset",
             "prepare the shards as Bridge's ChatML WebDataset or with energon_pack.energon.prepare_webdataset",
         )
     subflavors = {**spec.subflavors, FIELD_MAP_SUBFLAVOR: spec.field_map}
-    text = yaml.safe_dump({"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": subflavors},
-                          sort_keys=True)
+    text = yaml.safe_dump(
+        {"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": subflavors}, sort_keys=True
+    )
     folder = Path(config_dir) if config_dir is not None else _config_dir()
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"crude-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
@@ -228,10 +251,15 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
     def __init__(self, *, bridge_position_ids: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if bridge_position_ids not in POSITION_MODES:
-            raise ConfigError("bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}")
+            raise ConfigError(
+                "bridge_position_ids", f"unknown mode {bridge_position_ids!r}", f"use one of {POSITION_MODES}"
+            )
         if self.preset.pixel_dtype == "uint8":
-            raise ConfigError("pixel_dtype", "uint8 pixels would reach Bridge's vision model as raw 0..255 values",
-                              "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge")
+            raise ConfigError(
+                "pixel_dtype",
+                "uint8 pixels would reach Bridge's vision model as raw 0..255 values",
+                "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge",
+            )
         if bridge_position_ids == "auto":
             bridge_position_ids = "mrope" if self.preset.rope_style == "qwen3" else "flat"
         self.bridge_position_ids = bridge_position_ids
@@ -270,7 +298,9 @@ def _is_vlm_forward_step(func: Any) -> bool:
     while isinstance(func, partial):
         func = func.func
     return (getattr(func, "__module__", None), getattr(func, "__name__", None)) == (
-        "megatron.bridge.training.vlm_step", "forward_step")
+        "megatron.bridge.training.vlm_step",
+        "forward_step",
+    )
 
 
 def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
@@ -280,11 +310,13 @@ def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
         f"is {describe_tokenizer(task_encoder.tokenizer)}: its ids mean nothing to the model's embedding, and its "
         "token counts (so packs, skips and fill) are not the model's",
         f'build the encoder with tokenizer=load_tokenizer("{preset}") (energon_pack.chat.tokenizer; the real Qwen '
-        "tokenizer) or your model's Hugging Face tokenizer; pass allow_demo_tokenizer=True only for a dry run that never trains")
+        "tokenizer) or your model's Hugging Face tokenizer; pass allow_demo_tokenizer=True only for a dry run that never trains",
+    )
 
 
-def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None,
-                        allow_demo_tokenizer: bool = False) -> None:
+def check_bridge_config(
+    cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None, allow_demo_tokenizer: bool = False
+) -> None:
     """Check a Bridge ``ConfigContainer`` (or any object with the same attribute paths) for packed
     THD training with our encoder; raises one :class:`ConfigError` naming every wrong setting
     (``.errors`` lists them one by one when there are several).
@@ -310,33 +342,67 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
 
     mbs = _get(cfg, "train.micro_batch_size")
     if mbs != 1:
-        bad("train.micro_batch_size", f"is {mbs!r}; one packed THD row is one micro-batch", "set train.micro_batch_size=1 (and scale global_batch_size in packs)")
+        bad(
+            "train.micro_batch_size",
+            f"is {mbs!r}; one packed THD row is one micro-batch",
+            "set train.micro_batch_size=1 (and scale global_batch_size in packs)",
+        )
     eval_mbs = _get(cfg, "validation.eval_micro_batch_size", None)
     if eval_mbs is not None and eval_mbs != 1:
-        bad("validation.eval_micro_batch_size", f"is {eval_mbs!r}; validation packs are one THD row per micro-batch too",
-            "set validation.eval_micro_batch_size=1 (or None: Bridge then uses train.micro_batch_size)")
+        bad(
+            "validation.eval_micro_batch_size",
+            f"is {eval_mbs!r}; validation packs are one THD row per micro-batch too",
+            "set validation.eval_micro_batch_size=1 (or None: Bridge then uses train.micro_batch_size)",
+        )
     if _get(cfg, "model.calculate_per_token_loss") is not True:
-        bad("model.calculate_per_token_loss", f"is {_get(cfg, 'model.calculate_per_token_loss', None)!r}; packs hold different numbers of "
-            "supervised tokens, so a per-pack mean silently reweights the loss pack by pack", "set model.calculate_per_token_loss=True")
+        bad(
+            "model.calculate_per_token_loss",
+            f"is {_get(cfg, 'model.calculate_per_token_loss', None)!r}; packs hold different numbers of "
+            "supervised tokens, so a per-pack mean silently reweights the loss pack by pack",
+            "set model.calculate_per_token_loss=True",
+        )
     if _get(cfg, "ddp.average_in_collective", False) is not False:
-        bad("ddp.average_in_collective", "is True; gradients must be summed and divided by the global token count", "set ddp.average_in_collective=False")
+        bad(
+            "ddp.average_in_collective",
+            "is True; gradients must be summed and divided by the global token count",
+            "set ddp.average_in_collective=False",
+        )
     pp = _get(cfg, "model.pipeline_model_parallel_size", 1)
     if pp not in (None, 1):
-        bad("model.pipeline_model_parallel_size", f"is {pp}; Bridge's packed VLM path does not support pipeline parallelism", "set model.pipeline_model_parallel_size=1")
+        bad(
+            "model.pipeline_model_parallel_size",
+            f"is {pp}; Bridge's packed VLM path does not support pipeline parallelism",
+            "set model.pipeline_model_parallel_size=1",
+        )
     mtp = _get(cfg, "model.mtp_num_layers", None) or 0
     if mtp > 0:
-        bad("model.mtp_num_layers", f"is {mtp}; MTP is not supported with packed sequences", "set model.mtp_num_layers=None")
+        bad(
+            "model.mtp_num_layers",
+            f"is {mtp}; MTP is not supported with packed sequences",
+            "set model.mtp_num_layers=None",
+        )
     for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
         for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
             if _get(cfg, f"{owner}.{name}", False) is True:
-                bad(f"{owner}.{name}", "is True; the combined-1F1B schedule plan drops visual inputs and packed-sequence metadata",
-                    f"set {owner}.{name}=False")
+                bad(
+                    f"{owner}.{name}",
+                    "is True; the combined-1F1B schedule plan drops visual inputs and packed-sequence metadata",
+                    f"set {owner}.{name}=False",
+                )
     if _get(cfg, "model.dist_train.use_dist_train", False) is True:
-        bad("model.dist_train.use_dist_train", "is True; Qwen3-VL DistTrain does not take packed batches", "disable DistTrain")
+        bad(
+            "model.dist_train.use_dist_train",
+            "is True; Qwen3-VL DistTrain does not take packed batches",
+            "disable DistTrain",
+        )
     if forward_step_func is not None and not _is_vlm_forward_step(forward_step_func):
         name = f"{getattr(forward_step_func, '__module__', '?')}.{getattr(forward_step_func, '__name__', forward_step_func)}"
-        bad("forward_step_func", f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
-            "(qwen3_vl_step rejects pre-packed batches)", "pass megatron.bridge.training.vlm_step.forward_step to finetune()")
+        bad(
+            "forward_step_func",
+            f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
+            "(qwen3_vl_step rejects pre-packed batches)",
+            "pass megatron.bridge.training.vlm_step.forward_step to finetune()",
+        )
 
     provider_encoder = _get(cfg, "dataset.task_encoder", None)
     if getattr(provider_encoder, "packing", None) is None:
@@ -344,11 +410,16 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
     if task_encoder is None:
         task_encoder = provider_encoder
     elif provider_encoder is not None and provider_encoder is not task_encoder:
-        bad("dataset.task_encoder", "is not the task encoder being checked, so the checks below say nothing about what trains",
-            "pass the encoder given to make_bridge_dataset_provider (or call check_bridge_config(cfg) to check that one)")
+        bad(
+            "dataset.task_encoder",
+            "is not the task encoder being checked, so the checks below say nothing about what trains",
+            "pass the encoder given to make_bridge_dataset_provider (or call check_bridge_config(cfg) to check that one)",
+        )
     packing = getattr(task_encoder, "packing", None) if task_encoder is not None else None
     if task_encoder is not None and packing is None:
-        raise TypeError(f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)")
+        raise TypeError(
+            f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)"
+        )
     if packing is not None:
         tokenizer = getattr(task_encoder, "tokenizer", None)
         demo = is_demo_tokenizer(tokenizer)
@@ -356,48 +427,79 @@ def check_bridge_config(cfg: Any, task_encoder: Any = None, *, forward_step_func
             errors.append(_demo_tokenizer_error(task_encoder))
         special = getattr(tokenizer, "special", None)
         if special is not None and not demo:  # a dry run on the demo tokenizer knows its ids are not the model's
-            for knob, ours in (("model.image_token_id", special.image_pad), ("model.video_token_id", special.video_pad),
-                               ("model.vision_start_token_id", special.vision_start),
-                               ("model.vision_end_token_id", special.vision_end)):
+            for knob, ours in (
+                ("model.image_token_id", special.image_pad),
+                ("model.video_token_id", special.video_pad),
+                ("model.vision_start_token_id", special.vision_start),
+                ("model.vision_end_token_id", special.vision_end),
+            ):
                 theirs = _get(cfg, knob, None)
                 if theirs is not None and theirs != ours:
-                    bad(knob, f"is {theirs} but the encoder's tokenizer ({describe_tokenizer(tokenizer)}) gives {ours}: "
-                        "the model would not find the vision tokens", "build the encoder with the tokenizer of the model being trained")
+                    bad(
+                        knob,
+                        f"is {theirs} but the encoder's tokenizer ({describe_tokenizer(tokenizer)}) gives {ours}: "
+                        "the model would not find the vision tokens",
+                        "build the encoder with the tokenizer of the model being trained",
+                    )
         cp = _get(cfg, "model.context_parallel_size", 1) or 1
         tp = _get(cfg, "model.tensor_model_parallel_size", 1) or 1
         sp = bool(_get(cfg, "model.sequence_parallel", False))
         eval_cp = _get(cfg, "dist.eval_context_parallel_size", None)
-        for knob, model_value, ours in (("model.context_parallel_size", cp, packing.cp),
-                                         ("model.tensor_model_parallel_size", tp, packing.tp),
-                                         ("model.sequence_parallel", sp, packing.sp),
-                                         ("dist.eval_context_parallel_size", eval_cp, packing.eval_cp)):
+        for knob, model_value, ours in (
+            ("model.context_parallel_size", cp, packing.cp),
+            ("model.tensor_model_parallel_size", tp, packing.tp),
+            ("model.sequence_parallel", sp, packing.sp),
+            ("dist.eval_context_parallel_size", eval_cp, packing.eval_cp),
+        ):
             if model_value != ours:
-                enc_knob = {"model.context_parallel_size": "cp", "model.tensor_model_parallel_size": "tp",
-                            "model.sequence_parallel": "sp", "dist.eval_context_parallel_size": "eval_cp"}[knob]
-                bad(knob, f"is {model_value!r} but the task encoder packs for {enc_knob}={ours!r}",
-                    f"build the encoder with {enc_knob}={model_value!r} (or set {knob}={ours!r})")
+                enc_knob = {
+                    "model.context_parallel_size": "cp",
+                    "model.tensor_model_parallel_size": "tp",
+                    "model.sequence_parallel": "sp",
+                    "dist.eval_context_parallel_size": "eval_cp",
+                }[knob]
+                bad(
+                    knob,
+                    f"is {model_value!r} but the task encoder packs for {enc_knob}={ours!r}",
+                    f"build the encoder with {enc_knob}={model_value!r} (or set {knob}={ours!r})",
+                )
         want = alignment_multiple(cp, tp, sp, eval_cp)
         have = task_encoder.layout.pad_multiple
         if want != have:
-            bad("task_encoder alignment", f"segments are aligned to {have}, the model needs lcm(2*CP, CP*TP if SP) = {want}",
-                f"build the encoder with cp={cp}, tp={tp}, sp={sp}")
+            bad(
+                "task_encoder alignment",
+                f"segments are aligned to {have}, the model needs lcm(2*CP, CP*TP if SP) = {want}",
+                f"build the encoder with cp={cp}, tp={tp}, sp={sp}",
+            )
         seq_length = _get(cfg, "model.seq_length", None)
         if seq_length is not None and seq_length < packing.seq_length:
-            bad("model.seq_length", f"is {seq_length}, below the pack width {packing.seq_length}",
-                f"set model.seq_length>={packing.seq_length} or build the encoder with seq_length={seq_length}")
+            bad(
+                "model.seq_length",
+                f"is {seq_length}, below the pack width {packing.seq_length}",
+                f"set model.seq_length>={packing.seq_length} or build the encoder with seq_length={seq_length}",
+            )
         if getattr(task_encoder, "static_visual", False):
-            bad("task_encoder static_visual", "is True; Bridge's vision models read pixel_values/grid_thw and pad for "
-                "their own CUDA graphs", "build the encoder with static_visual=False (keep max_patches_per_pack)")
+            bad(
+                "task_encoder static_visual",
+                "is True; Bridge's vision models read pixel_values/grid_thw and pad for their own CUDA graphs",
+                "build the encoder with static_visual=False (keep max_patches_per_pack)",
+            )
         ep = _get(cfg, "model.expert_model_parallel_size", 1) or 1
         if ep > 1 and not packing.pad_to_max_length:
-            bad("task_encoder pad_to_max_length", f"is False with expert_model_parallel_size={ep}; Bridge needs fixed-width rows then",
-                "build the encoder with pad_to_max_length=True")
+            bad(
+                "task_encoder pad_to_max_length",
+                f"is False with expert_model_parallel_size={ep}; Bridge needs fixed-width rows then",
+                "build the encoder with pad_to_max_length=True",
+            )
     _check_cuda_graphs(cfg, packing, bad)
     if len(errors) == 1:
         raise errors[0]
     if errors:
-        err = ConfigError(", ".join(e.knob for e in errors), f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
-                          "change each setting as listed")
+        err = ConfigError(
+            ", ".join(e.knob for e in errors),
+            f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
+            "change each setting as listed",
+        )
         err.errors = errors
         raise err
 
@@ -422,25 +524,40 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
     scopes = _names(_get(cfg, "model.cuda_graph_scope", None)) + _names(_get(cfg, "model.cuda_graph_modules", None))
     layer_graph = _get(cfg, "model.enable_cuda_graph", False) is True
     wants = impl != "none" or layer_graph
-    full = wants and (impl == "full_iteration" or any(n.startswith("full") for n in scopes))  # a scope alone graphs nothing
+    full = wants and (
+        impl == "full_iteration" or any(n.startswith("full") for n in scopes)
+    )  # a scope alone graphs nothing
     static_width = packing is not None and packing.pad_to_max_length
     static_cu = static_width and packing.pad_cu_seqlens
     knob = "model.cuda_graph_impl" if impl != "none" else "model.enable_cuda_graph"
     if wants and not static_width:
-        bad(knob, f"is {impl if impl != 'none' else True!r}; CUDA graphs need static shapes, packs vary in width",
-            "build the encoder with pad_to_max_length=True, pad_cu_seqlens=True and max_segments (or set it to 'none')")
+        bad(
+            knob,
+            f"is {impl if impl != 'none' else True!r}; CUDA graphs need static shapes, packs vary in width",
+            "build the encoder with pad_to_max_length=True, pad_cu_seqlens=True and max_segments (or set it to 'none')",
+        )
     elif full:
-        bad(knob, "captures the full iteration, whose vision input varies from pack to pack",
-            "use cuda_graph_impl='transformer_engine' with cuda_graph_scope ['attn', 'mlp'] (per-layer graphs)")
+        bad(
+            knob,
+            "captures the full iteration, whose vision input varies from pack to pack",
+            "use cuda_graph_impl='transformer_engine' with cuda_graph_scope ['attn', 'mlp'] (per-layer graphs)",
+        )
     elif wants and not static_cu and (layer_graph or impl == "local" or not scopes or "attn" in scopes):
-        bad(knob, "captures packed attention, whose cu_seqlens vary in length", "build the encoder with "
-            "pad_cu_seqlens=True and max_segments (static cu_seqlens), or cuda_graph_scope without 'attn'")
+        bad(
+            knob,
+            "captures packed attention, whose cu_seqlens vary in length",
+            "build the encoder with "
+            "pad_cu_seqlens=True and max_segments (static cu_seqlens), or cuda_graph_scope without 'attn'",
+        )
     vision = _get(cfg, "model.vision_cuda_graph_impl", None) or "none"
     if vision != "none":
-        bad("model.vision_cuda_graph_impl", f"is {vision!r}; Bridge's graphed vision tower pads to "
+        bad(
+            "model.vision_cuda_graph_impl",
+            f"is {vision!r}; Bridge's graphed vision tower pads to "
             "max_vision_cuda_graph_seq_length and runs full attention over all patches with only the padding masked, "
             "so the images of a pack (of different samples) would attend to each other",
-            "set model.vision_cuda_graph_impl='none' (graph the LLM layers: cuda_graph_impl='transformer_engine')")
+            "set model.vision_cuda_graph_impl='none' (graph the LLM layers: cuda_graph_impl='transformer_engine')",
+        )
 
 
 # ---------------------------------------------------------------------------------- dataset provider
@@ -449,10 +566,17 @@ _PROVIDER_CLASS: type | None = None
 
 def _provider_fields() -> dict:
     return dict(
-        path=(str, ""), task_encoder=(Any, None), seq_length=(Optional[int], None), packing_buffer_size=(int, 64),
-        shuffle_buffer_size=(int, 100), max_samples_per_sequence=(Optional[int], None), num_val_workers=(Optional[int], None),
-        do_validation=(bool, False), validation_task_encoder=(Any, None),
-        dataset_kwargs=(dict, dataclasses.field(default_factory=dict)), dataloader_type=(Optional[str], "external"),
+        path=(str, ""),
+        task_encoder=(Any, None),
+        seq_length=(Optional[int], None),
+        packing_buffer_size=(int, 64),
+        shuffle_buffer_size=(int, 100),
+        max_samples_per_sequence=(Optional[int], None),
+        num_val_workers=(Optional[int], None),
+        do_validation=(bool, False),
+        validation_task_encoder=(Any, None),
+        dataset_kwargs=(dict, dataclasses.field(default_factory=dict)),
+        dataloader_type=(Optional[str], "external"),
     )
 
 
@@ -461,16 +585,25 @@ def _build_datasets(self, context: Any) -> tuple:
     from megatron.bridge.data.energon.base_energon_datamodule import EnergonMultiModalDataModule
 
     if self.task_encoder is None or not self.path:
-        raise ConfigError("dataset", "the provider needs path and task_encoder", "pass both to make_bridge_dataset_provider")
+        raise ConfigError(
+            "dataset", "the provider needs path and task_encoder", "pass both to make_bridge_dataset_provider"
+        )
     kwargs = {**bridge_dataset_kwargs(self.path), **self.dataset_kwargs}
     datamodule = EnergonMultiModalDataModule(
-        path=self.path, tokenizer=getattr(context, "tokenizer", None),
+        path=self.path,
+        tokenizer=getattr(context, "tokenizer", None),
         seq_length=self.seq_length or self.task_encoder.packing.seq_length,
-        task_encoder=self.task_encoder, validation_task_encoder=self.validation_task_encoder or self.task_encoder,
-        micro_batch_size=1, num_workers=self.num_workers, num_val_workers=self.num_val_workers,
-        pin_memory=self.pin_memory, shuffle_buffer_size=self.shuffle_buffer_size,
-        max_samples_per_sequence=self.max_samples_per_sequence, packing_buffer_size=self.packing_buffer_size,
-        pg_collection=getattr(context, "pg_collection", None), **kwargs,
+        task_encoder=self.task_encoder,
+        validation_task_encoder=self.validation_task_encoder or self.task_encoder,
+        micro_batch_size=1,
+        num_workers=self.num_workers,
+        num_val_workers=self.num_val_workers,
+        pin_memory=self.pin_memory,
+        shuffle_buffer_size=self.shuffle_buffer_size,
+        max_samples_per_sequence=self.max_samples_per_sequence,
+        packing_buffer_size=self.packing_buffer_size,
+        pg_collection=getattr(context, "pg_collection", None),
+        **kwargs,
     )
     train = datamodule.train_dataloader() if context.train_samples > 0 else None
     val = iter(datamodule.val_dataloader()) if self.do_validation and context.valid_samples > 0 else None
@@ -485,20 +618,36 @@ def _provider_class() -> type:
         return _PROVIDER_CLASS
     try:
         from megatron.bridge.data.base import DatasetProvider
+
         bases: tuple = (DatasetProvider,)
         extra: dict = {}
     except Exception:
         bases = ()
-        extra = dict(num_workers=(int, 2), data_sharding=(bool, True), pin_memory=(bool, True), drop_last=(bool, True),
-                     persistent_workers=(bool, True), trust_remote_code=(Optional[bool], None),
-                     dataloader_save=(Optional[str], None), dataloader_load=(Optional[str], None))
+        extra = dict(
+            num_workers=(int, 2),
+            data_sharding=(bool, True),
+            pin_memory=(bool, True),
+            drop_last=(bool, True),
+            persistent_workers=(bool, True),
+            trust_remote_code=(Optional[bool], None),
+            dataloader_save=(Optional[str], None),
+            dataloader_load=(Optional[str], None),
+        )
     spec = {**extra, **_provider_fields()}
     made = []
     for name, (typ, default) in spec.items():
-        made.append((name, typ, default if isinstance(default, dataclasses.Field) else dataclasses.field(default=default)))
+        made.append(
+            (name, typ, default if isinstance(default, dataclasses.Field) else dataclasses.field(default=default))
+        )
     cls = dataclasses.make_dataclass(
-        "EnergonPackDatasetProvider", made, bases=bases, kw_only=True,
-        namespace={"build_datasets": _build_datasets, "__doc__": "Bridge dataset provider over an energon_pack task encoder."},
+        "EnergonPackDatasetProvider",
+        made,
+        bases=bases,
+        kw_only=True,
+        namespace={
+            "build_datasets": _build_datasets,
+            "__doc__": "Bridge dataset provider over an energon_pack task encoder.",
+        },
     )
     cls.__module__ = __name__
     if hasattr(cls, "__abstractmethods__"):
@@ -516,5 +665,10 @@ def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing
     ChatML dataset is read as it is (:func:`bridge_dataset_kwargs`). ``dataloader_type`` is
     ``"external"``: Bridge uses the Energon loader as it is, like its own Energon datasets.
     """
-    return _provider_class()(path=str(path), task_encoder=task_encoder, packing_buffer_size=packing_buffer_size,
-                             seq_length=task_encoder.packing.seq_length, **kwargs)
+    return _provider_class()(
+        path=str(path),
+        task_encoder=task_encoder,
+        packing_buffer_size=packing_buffer_size,
+        seq_length=task_encoder.packing.seq_length,
+        **kwargs,
+    )

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -53,16 +53,32 @@ __all__ = [
 
 #: What :func:`to_gpt_batch` emits for Bridge's GPT step (statistics keys ride along; the step drops them).
 GPT_BATCH_KEYS = (
-    "tokens", "labels", "loss_mask", "position_ids", "attention_mask", "cu_seqlens_q", "cu_seqlens_kv",
-    "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv", "padding_mask", "total_tokens",
+    "tokens",
+    "labels",
+    "loss_mask",
+    "position_ids",
+    "attention_mask",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "padding_mask",
+    "total_tokens",
 )
 #: Bridge <= 0.5's names of the packed metadata (:func:`to_gpt_batch`).
 LEGACY_KEYS = ("cu_seqlens", "cu_seqlens_argmin", "cu_seqlens_unpadded", "cu_seqlens_unpadded_argmin", "max_seqlen")
 _STAT_KEYS = ("real_tokens", "supervised_tokens", "num_segments", "padding_segments", "packing_stats", "__keys__")
 
 #: Keys a packing-metadata entry records so a later config can be compared with what the packs were built for.
-PACK_TOPOLOGY_KEYS = ("packed_sequence_size", "pad_seq_to_mult", "context_parallel_size",
-                      "tensor_model_parallel_size", "sequence_parallel")
+PACK_TOPOLOGY_KEYS = (
+    "packed_sequence_size",
+    "pad_seq_to_mult",
+    "context_parallel_size",
+    "tensor_model_parallel_size",
+    "sequence_parallel",
+)
 DATALOADER_TYPES = ("single", "cyclic")
 ROUTES = ("in_batch", "offline")
 
@@ -83,8 +99,13 @@ def to_gpt_batch(batch: dict, *, legacy_keys: bool = True) -> dict:
     if legacy_keys:
         padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"])
         count = torch.tensor(padded.numel(), dtype=torch.int64)
-        out.update(cu_seqlens=padded.unsqueeze(0), cu_seqlens_argmin=count, cu_seqlens_unpadded=batch["cu_seqlens_q"].unsqueeze(0),
-                   cu_seqlens_unpadded_argmin=count, max_seqlen=batch["max_seqlen_q"])
+        out.update(
+            cu_seqlens=padded.unsqueeze(0),
+            cu_seqlens_argmin=count,
+            cu_seqlens_unpadded=batch["cu_seqlens_q"].unsqueeze(0),
+            cu_seqlens_unpadded_argmin=count,
+            max_seqlen=batch["max_seqlen_q"],
+        )
     out.update({k: batch[k] for k in _STAT_KEYS if k in batch})
     return out
 
@@ -107,15 +128,22 @@ class SFTPackDataset:
             at least one (default 0: one epoch).
     """
 
-    def __init__(self, dataset: JsonlSFTDataset, sampler: TokenBudgetBatchSampler, layout: ThdLayout,
-                 num_samples: int = 0) -> None:
+    def __init__(
+        self, dataset: JsonlSFTDataset, sampler: TokenBudgetBatchSampler, layout: ThdLayout, num_samples: int = 0
+    ) -> None:
         if sampler.num_replicas != 1:
-            raise ConfigError("sampler", "must plan for one replica: Bridge's sampler deals packs to the ranks",
-                              "build TokenBudgetBatchSampler(..., num_replicas=1, rank=0)")
+            raise ConfigError(
+                "sampler",
+                "must plan for one replica: Bridge's sampler deals packs to the ranks",
+                "build TokenBudgetBatchSampler(..., num_replicas=1, rank=0)",
+            )
         if layout.seq_length != sampler.seq_length or layout.pad_multiple != sampler.pad_multiple:
-            raise ConfigError("layout", f"seq_length/pad_multiple {layout.seq_length}/{layout.pad_multiple} differ "
-                              f"from the sampler's {sampler.seq_length}/{sampler.pad_multiple}",
-                              "build both with the same values")
+            raise ConfigError(
+                "layout",
+                f"seq_length/pad_multiple {layout.seq_length}/{layout.pad_multiple} differ "
+                f"from the sampler's {sampler.seq_length}/{sampler.pad_multiple}",
+                "build both with the same values",
+            )
         self.dataset, self.sampler, self.layout = dataset, sampler, layout
         self._flat: list[np.ndarray] = []  # per epoch: the samples of its packs back to back
         self._offsets: list[np.ndarray] = []  # per epoch: where each pack starts in _flat (plus the end)
@@ -171,11 +199,24 @@ class SFTPackDataset:
         return {**self.__dict__, "_packers": {}}
 
 
-def build_sft_pack_dataset(path: str, tokenizer: Any, *, seq_length: int, format: str = "prompt_completion",
-                           pad_seq_to_mult: int = 1, pad_to_max_length: bool = False, pad_cu_seqlens: bool = False,
-                           max_segments: Optional[int] = None, num_samples: int = 0, seed: int = 1234,
-                           shuffle: bool = True, window: int = 4096, overlength: str = "skip",
-                           cache_dir: Optional[str] = None, format_kw: Optional[Mapping] = None) -> SFTPackDataset:
+def build_sft_pack_dataset(
+    path: str,
+    tokenizer: Any,
+    *,
+    seq_length: int,
+    format: str = "prompt_completion",
+    pad_seq_to_mult: int = 1,
+    pad_to_max_length: bool = False,
+    pad_cu_seqlens: bool = False,
+    max_segments: int | None = None,
+    num_samples: int = 0,
+    seed: int = 1234,
+    shuffle: bool = True,
+    window: int = 4096,
+    overlength: str = "skip",
+    cache_dir: str | None = None,
+    format_kw: Mapping | None = None,
+) -> SFTPackDataset:
     """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
 
     Args:
@@ -192,18 +233,43 @@ def build_sft_pack_dataset(path: str, tokenizer: Any, *, seq_length: int, format
         overlength: what a line longer than ``seq_length`` gets: ``"skip"`` (counted), ``"truncate"``, ``"error"``.
         cache_dir: where the line index and length caches go; None: the user cache dir.
     """
-    ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length, overlength=overlength, cache_dir=cache_dir,
-                         **dict(format_kw or {}))
-    sampler = TokenBudgetBatchSampler(ds, seq_length, pad_multiple=pad_seq_to_mult, max_segments=max_segments,
-                                      window=window, shuffle=shuffle, seed=seed)
-    layout = ThdLayout(seq_length=seq_length, pad_multiple=pad_seq_to_mult, pad_to_max_length=pad_to_max_length,
-                       pad_cu_seqlens=pad_cu_seqlens, max_segments=max_segments, pad_token_id=ds.pad_token_id)
+    ds = JsonlSFTDataset(
+        path,
+        tokenizer,
+        format,
+        max_length=seq_length,
+        overlength=overlength,
+        cache_dir=cache_dir,
+        **dict(format_kw or {}),
+    )
+    sampler = TokenBudgetBatchSampler(
+        ds,
+        seq_length,
+        pad_multiple=pad_seq_to_mult,
+        max_segments=max_segments,
+        window=window,
+        shuffle=shuffle,
+        seed=seed,
+    )
+    layout = ThdLayout(
+        seq_length=seq_length,
+        pad_multiple=pad_seq_to_mult,
+        pad_to_max_length=pad_to_max_length,
+        pad_cu_seqlens=pad_cu_seqlens,
+        max_segments=max_segments,
+        pad_token_id=ds.pad_token_id,
+    )
     return SFTPackDataset(ds, sampler, layout, num_samples)
 
 
 # ---------------------------------------------------------------------------------- the check
-def pack_topology_record(*, packed_sequence_size: int, context_parallel_size: int = 1,
-                         tensor_model_parallel_size: int = 1, sequence_parallel: bool = False) -> dict:
+def pack_topology_record(
+    *,
+    packed_sequence_size: int,
+    context_parallel_size: int = 1,
+    tensor_model_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+) -> dict:
     """What packs record of the topology they were built for (:data:`PACK_TOPOLOGY_KEYS`).
 
     Args:
@@ -211,10 +277,13 @@ def pack_topology_record(*, packed_sequence_size: int, context_parallel_size: in
         context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology, which sets the
             alignment ``pad_seq_to_mult`` (defaults: no parallelism).
     """
-    return {"packed_sequence_size": int(packed_sequence_size),
-            "pad_seq_to_mult": alignment_multiple(context_parallel_size, tensor_model_parallel_size, sequence_parallel),
-            "context_parallel_size": int(context_parallel_size),
-            "tensor_model_parallel_size": int(tensor_model_parallel_size), "sequence_parallel": bool(sequence_parallel)}
+    return {
+        "packed_sequence_size": int(packed_sequence_size),
+        "pad_seq_to_mult": alignment_multiple(context_parallel_size, tensor_model_parallel_size, sequence_parallel),
+        "context_parallel_size": int(context_parallel_size),
+        "tensor_model_parallel_size": int(tensor_model_parallel_size),
+        "sequence_parallel": bool(sequence_parallel),
+    }
 
 
 def _recorded_topology(metadata: Any) -> dict:
@@ -227,9 +296,14 @@ def _recorded_topology(metadata: Any) -> dict:
             continue
         ours = entry.get("energon_pack") if isinstance(entry.get("energon_pack"), Mapping) else {}
         topology = ours.get("topology") if isinstance(ours.get("topology"), Mapping) else {}
-        for key, value in (("packed_sequence_size", entry.get("pack_size")), ("packed_sequence_size", ours.get("seq_length")),
-                           ("pad_seq_to_mult", ours.get("pad_seq_to_mult")), ("context_parallel_size", topology.get("cp")),
-                           ("tensor_model_parallel_size", topology.get("tp")), ("sequence_parallel", topology.get("sp"))):
+        for key, value in (
+            ("packed_sequence_size", entry.get("pack_size")),
+            ("packed_sequence_size", ours.get("seq_length")),
+            ("pad_seq_to_mult", ours.get("pad_seq_to_mult")),
+            ("context_parallel_size", topology.get("cp")),
+            ("tensor_model_parallel_size", topology.get("tp")),
+            ("sequence_parallel", topology.get("sp")),
+        ):
             if value is not None:
                 found[key] = value
         found.update({k: entry[k] for k in PACK_TOPOLOGY_KEYS if k in entry})
@@ -241,18 +315,34 @@ def _raise_all(errors: list[ConfigError]) -> None:
     if len(errors) == 1:
         raise errors[0]
     if errors:
-        err = ConfigError(", ".join(e.knob for e in errors), f"{len(errors)} settings are wrong:\n  "
-                          + "\n  ".join(str(e) for e in errors), "change each setting as listed")
+        err = ConfigError(
+            ", ".join(e.knob for e in errors),
+            f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
+            "change each setting as listed",
+        )
         err.errors = errors
         raise err
 
 
-def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size: int, data_parallel_size: int,
-                         model_seq_length: int, dataset_seq_length: int, packed_sequence_size: Optional[int] = None,
-                         context_parallel_size: int = 1, tensor_model_parallel_size: int = 1,
-                         sequence_parallel: bool = False, pad_seq_to_mult: Optional[int] = None,
-                         pad_to_max_length: bool = False, pad_cu_seqlens: bool = False, cuda_graphs: bool = False,
-                         max_segments: Optional[int] = None, packing_metadata: Any = None) -> None:
+def check_gpt_sft_config(
+    *,
+    route: str,
+    micro_batch_size: int,
+    global_batch_size: int,
+    data_parallel_size: int,
+    model_seq_length: int,
+    dataset_seq_length: int,
+    packed_sequence_size: int | None = None,
+    context_parallel_size: int = 1,
+    tensor_model_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    pad_seq_to_mult: int | None = None,
+    pad_to_max_length: bool = False,
+    pad_cu_seqlens: bool = False,
+    cuda_graphs: bool = False,
+    max_segments: int | None = None,
+    packing_metadata: Any = None,
+) -> None:
     """The GPT-SFT packing rules; raises one :class:`ConfigError` naming every wrong knob.
 
     ``route``: ``"in_batch"`` (our lazy JSONL provider) or ``"offline"`` (packs on disk, with
@@ -283,53 +373,92 @@ def check_gpt_sft_config(*, route: str, micro_batch_size: int, global_batch_size
     def bad(knob: str, problem: str, fix: str) -> None:
         errors.append(ConfigError(knob, problem, fix))
 
-    for knob, value in (("train.micro_batch_size", micro_batch_size), ("train.global_batch_size", global_batch_size),
-                        ("data_parallel_size", data_parallel_size)):
+    for knob, value in (
+        ("train.micro_batch_size", micro_batch_size),
+        ("train.global_batch_size", global_batch_size),
+        ("data_parallel_size", data_parallel_size),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
     mbs, gbs, dp = micro_batch_size, global_batch_size, data_parallel_size
     if route == "offline" and mbs != 1:
-        bad("train.micro_batch_size", f"is {mbs}; an offline pack is one micro-batch",
-            f"set train.micro_batch_size=1 and global_batch_size={gbs // max(mbs, 1)} (in packs)")
+        bad(
+            "train.micro_batch_size",
+            f"is {mbs}; an offline pack is one micro-batch",
+            f"set train.micro_batch_size=1 and global_batch_size={gbs // max(mbs, 1)} (in packs)",
+        )
     if gbs < dp or gbs % (mbs * dp):
-        bad("train.global_batch_size", f"is {gbs}; it must be a positive multiple of micro_batch_size x "
-            f"data_parallel_size = {mbs} x {dp}", f"set train.global_batch_size to a multiple of {mbs * dp}")
+        bad(
+            "train.global_batch_size",
+            f"is {gbs}; it must be a positive multiple of micro_batch_size x data_parallel_size = {mbs} x {dp}",
+            f"set train.global_batch_size to a multiple of {mbs * dp}",
+        )
     if model_seq_length != dataset_seq_length:
-        bad("model.seq_length", f"is {model_seq_length} but dataset.seq_length is {dataset_seq_length}",
-            f"set both to the pack width ({dataset_seq_length})")
+        bad(
+            "model.seq_length",
+            f"is {model_seq_length} but dataset.seq_length is {dataset_seq_length}",
+            f"set both to the pack width ({dataset_seq_length})",
+        )
     if packed_sequence_size is not None and packed_sequence_size != dataset_seq_length:
-        bad("packed_sequence_size", f"is {packed_sequence_size} but dataset.seq_length is {dataset_seq_length}",
-            f"pack with packed_sequence_size={dataset_seq_length} into a fresh output root")
+        bad(
+            "packed_sequence_size",
+            f"is {packed_sequence_size} but dataset.seq_length is {dataset_seq_length}",
+            f"pack with packed_sequence_size={dataset_seq_length} into a fresh output root",
+        )
     cp, tp, sp = context_parallel_size, tensor_model_parallel_size, bool(sequence_parallel)
     want = alignment_multiple(cp, tp, sp)
     if pad_seq_to_mult is not None and (pad_seq_to_mult < 1 or pad_seq_to_mult % want):
-        bad("pad_seq_to_mult", f"is {pad_seq_to_mult}; CP={cp}, TP={tp}, SP={sp} need a multiple of lcm(2*CP if "
-            f"CP > 1, CP*TP if SP and TP > 1) = {want}", f"set pad_seq_to_mult={want} and re-pack into a fresh output root")
-    mult = pad_seq_to_mult if pad_seq_to_mult is not None and pad_seq_to_mult >= 1 and not pad_seq_to_mult % want else want
+        bad(
+            "pad_seq_to_mult",
+            f"is {pad_seq_to_mult}; CP={cp}, TP={tp}, SP={sp} need a multiple of lcm(2*CP if "
+            f"CP > 1, CP*TP if SP and TP > 1) = {want}",
+            f"set pad_seq_to_mult={want} and re-pack into a fresh output root",
+        )
+    mult = (
+        pad_seq_to_mult if pad_seq_to_mult is not None and pad_seq_to_mult >= 1 and not pad_seq_to_mult % want else want
+    )
     if dataset_seq_length % mult:
-        bad("dataset.seq_length", f"{dataset_seq_length} is not divisible by the alignment {mult}",
-            f"use a multiple of {mult}")
+        bad(
+            "dataset.seq_length",
+            f"{dataset_seq_length} is not divisible by the alignment {mult}",
+            f"use a multiple of {mult}",
+        )
     static_cu = "a packing-metadata JSON" if route == "offline" else "max_segments"
     has_static_cu = packing_metadata is not None if route == "offline" else max_segments is not None
     if (cuda_graphs or pad_cu_seqlens) and not pad_to_max_length:
-        bad("pad_to_max_length", "is False; " + ("CUDA graphs need" if cuda_graphs else "pad_cu_seqlens needs")
-            + " a fixed width", "set pad_to_max_length=True")
+        bad(
+            "pad_to_max_length",
+            "is False; " + ("CUDA graphs need" if cuda_graphs else "pad_cu_seqlens needs") + " a fixed width",
+            "set pad_to_max_length=True",
+        )
     if cuda_graphs and not pad_cu_seqlens:
         bad("pad_cu_seqlens", "is False; CUDA graphs need static cu_seqlens shapes", "set pad_cu_seqlens=True")
     if (cuda_graphs or pad_cu_seqlens) and not has_static_cu:
-        bad("packing_metadata" if route == "offline" else "max_segments",
+        bad(
+            "packing_metadata" if route == "offline" else "max_segments",
             f"is missing; static cu_seqlens are sized from {static_cu}",
-            "write the packing-metadata JSON beside the packs" if route == "offline" else "set max_segments")
+            "write the packing-metadata JSON beside the packs" if route == "offline" else "set max_segments",
+        )
     recorded = _recorded_topology(packing_metadata) if packing_metadata is not None else {}
-    current = pack_topology_record(packed_sequence_size=dataset_seq_length, context_parallel_size=cp,
-                                   tensor_model_parallel_size=tp, sequence_parallel=sp)
+    current = pack_topology_record(
+        packed_sequence_size=dataset_seq_length,
+        context_parallel_size=cp,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+    )
     if pad_seq_to_mult is not None:
         current["pad_seq_to_mult"] = pad_seq_to_mult  # the runtime must pad as the packs were padded
-    changed = [f"{k} {recorded[k]!r} -> {current[k]!r}" for k in PACK_TOPOLOGY_KEYS
-               if k in recorded and recorded[k] != current[k]]
+    changed = [
+        f"{k} {recorded[k]!r} -> {current[k]!r}"
+        for k in PACK_TOPOLOGY_KEYS
+        if k in recorded and recorded[k] != current[k]
+    ]
     if changed:
-        bad("packing_metadata", "the packs were built for another configuration (" + ", ".join(changed) + ")",
-            "re-pack for the current settings into a fresh output root")
+        bad(
+            "packing_metadata",
+            "the packs were built for another configuration (" + ", ".join(changed) + ")",
+            "re-pack for the current settings into a fresh output root",
+        )
     _raise_all(errors)
 
 
@@ -349,8 +478,9 @@ def _uses_cuda_graphs(model: Any) -> bool:
     return _get(model, "cuda_graph_impl", "none") not in (None, "none") or _get(model, "enable_cuda_graph") is True
 
 
-def check_bridge_sft_config(cfg: Any, *, data_parallel_size: Optional[int] = None,
-                            forward_step_func: Optional[Callable] = None) -> None:
+def check_bridge_sft_config(
+    cfg: Any, *, data_parallel_size: int | None = None, forward_step_func: Callable | None = None
+) -> None:
     """Check a Bridge ``ConfigContainer`` whose ``dataset`` is :func:`make_bridge_sft_dataset_provider`'s.
 
     :func:`check_gpt_sft_config` (route ``"in_batch"``) over the config's values, plus what the
@@ -368,53 +498,104 @@ def check_bridge_sft_config(cfg: Any, *, data_parallel_size: Optional[int] = Non
         forward_step_func: the step the training will run; None: not checked.
     """
     ds = cfg.dataset
-    if not all(hasattr(ds, k) for k in ("seq_length", "context_parallel_size", "enable_in_batch_packing", "max_segments")):
-        raise TypeError(f"cfg.dataset is a {type(ds).__name__}, not make_bridge_sft_dataset_provider's provider "
-                        "(for offline packs call check_gpt_sft_config(route='offline', ...))")
+    if not all(
+        hasattr(ds, k) for k in ("seq_length", "context_parallel_size", "enable_in_batch_packing", "max_segments")
+    ):
+        raise TypeError(
+            f"cfg.dataset is a {type(ds).__name__}, not make_bridge_sft_dataset_provider's provider "
+            "(for offline packs call check_gpt_sft_config(route='offline', ...))"
+        )
     errors: list[ConfigError] = []
     mbs = _get(cfg, "train.micro_batch_size", 1)
     dp = data_parallel_size or _get(cfg, "data_parallel_size") or 1
     cp, tp = _get(cfg, "model.context_parallel_size", 1) or 1, _get(cfg, "model.tensor_model_parallel_size", 1) or 1
     sp = bool(_get(cfg, "model.sequence_parallel", False))
-    for knob, model_value, ours in (("context_parallel_size", cp, ds.context_parallel_size),
-                                    ("tensor_model_parallel_size", tp, ds.tensor_model_parallel_size),
-                                    ("sequence_parallel", sp, ds.sequence_parallel)):
+    for knob, model_value, ours in (
+        ("context_parallel_size", cp, ds.context_parallel_size),
+        ("tensor_model_parallel_size", tp, ds.tensor_model_parallel_size),
+        ("sequence_parallel", sp, ds.sequence_parallel),
+    ):
         if model_value != ours:
-            errors.append(ConfigError(f"model.{knob}", f"is {model_value!r} but the dataset packs for {ours!r}",
-                                      f"set dataset.{knob}={model_value!r} (or model.{knob}={ours!r})"))
+            errors.append(
+                ConfigError(
+                    f"model.{knob}",
+                    f"is {model_value!r} but the dataset packs for {ours!r}",
+                    f"set dataset.{knob}={model_value!r} (or model.{knob}={ours!r})",
+                )
+            )
     if ds.dataloader_type not in DATALOADER_TYPES:
-        errors.append(ConfigError("dataset.dataloader_type", f"is {ds.dataloader_type!r}; Bridge's sampler must deal "
-                                  "one pack per sample", f"use one of {DATALOADER_TYPES}"))
+        errors.append(
+            ConfigError(
+                "dataset.dataloader_type",
+                f"is {ds.dataloader_type!r}; Bridge's sampler must deal one pack per sample",
+                f"use one of {DATALOADER_TYPES}",
+            )
+        )
     if _get(cfg, "model.calculate_per_token_loss") is not True:
-        errors.append(ConfigError("model.calculate_per_token_loss", "is not True; packs hold different numbers of "
-                                  "supervised tokens, so a per-pack mean reweights the loss pack by pack",
-                                  "set model.calculate_per_token_loss=True"))
+        errors.append(
+            ConfigError(
+                "model.calculate_per_token_loss",
+                "is not True; packs hold different numbers of "
+                "supervised tokens, so a per-pack mean reweights the loss pack by pack",
+                "set model.calculate_per_token_loss=True",
+            )
+        )
     if _get(cfg, "ddp.average_in_collective", False) is not False:
-        errors.append(ConfigError("ddp.average_in_collective", "is True; gradients must be summed and divided by "
-                                  "the global token count", "set ddp.average_in_collective=False"))
+        errors.append(
+            ConfigError(
+                "ddp.average_in_collective",
+                "is True; gradients must be summed and divided by the global token count",
+                "set ddp.average_in_collective=False",
+            )
+        )
     pp = _get(cfg, "model.pipeline_model_parallel_size", 1) or 1
     if ds.enable_in_batch_packing and mbs == 1:
-        errors.append(ConfigError("dataset.enable_in_batch_packing", "is True with micro_batch_size 1 (Bridge's "
-                                  "validate refuses it)", "set it False, or train.micro_batch_size > 1"))
+        errors.append(
+            ConfigError(
+                "dataset.enable_in_batch_packing",
+                "is True with micro_batch_size 1 (Bridge's validate refuses it)",
+                "set it False, or train.micro_batch_size > 1",
+            )
+        )
     if pp > 1 and not ds.enable_in_batch_packing:
-        errors.append(ConfigError("dataset.enable_in_batch_packing", f"is False with pipeline parallel size {pp}; "
-                                  "Bridge then sends middle pipeline stages no cu_seqlens",
-                                  "set dataset.enable_in_batch_packing=True and train.micro_batch_size > 1"))
+        errors.append(
+            ConfigError(
+                "dataset.enable_in_batch_packing",
+                f"is False with pipeline parallel size {pp}; Bridge then sends middle pipeline stages no cu_seqlens",
+                "set dataset.enable_in_batch_packing=True and train.micro_batch_size > 1",
+            )
+        )
     if forward_step_func is not None:
         func = forward_step_func
         while isinstance(func, partial):
             func = func.func
         if (getattr(func, "__module__", None), getattr(func, "__name__", None)) != (
-                "megatron.bridge.training.gpt_step", "forward_step"):
-            errors.append(ConfigError("forward_step_func", f"is {getattr(func, '__name__', func)!r}; the GPT-SFT packs "
-                                      "are read by Bridge's GPT step", "pass megatron.bridge.training.gpt_step.forward_step"))
+            "megatron.bridge.training.gpt_step",
+            "forward_step",
+        ):
+            errors.append(
+                ConfigError(
+                    "forward_step_func",
+                    f"is {getattr(func, '__name__', func)!r}; the GPT-SFT packs are read by Bridge's GPT step",
+                    "pass megatron.bridge.training.gpt_step.forward_step",
+                )
+            )
     try:
         check_gpt_sft_config(
-            route="in_batch", micro_batch_size=mbs, global_batch_size=_get(cfg, "train.global_batch_size", mbs * dp),
-            data_parallel_size=dp, model_seq_length=_get(cfg, "model.seq_length"), dataset_seq_length=ds.seq_length,
-            context_parallel_size=cp, tensor_model_parallel_size=tp, sequence_parallel=sp,
-            pad_to_max_length=ds.pad_to_max_length, pad_cu_seqlens=ds.pad_cu_seqlens,
-            cuda_graphs=_uses_cuda_graphs(_get(cfg, "model")), max_segments=ds.max_segments)
+            route="in_batch",
+            micro_batch_size=mbs,
+            global_batch_size=_get(cfg, "train.global_batch_size", mbs * dp),
+            data_parallel_size=dp,
+            model_seq_length=_get(cfg, "model.seq_length"),
+            dataset_seq_length=ds.seq_length,
+            context_parallel_size=cp,
+            tensor_model_parallel_size=tp,
+            sequence_parallel=sp,
+            pad_to_max_length=ds.pad_to_max_length,
+            pad_cu_seqlens=ds.pad_cu_seqlens,
+            cuda_graphs=_uses_cuda_graphs(_get(cfg, "model")),
+            max_segments=ds.max_segments,
+        )
     except ConfigError as err:
         errors.extend(getattr(err, "errors", [err]))
     _raise_all(errors)
@@ -426,32 +607,60 @@ _PROVIDER_CLASS: type | None = None
 
 def _sft_fields() -> list:
     field = dataclasses.field
-    return [("path", str, field(default="")), ("tokenizer", Any, field(default=None)),
-            ("seq_length", int, field(default=4096)), ("format", str, field(default="prompt_completion")),
-            ("format_kw", dict, field(default_factory=dict)), ("valid_path", Optional[str], field(default=None)),
-            ("context_parallel_size", int, field(default=1)), ("tensor_model_parallel_size", int, field(default=1)),
-            ("sequence_parallel", bool, field(default=False)), ("pad_to_max_length", bool, field(default=False)),
-            ("pad_cu_seqlens", bool, field(default=False)), ("max_segments", Optional[int], field(default=None)),
-            ("enable_in_batch_packing", bool, field(default=False)), ("seed", int, field(default=1234)),
-            ("shuffle", bool, field(default=True)), ("window", int, field(default=4096)),
-            ("overlength", str, field(default="skip")), ("cache_dir", Optional[str], field(default=None))]
+    return [
+        ("path", str, field(default="")),
+        ("tokenizer", Any, field(default=None)),
+        ("seq_length", int, field(default=4096)),
+        ("format", str, field(default="prompt_completion")),
+        ("format_kw", dict, field(default_factory=dict)),
+        ("valid_path", Optional[str], field(default=None)),
+        ("context_parallel_size", int, field(default=1)),
+        ("tensor_model_parallel_size", int, field(default=1)),
+        ("sequence_parallel", bool, field(default=False)),
+        ("pad_to_max_length", bool, field(default=False)),
+        ("pad_cu_seqlens", bool, field(default=False)),
+        ("max_segments", Optional[int], field(default=None)),
+        ("enable_in_batch_packing", bool, field(default=False)),
+        ("seed", int, field(default=1234)),
+        ("shuffle", bool, field(default=True)),
+        ("window", int, field(default=4096)),
+        ("overlength", str, field(default="skip")),
+        ("cache_dir", Optional[str], field(default=None)),
+    ]
 
 
 def _build_sft_datasets(self, context: Any) -> tuple:
     """Bridge's provider hook: (train, valid, None) pack datasets, sized to the samples Bridge asks for."""
     if not self.path or self.tokenizer is None:
-        raise ConfigError("dataset", "the provider needs path and tokenizer", "pass both to make_bridge_sft_dataset_provider")
-    kw = dict(seq_length=self.seq_length, format=self.format, format_kw=self.format_kw, max_segments=self.max_segments,
-              pad_seq_to_mult=alignment_multiple(self.context_parallel_size, self.tensor_model_parallel_size,
-                                                 self.sequence_parallel),
-              pad_to_max_length=self.pad_to_max_length, pad_cu_seqlens=self.pad_cu_seqlens, seed=self.seed,
-              shuffle=self.shuffle, window=self.window, overlength=self.overlength, cache_dir=self.cache_dir)
+        raise ConfigError(
+            "dataset", "the provider needs path and tokenizer", "pass both to make_bridge_sft_dataset_provider"
+        )
+    kw = dict(
+        seq_length=self.seq_length,
+        format=self.format,
+        format_kw=self.format_kw,
+        max_segments=self.max_segments,
+        pad_seq_to_mult=alignment_multiple(
+            self.context_parallel_size, self.tensor_model_parallel_size, self.sequence_parallel
+        ),
+        pad_to_max_length=self.pad_to_max_length,
+        pad_cu_seqlens=self.pad_cu_seqlens,
+        seed=self.seed,
+        shuffle=self.shuffle,
+        window=self.window,
+        overlength=self.overlength,
+        cache_dir=self.cache_dir,
+    )
     cyclic = self.dataloader_type == "cyclic"  # Bridge's cyclic sampler reshuffles the one epoch's packs itself
     train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=0 if cyclic else context.train_samples, **kw)
     valid = None
     if self.valid_path and context.valid_samples > 0:
-        valid = build_sft_pack_dataset(self.valid_path, self.tokenizer, num_samples=0 if cyclic else context.valid_samples,
-                                       **{**kw, "shuffle": False})
+        valid = build_sft_pack_dataset(
+            self.valid_path,
+            self.tokenizer,
+            num_samples=0 if cyclic else context.valid_samples,
+            **{**kw, "shuffle": False},
+        )
     return train, valid, None
 
 
@@ -459,7 +668,7 @@ def _bridge_dataset_provider() -> type | None:
     """Bridge's ``DatasetProvider``: ``data.base`` since 0.4, ``training.config`` in 0.3; None without Bridge."""
     for module in ("megatron.bridge.data.base", "megatron.bridge.training.config"):
         try:
-            return getattr(importlib.import_module(module), "DatasetProvider")
+            return importlib.import_module(module).DatasetProvider
         except Exception:  # absent, or a Bridge whose import needs what this machine lacks
             continue
     return None
@@ -473,16 +682,28 @@ def _provider_class() -> type:
         bases: tuple = (base,) if base is not None else ()
         extra: list = []
         if base is None:  # Bridge absent: a plain dataclass with its dataloader fields
-            extra = [(n, t, dataclasses.field(default=d)) for n, t, d in (
-                ("num_workers", int, 2), ("data_sharding", bool, True), ("pin_memory", bool, True),
-                ("drop_last", bool, True), ("persistent_workers", bool, True))]
+            extra = [
+                (n, t, dataclasses.field(default=d))
+                for n, t, d in (
+                    ("num_workers", int, 2),
+                    ("data_sharding", bool, True),
+                    ("pin_memory", bool, True),
+                    ("drop_last", bool, True),
+                    ("persistent_workers", bool, True),
+                )
+            ]
         cls = dataclasses.make_dataclass(
-            "EnergonPackSFTDatasetProvider", extra + _sft_fields() + [("dataloader_type", Optional[str],
-                                                                       dataclasses.field(default="single"))],
-            bases=bases, kw_only=True, namespace={
-                "build_datasets": _build_sft_datasets, "__doc__": "Bridge dataset provider over energon_pack GPT-SFT packs.",
+            "EnergonPackSFTDatasetProvider",
+            extra + _sft_fields() + [("dataloader_type", Optional[str], dataclasses.field(default="single"))],
+            bases=bases,
+            kw_only=True,
+            namespace={
+                "build_datasets": _build_sft_datasets,
+                "__doc__": "Bridge dataset provider over energon_pack GPT-SFT packs.",
                 # Bridge < 0.4 (the last on Python < 3.12) names the in-batch flag so in its validate
-                "pack_sequences_in_batch": property(lambda self: self.enable_in_batch_packing)})
+                "pack_sequences_in_batch": property(lambda self: self.enable_in_batch_packing),
+            },
+        )
         cls.__module__ = __name__
         cls.__abstractmethods__ = frozenset()
         _PROVIDER_CLASS = cls

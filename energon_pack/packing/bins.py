@@ -9,7 +9,7 @@ makes placement deterministic.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterator
+from collections.abc import Hashable, Iterator
 
 from sortedcontainers import SortedList
 

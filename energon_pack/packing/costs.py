@@ -9,8 +9,9 @@ best-fit ordering, fill statistics and the token look-ahead bound.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from numbers import Integral, Real
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 

@@ -13,8 +13,9 @@ backtracks where one subtree has room in every budget but no single bin that has
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 

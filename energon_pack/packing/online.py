@@ -23,7 +23,8 @@ restored packer yields exactly the same future groups.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Hashable, Literal
+from collections.abc import Hashable
+from typing import Any, Literal
 
 import numpy as np
 
@@ -207,9 +208,7 @@ class OnlinePacker:
             "next_bin_id": self._bins.next_id,
             "seen": self._seen,
             "min_seen": None if self._min_seen is None else list(self._min_seen),
-            "bins": [
-                [b.bin_id, b.opened_at, [[k, list(c)] for k, c in zip(b.keys, b.costs)]] for b in self._bins
-            ],
+            "bins": [[b.bin_id, b.opened_at, [[k, list(c)] for k, c in zip(b.keys, b.costs)]] for b in self._bins],
             "stats": self.stats.state_dict(),
         }
 

@@ -8,8 +8,9 @@ stats survive a checkpoint together with the packer.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 FILL_BUCKETS = 20  # histogram of pack fill in 5% steps; the last bucket is [95%, 100%]
 
@@ -57,7 +58,7 @@ class PackingStats:
     def record_skip(self, reason: str, count: int = 1) -> None:
         self.skips[reason] += count
 
-    def merge(self, other: "PackingStats") -> "PackingStats":
+    def merge(self, other: PackingStats) -> PackingStats:
         """A new stats object counting both ``self`` and ``other`` (e.g. two workers)."""
         width = max(len(self.budget_used), len(other.budget_used))
         pad = lambda v: list(v) + [0] * (width - len(v))  # noqa: E731
@@ -98,7 +99,7 @@ class PackingStats:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> "PackingStats":
+    def from_state_dict(cls, state: dict[str, Any]) -> PackingStats:
         return cls(
             packs=state["packs"],
             samples=state["samples"],

@@ -12,15 +12,43 @@ live with the model, e.g. :mod:`energon_pack.qwen_vl.vision`; the engine reads o
 """
 
 from .backend import PIXEL_KERNELS_ENV, RESAMPLE, compiled, layout, resize, warm
-from .decode import EXIF_ORIENTATION, SUPPORTED_MODES, decode_rgb, draft_target, exif_orientation, open_image
-from .decode import image_size_from_bytes, to_rgb_array, to_rgb_image
+from .decode import (
+    EXIF_ORIENTATION,
+    SUPPORTED_MODES,
+    decode_rgb,
+    draft_target,
+    exif_orientation,
+    image_size_from_bytes,
+    open_image,
+    to_rgb_array,
+    to_rgb_image,
+)
 from .layout import TORCH_DTYPES, PixelSpec, normalization_lut, normalize_pixels, pixels_to_torch, storage_table
 from .pixel_simd import PIXEL_SIMD_ENV
 from .rows import PendingPatchRows
 
 __all__ = [
-    "EXIF_ORIENTATION", "PIXEL_KERNELS_ENV", "PIXEL_SIMD_ENV", "RESAMPLE", "SUPPORTED_MODES", "TORCH_DTYPES", "PendingPatchRows", "PixelSpec", "compiled",
-    "decode_rgb", "draft_target", "exif_orientation", "image_size_from_bytes", "layout", "normalization_lut",
-    "normalize_pixels", "open_image", "pixels_to_torch", "resize", "storage_table", "to_rgb_array", "to_rgb_image",
+    "EXIF_ORIENTATION",
+    "PIXEL_KERNELS_ENV",
+    "PIXEL_SIMD_ENV",
+    "RESAMPLE",
+    "SUPPORTED_MODES",
+    "TORCH_DTYPES",
+    "PendingPatchRows",
+    "PixelSpec",
+    "compiled",
+    "decode_rgb",
+    "draft_target",
+    "exif_orientation",
+    "image_size_from_bytes",
+    "layout",
+    "normalization_lut",
+    "normalize_pixels",
+    "open_image",
+    "pixels_to_torch",
+    "resize",
+    "storage_table",
+    "to_rgb_array",
+    "to_rgb_image",
     "warm",
 ]

@@ -71,8 +71,9 @@ def resize(rgb: Image.Image, height: int, width: int, resample: str, fast: bool)
     return np.asarray(rgb.resize((width, height), resample=RESAMPLE[resample]), dtype=np.uint8)
 
 
-def layout(frames: np.ndarray, spec: PixelSpec, kernels,
-           out: np.ndarray | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
+def layout(
+    frames: np.ndarray, spec: PixelSpec, kernels, out: np.ndarray | None = None
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """uint8 frames [T, H, W, 3] -> ([t*h*w, C*tp*p*p] in ``spec.pixel_dtype``'s storage, grid),
     written into ``out`` when given (C-contiguous, that shape and storage dtype). Frames past T
     (up to a multiple of tp) repeat the last one; a single image fills every slot. ``kernels``:
@@ -118,8 +119,9 @@ def warm(spec: PixelSpec) -> bool:
         resize_rgb(readonly, out_h, out_w, spec.resample)
     for src in (readonly, readonly.copy()):
         height, width, _ = src.shape
-        kernels.horizontal(src, 0, height, *coefficients(width, side, spec.resample),
-                           np.empty((height, side, 3), np.uint8))
+        kernels.horizontal(
+            src, 0, height, *coefficients(width, side, spec.resample), np.empty((height, side, 3), np.uint8)
+        )
         kernels.vertical(src, *coefficients(height, side, spec.resample), np.empty((side, width, 3), np.uint8))
     frames = np.zeros((1, side, side, 3), dtype=np.uint8)
     layout(frames, spec, kernels)

@@ -19,7 +19,9 @@ ResizedSize = Callable[[int, int], tuple[int, int]]
 
 # Modes PIL converts to 8-bit RGB faithfully. 16-bit / 32-bit int / float modes would be clipped
 # silently by convert("RGB"), so they are skipped as "unsupported_image_mode".
-SUPPORTED_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"})
+SUPPORTED_MODES = frozenset(
+    {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
+)
 
 
 EXIF_ORIENTATION = 0x0112
@@ -104,7 +106,6 @@ def to_rgb_image(img: Image.Image) -> Image.Image:
 def to_rgb_array(img: Image.Image) -> np.ndarray:
     """uint8 [H, W, 3] like transformers' ``convert_to_rgb``: transparency composited on white."""
     return np.asarray(to_rgb_image(img), dtype=np.uint8)
-
 
 
 def draft_target(img: Image.Image, resized_size: ResizedSize) -> tuple[int, int] | None:

@@ -92,8 +92,7 @@ def pixels_to_torch(pixel_values: np.ndarray, preset: PixelSpec) -> torch.Tensor
     return t.view(torch.bfloat16) if preset.pixel_dtype == "bfloat16" else t
 
 
-def normalize_pixels(pixel_values: torch.Tensor, preset: PixelSpec,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def normalize_pixels(pixel_values: torch.Tensor, preset: PixelSpec, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 ``pixel_values`` ([patches, C*tp*p*p], ``pixel_dtype="uint8"``) -> normalised values
     on the same device: ``(x * float32(1/255) - mean) / std`` in float32 (each op rounded like
     the CPU path, so float32 output equals ``pixel_dtype="float32"``), then cast to ``dtype``.

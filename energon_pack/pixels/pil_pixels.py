@@ -21,23 +21,35 @@ class _ArrowSchema(ctypes.Structure):
     pass
 
 
-_ArrowSchema._fields_ = [("format", ctypes.c_char_p), ("name", ctypes.c_char_p), ("metadata", ctypes.c_void_p),
-                         ("flags", ctypes.c_int64), ("n_children", ctypes.c_int64),
-                         ("children", ctypes.POINTER(ctypes.POINTER(_ArrowSchema))),
-                         ("dictionary", ctypes.c_void_p), ("release", ctypes.c_void_p),
-                         ("private_data", ctypes.c_void_p)]
+_ArrowSchema._fields_ = [
+    ("format", ctypes.c_char_p),
+    ("name", ctypes.c_char_p),
+    ("metadata", ctypes.c_void_p),
+    ("flags", ctypes.c_int64),
+    ("n_children", ctypes.c_int64),
+    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowSchema))),
+    ("dictionary", ctypes.c_void_p),
+    ("release", ctypes.c_void_p),
+    ("private_data", ctypes.c_void_p),
+]
 
 
 class _ArrowArray(ctypes.Structure):
     pass
 
 
-_ArrowArray._fields_ = [("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
-                        ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64),
-                        ("buffers", ctypes.POINTER(ctypes.c_void_p)),
-                        ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))),
-                        ("dictionary", ctypes.c_void_p), ("release", ctypes.c_void_p),
-                        ("private_data", ctypes.c_void_p)]
+_ArrowArray._fields_ = [
+    ("length", ctypes.c_int64),
+    ("null_count", ctypes.c_int64),
+    ("offset", ctypes.c_int64),
+    ("n_buffers", ctypes.c_int64),
+    ("n_children", ctypes.c_int64),
+    ("buffers", ctypes.POINTER(ctypes.c_void_p)),
+    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))),
+    ("dictionary", ctypes.c_void_p),
+    ("release", ctypes.c_void_p),
+    ("private_data", ctypes.c_void_p),
+]
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
@@ -58,8 +70,14 @@ def rgbx_view(img: Image.Image) -> np.ndarray | None:
     schema = _ArrowSchema.from_address(_capsule_pointer(schema_capsule, b"arrow_schema"))
     array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
     width, height = img.size
-    if (schema.format != b"+w:4" or schema.n_children != 1 or schema.children[0].contents.format != b"C"
-            or array.n_children != 1 or array.length != width * height or width * height == 0):
+    if (
+        schema.format != b"+w:4"
+        or schema.n_children != 1
+        or schema.children[0].contents.format != b"C"
+        or array.n_children != 1
+        or array.length != width * height
+        or width * height == 0
+    ):
         return None
     child = array.children[0].contents
     if child.n_buffers != 2 or not child.buffers[1]:

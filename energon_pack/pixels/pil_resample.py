@@ -91,11 +91,18 @@ def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -
 
 #: (source h, w, target h, w): one-axis cases, both orders of Pillow 13, up- and downscaling, and
 #: a 12x narrowing the SIMD horizontal pass leaves to numba's (so both passes' code is checked)
-PROBE_SIZES = ((37, 53, 37, 80), (61, 47, 19, 47), (64, 48, 20, 60), (30, 90, 56, 40), (45, 45, 97, 13),
-               (200, 31, 41, 29), (6, 1200, 6, 100))
+PROBE_SIZES = (
+    (37, 53, 37, 80),
+    (61, 47, 19, 47),
+    (64, 48, 20, 60),
+    (30, 90, 56, 40),
+    (45, 45, 97, 13),
+    (200, 31, 41, 29),
+    (6, 1200, 6, 100),
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _verified_rule(resample: str) -> str | None:
     """The pass-order rule under which our resize equals the installed Pillow's on every probe
     image, or None (numba missing, filter not supported here, or no rule matches)."""
@@ -117,9 +124,12 @@ def _verified_rule(resample: str) -> str | None:
             if all(np.array_equal(_resize(src, oh, ow, resample, rule), ref) for src, oh, ow, ref in probes):
                 return rule
     except Exception as exc:  # e.g. numba cannot compile or cache here (read-only install, no home)
-        warnings.warn(f"energon_pack: compiled pixel kernels unavailable ({type(exc).__name__}: {exc}); using PIL "
-                      f"for resizing (same pixels, slower). Setting NUMBA_CACHE_DIR to a writable folder may help.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"energon_pack: compiled pixel kernels unavailable ({type(exc).__name__}: {exc}); using PIL "
+            f"for resizing (same pixels, slower). Setting NUMBA_CACHE_DIR to a writable folder may help.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return None
 
 

@@ -44,8 +44,23 @@ def _library():
     if not lib.ep_simd_supported():
         return None
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.ep_layout_frames.argtypes = [ptr, i64, i32, i64, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ptr,
-                                     ptr, ptr]
+    lib.ep_layout_frames.argtypes = [
+        ptr,
+        i64,
+        i32,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        ctypes.c_float,
+        ptr,
+        ptr,
+        ptr,
+    ]
     lib.ep_resize_horizontal.argtypes = [ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, i32, ptr]
     lib.ep_resize_vertical.argtypes = [ptr, i64, i32, i32, i32, ptr, ptr, ptr, i32, ptr]
     for fn in (lib.ep_layout_frames, lib.ep_resize_horizontal, lib.ep_resize_vertical):
@@ -69,8 +84,15 @@ def _constants(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndar
 _KINDS = {np.dtype(np.float32): 0, np.dtype(np.uint16): 1, np.dtype(np.uint8): 2}
 
 
-def layout_frames(frames: np.ndarray, patch: int, merge: int, temporal: int, mean: tuple[float, ...],
-                  std: tuple[float, ...], out: np.ndarray) -> bool:
+def layout_frames(
+    frames: np.ndarray,
+    patch: int,
+    merge: int,
+    temporal: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    out: np.ndarray,
+) -> bool:
     """Write uint8 frames [T, H, W, 3] (an image: T = 1) into ``out`` ([ceil(T/tp)*(H/p)*(W/p),
     3*tp*p*p], C-contiguous; float32 values, uint16 bfloat16 bits or uint8 bytes, as
     :func:`.layout.storage_table` stores them) in HF's patch order: temporal slot t of group g
@@ -85,13 +107,29 @@ def layout_frames(frames: np.ndarray, patch: int, merge: int, temporal: int, mea
     else:
         rows = -1
     if rows < 0 or out.shape != (rows, 3 * temporal * patch * patch):
-        raise ValueError(f"layout_frames: frames {frames.shape} and output {out.shape} do not match "
-                         f"(patch {patch}, temporal {temporal})")
+        raise ValueError(
+            f"layout_frames: frames {frames.shape} and output {out.shape} do not match "
+            f"(patch {patch}, temporal {temporal})"
+        )
     frames, frame_stride, row_stride, pixel_stride = _readable(frames)
     mean_f32, std_f32 = _constants(tuple(mean), tuple(std))
     done = _library().ep_layout_frames(
-        frames.ctypes.data, frame_stride, frames.shape[0], row_stride, pixel_stride, frames.shape[1], frames.shape[2],
-        patch, merge, temporal, kind, np.float32(1 / 255), mean_f32.ctypes.data, std_f32.ctypes.data, out.ctypes.data)
+        frames.ctypes.data,
+        frame_stride,
+        frames.shape[0],
+        row_stride,
+        pixel_stride,
+        frames.shape[1],
+        frames.shape[2],
+        patch,
+        merge,
+        temporal,
+        kind,
+        np.float32(1 / 255),
+        mean_f32.ctypes.data,
+        std_f32.ctypes.data,
+        out.ctypes.data,
+    )
     return done == 0
 
 
@@ -100,22 +138,35 @@ def _readable(frames: np.ndarray) -> tuple[np.ndarray, int, int, int]:
     [T, H, W, 3] as they are when their pixels are 3 or 4 bytes apart (RGB, or the RGBX view of
     :mod:`.pil_pixels`) in rows and frames of equal stride, else a contiguous copy."""
     t, h, w, _ = frames.shape
-    if not (frames.dtype == np.uint8 and frames.strides[3] == 1 and frames.strides[2] in (3, 4)
-            and frames.strides[1] >= frames.strides[2] * w and (t == 1 or frames.strides[0] >= frames.strides[1] * h)):
+    if not (
+        frames.dtype == np.uint8
+        and frames.strides[3] == 1
+        and frames.strides[2] in (3, 4)
+        and frames.strides[1] >= frames.strides[2] * w
+        and (t == 1 or frames.strides[0] >= frames.strides[1] * h)
+    ):
         frames = np.ascontiguousarray(frames, dtype=np.uint8)
     return frames, frames.strides[0], frames.strides[1], frames.strides[2]
 
 
 def _resize_args(src: np.ndarray, out: np.ndarray, first: np.ndarray, count: np.ndarray, weights: np.ndarray):
-    if not (available() and out.dtype == np.uint8 and out.flags.c_contiguous and weights.dtype == np.int32
-            and weights.flags.c_contiguous and first.dtype == np.int64 and count.dtype == np.int64):
+    if not (
+        available()
+        and out.dtype == np.uint8
+        and out.flags.c_contiguous
+        and weights.dtype == np.int32
+        and weights.flags.c_contiguous
+        and first.dtype == np.int64
+        and count.dtype == np.int64
+    ):
         return None
     frames, _, row_stride, pixel_stride = _readable(src[None])
     return frames[0], row_stride, pixel_stride
 
 
-def resize_horizontal(src: np.ndarray, y0: int, y1: int, first: np.ndarray, count: np.ndarray,
-                      weights: np.ndarray, out: np.ndarray) -> bool:
+def resize_horizontal(
+    src: np.ndarray, y0: int, y1: int, first: np.ndarray, count: np.ndarray, weights: np.ndarray, out: np.ndarray
+) -> bool:
     """PIL's horizontal pass over source rows [y0, y1) into ``out`` [y1 - y0, len(first), 3]
     (arguments as :func:`.pixel_kernels.horizontal`); False (nothing written) where the SIMD
     kernel is not available or the taps of 16 outputs span more than it reaches (over ~6x down)."""
@@ -126,13 +177,24 @@ def resize_horizontal(src: np.ndarray, y0: int, y1: int, first: np.ndarray, coun
     if out.shape != (y1 - y0, first.shape[0], 3) or not 0 <= y0 <= y1 <= src.shape[0]:
         raise ValueError(f"resize_horizontal: rows [{y0}, {y1}) of {src.shape} do not fit output {out.shape}")
     done = _library().ep_resize_horizontal(
-        src.ctypes.data + y0 * row_stride, row_stride, pixel_stride, y1 - y0, src.shape[1], first.shape[0],
-        first.ctypes.data, count.ctypes.data, weights.ctypes.data, weights.shape[1], out.ctypes.data)
+        src.ctypes.data + y0 * row_stride,
+        row_stride,
+        pixel_stride,
+        y1 - y0,
+        src.shape[1],
+        first.shape[0],
+        first.ctypes.data,
+        count.ctypes.data,
+        weights.ctypes.data,
+        weights.shape[1],
+        out.ctypes.data,
+    )
     return done == 0
 
 
-def resize_vertical(src: np.ndarray, first: np.ndarray, count: np.ndarray, weights: np.ndarray,
-                    out: np.ndarray) -> bool:
+def resize_vertical(
+    src: np.ndarray, first: np.ndarray, count: np.ndarray, weights: np.ndarray, out: np.ndarray
+) -> bool:
     """PIL's vertical pass into ``out`` [len(first), W, 3] (arguments as
     :func:`.pixel_kernels.vertical`); False (nothing written) where the SIMD kernel is not available."""
     args = _resize_args(src, out, first, count, weights)
@@ -142,6 +204,15 @@ def resize_vertical(src: np.ndarray, first: np.ndarray, count: np.ndarray, weigh
     if out.shape != (first.shape[0], src.shape[1], 3):
         raise ValueError(f"resize_vertical: source {src.shape} does not fit output {out.shape}")
     done = _library().ep_resize_vertical(
-        src.ctypes.data, row_stride, pixel_stride, src.shape[1], first.shape[0], first.ctypes.data,
-        count.ctypes.data, weights.ctypes.data, weights.shape[1], out.ctypes.data)
+        src.ctypes.data,
+        row_stride,
+        pixel_stride,
+        src.shape[1],
+        first.shape[0],
+        first.ctypes.data,
+        count.ctypes.data,
+        weights.ctypes.data,
+        weights.shape[1],
+        out.ctypes.data,
+    )
     return done == 0

@@ -11,6 +11,7 @@ import torch
 from . import backend
 from .layout import TORCH_DTYPES, PixelSpec, frames_grid
 
+
 class PendingPatchRows:
     """Patch rows decoded and resized, not laid out yet: the uint8 frames of one or more images or
     videos (a quarter of the float32 rows' bytes), and :meth:`write_into`, which runs the layout
@@ -38,15 +39,21 @@ class PendingPatchRows:
 
     def write_into(self, out: torch.Tensor) -> None:
         """Lay the rows out into ``out`` (a contiguous CPU tensor of ``shape`` and ``dtype``)."""
-        if (tuple(out.shape) != self.shape or out.dtype != self.dtype or out.device.type != "cpu"
-                or not out.is_contiguous()):
-            raise ValueError(f"PendingPatchRows.write_into: needs a contiguous CPU {self.dtype} tensor of shape "
-                             f"{self.shape}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if (
+            tuple(out.shape) != self.shape
+            or out.dtype != self.dtype
+            or out.device.type != "cpu"
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"PendingPatchRows.write_into: needs a contiguous CPU {self.dtype} tensor of shape "
+                f"{self.shape}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+            )
         storage = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == torch.bfloat16 else out.numpy()
         kernels = backend.compiled(self.preset.resample)
         start = 0
         for frames, rows in zip(self._items, self._rows):
-            backend.layout(frames, self.preset, kernels, out=storage[start:start + rows])
+            backend.layout(frames, self.preset, kernels, out=storage[start : start + rows])
             start += rows
 
     def to_tensor(self) -> torch.Tensor:

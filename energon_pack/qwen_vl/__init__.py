@@ -21,6 +21,7 @@ from ..chat import (
     normalize_conversation,
     place_media,
 )
+from ..pixels import PendingPatchRows, image_size_from_bytes, normalization_lut, normalize_pixels, pixels_to_torch
 from .chat import (
     EncodedChat,
     ImageMeta,
@@ -32,10 +33,9 @@ from .chat import (
     postencode_media,
     preencode_chat,
 )
-from ..pixels import PendingPatchRows, image_size_from_bytes, normalization_lut, normalize_pixels, pixels_to_torch
 from .mrope import mrope_position_ids
-from .video import VideoFile, VideoPlan, plan_video
 from .presets import PIXEL_DTYPES, PRESETS, VisionPreset, get_preset
+from .video import VideoFile, VideoPlan, plan_video
 from .vision import (
     image_grid_thw,
     patchify_image,
@@ -49,13 +49,48 @@ from .vision import (
 )
 
 __all__ = [
-    "LOSS_POLICIES", "PIXEL_DTYPES", "PRESETS", "QWEN_SPECIAL_TOKENS", "TEMPLATE_DEFAULT", "ChatConfig", "EncodedChat", "ImageMeta", "Message",
-    "PendingPatchRows", "QwenTokenizer", "SpecialIds", "TokenizerLike", "VideoFile", "VideoMeta", "VideoPlan", "VisionPreset",
+    "LOSS_POLICIES",
+    "PIXEL_DTYPES",
+    "PRESETS",
+    "QWEN_SPECIAL_TOKENS",
+    "TEMPLATE_DEFAULT",
+    "ChatConfig",
+    "EncodedChat",
+    "ImageMeta",
+    "Message",
+    "PendingPatchRows",
+    "QwenTokenizer",
+    "SpecialIds",
+    "TokenizerLike",
+    "VideoFile",
+    "VideoMeta",
+    "VideoPlan",
+    "VisionPreset",
     "VisualInputs",
     "as_qwen_tokenizer",
-    "encode_chat", "encoded_length", "get_preset", "image_grid_thw", "image_metas_from_bytes", "image_size_from_bytes",
-    "load_demo_tokenizer", "load_demo_tokenizer_raw", "mrope_position_ids", "normalization_lut", "normalize_conversation", "normalize_pixels",
-    "patchify_image", "patchify_video", "pixels_to_torch", "place_media", "plan_video", "postencode_media", "preencode_chat", "second_per_grid_t",
+    "encode_chat",
+    "encoded_length",
+    "get_preset",
+    "image_grid_thw",
+    "image_metas_from_bytes",
+    "image_size_from_bytes",
+    "load_demo_tokenizer",
+    "load_demo_tokenizer_raw",
+    "mrope_position_ids",
+    "normalization_lut",
+    "normalize_conversation",
+    "normalize_pixels",
+    "patchify_image",
+    "patchify_video",
+    "pixels_to_torch",
+    "place_media",
+    "plan_video",
+    "postencode_media",
+    "preencode_chat",
+    "second_per_grid_t",
     "smart_resize",
-    "video_grid_thw", "video_smart_resize", "video_token_count", "visual_token_count",
+    "video_grid_thw",
+    "video_smart_resize",
+    "video_token_count",
+    "visual_token_count",
 ]

@@ -29,11 +29,11 @@ from ..chat import ChatConfig, ChatMLBuilder, normalize_conversation, place_medi
 from ..chat.templates import template_supports_tools
 from ..chat.tokenizer import as_qwen_tokenizer
 from ..errors import SampleSkipped
-from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
 from ..pixels import PendingPatchRows, image_size_from_bytes, open_image
+from ..thd import IGNORE_INDEX, shifted_labels_and_loss_mask
+from ..video import FrameSampling, probe_video
 from . import vision as V
 from .presets import VisionPreset
-from ..video import FrameSampling, probe_video
 from .video import VideoFile, VideoPlan, pending_video_file, plan_video
 
 
@@ -116,7 +116,9 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
     sec_per_grid = [V.second_per_grid_t(preset, m.fps) for m in video_metas]
     total = sum(image_counts) + sum(video_counts)
     if total > config.max_visual_tokens:
-        raise SampleSkipped("too_many_visual_tokens", f"{total} visual tokens > max_visual_tokens {config.max_visual_tokens}")
+        raise SampleSkipped(
+            "too_many_visual_tokens", f"{total} visual tokens > max_visual_tokens {config.max_visual_tokens}"
+        )
 
     sp = tok.special
     cursor = {"image": 0, "video": 0}
@@ -134,8 +136,9 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
             if plan is not None:  # a file: original frame indices at the file's rate
                 times = _qwen3_timestamps(plan.frame_indices, plan.video_fps, preset.temporal_patch_size)
             else:
-                times = _qwen3_timestamps(range(frames[i]), video_metas[i].fps or preset.video_fps,
-                                          preset.temporal_patch_size)
+                times = _qwen3_timestamps(
+                    range(frames[i]), video_metas[i].fps or preset.video_fps, preset.temporal_patch_size
+                )
             for ts in times:
                 b.text(f"<{ts:.1f} seconds>", False)
                 b.special(sp.vision_start, False)
@@ -146,14 +149,25 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
             b.special(sp.video_pad, False, video_counts[i])
             b.special(sp.vision_end, False)
 
-    builder = render_chat(messages, tok, loss_policy=config.loss_policy,
-                          system_prompt=config.resolve_system_prompt(preset.default_system_prompt),
-                          media_block=vision_block, materialize=materialize,
-                          tools=template_supports_tools(preset.name, preset.rope_style),
-                          template=f"the official {preset.name} Instruct chat template",
-                          train_newline_after_im_end=config.train_newline_after_im_end)
-    info = dict(image_grids=image_grids, video_grids=video_grids, image_counts=image_counts,
-                video_counts=video_counts, sec_per_grid=sec_per_grid, frames=frames)
+    builder = render_chat(
+        messages,
+        tok,
+        loss_policy=config.loss_policy,
+        system_prompt=config.resolve_system_prompt(preset.default_system_prompt),
+        media_block=vision_block,
+        materialize=materialize,
+        tools=template_supports_tools(preset.name, preset.rope_style),
+        template=f"the official {preset.name} Instruct chat template",
+        train_newline_after_im_end=config.train_newline_after_im_end,
+    )
+    info = dict(
+        image_grids=image_grids,
+        video_grids=video_grids,
+        image_counts=image_counts,
+        video_counts=video_counts,
+        sec_per_grid=sec_per_grid,
+        frames=frames,
+    )
     return builder, info
 
 
@@ -163,19 +177,38 @@ def _metas(images, videos) -> tuple[list[ImageMeta], list[VideoMeta]]:
     return ims, vids
 
 
-def encoded_length(conversation: Any, images: Sequence[ImageMeta | tuple[int, int]] = (),
-                   videos: Sequence[VideoMeta | tuple] = (), *, tokenizer: Any, preset: VisionPreset,
-                   config: ChatConfig | None = None) -> int:
+def encoded_length(
+    conversation: Any,
+    images: Sequence[ImageMeta | tuple[int, int]] = (),
+    videos: Sequence[VideoMeta | tuple] = (),
+    *,
+    tokenizer: Any,
+    preset: VisionPreset,
+    config: ChatConfig | None = None,
+) -> int:
     """Exact token length of the encoded sample from metadata only (sizes are (width, height))."""
     ims, vids = _metas(images, videos)
-    builder, _ = _render(normalize_conversation(conversation), ims, vids, as_qwen_tokenizer(tokenizer), preset,
-                         config or ChatConfig(), materialize=False)
+    builder, _ = _render(
+        normalize_conversation(conversation),
+        ims,
+        vids,
+        as_qwen_tokenizer(tokenizer),
+        preset,
+        config or ChatConfig(),
+        materialize=False,
+    )
     return builder.length
 
 
-def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, int]] = (),
-                   videos: Sequence[VideoMeta | tuple] = (), *, tokenizer: Any, preset: VisionPreset,
-                   config: ChatConfig | None = None) -> EncodedChat:
+def preencode_chat(
+    conversation: Any,
+    images: Sequence[ImageMeta | tuple[int, int]] = (),
+    videos: Sequence[VideoMeta | tuple] = (),
+    *,
+    tokenizer: Any,
+    preset: VisionPreset,
+    config: ChatConfig | None = None,
+) -> EncodedChat:
     """Token ids (vision pads expanded), shifted labels, loss mask and grids from metadata only."""
     config = config or ChatConfig()
     ims, vids = _metas(images, videos)
@@ -184,11 +217,17 @@ def preencode_chat(conversation: Any, images: Sequence[ImageMeta | tuple[int, in
     input_ids, target = b.supervised(config.loss_policy)
     labels, loss_mask = shifted_labels_and_loss_mask(input_ids, target, IGNORE_INDEX)
     return EncodedChat(
-        input_ids=input_ids, labels=labels, loss_mask=loss_mask, target_mask=target, length=len(b.ids),
-        image_token_counts=info["image_counts"], video_token_counts=info["video_counts"],
+        input_ids=input_ids,
+        labels=labels,
+        loss_mask=loss_mask,
+        target_mask=target,
+        length=len(b.ids),
+        image_token_counts=info["image_counts"],
+        video_token_counts=info["video_counts"],
         image_grid_thw=torch.tensor(info["image_grids"], dtype=torch.int64).reshape(-1, 3),
         video_grid_thw=torch.tensor(info["video_grids"], dtype=torch.int64).reshape(-1, 3),
-        second_per_grid_ts=info["sec_per_grid"], num_frames=info["frames"],
+        second_per_grid_ts=info["sec_per_grid"],
+        num_frames=info["frames"],
     )
 
 
@@ -213,9 +252,16 @@ def image_metas_from_bytes(images: Sequence[bytes]) -> list[ImageMeta]:
     return [ImageMeta(*image_size_from_bytes(data)) for data in images]
 
 
-def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]] = (), *, preset: VisionPreset,
-                     video_fps: Sequence[float | None] | None = None, config: ChatConfig | None = None,
-                     expected: EncodedChat | None = None, lazy_layout: bool = False) -> VisualInputs:
+def postencode_media(
+    images: Sequence[Any] = (),
+    videos: Sequence[Sequence[Any]] = (),
+    *,
+    preset: VisionPreset,
+    video_fps: Sequence[float | None] | None = None,
+    config: ChatConfig | None = None,
+    expected: EncodedChat | None = None,
+    lazy_layout: bool = False,
+) -> VisualInputs:
     """Decode + patchify images (bytes or PIL) and videos (lists of frames, truncated to
     ``config.max_num_frames``, or :class:`~.video.VideoFile`: only its planned frames are decoded). Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
     uint8). With ``expected``, the grids must equal the preencoded ones
@@ -253,22 +299,33 @@ def postencode_media(images: Sequence[Any] = (), videos: Sequence[Sequence[Any]]
         video_grid_thw=torch.from_numpy(np.concatenate(vgrids)) if vgrids else torch.zeros(0, 3, dtype=torch.int64),
         second_per_grid_ts=spg,
     )
-    if expected is not None and (not torch.equal(out.image_grid_thw, expected.image_grid_thw)
-                                 or not torch.equal(out.video_grid_thw, expected.video_grid_thw)):
+    if expected is not None and (
+        not torch.equal(out.image_grid_thw, expected.image_grid_thw)
+        or not torch.equal(out.video_grid_thw, expected.video_grid_thw)
+    ):
         raise SampleSkipped("image_size_mismatch", "decoded media size differs from the metadata used for the length")
     return out
 
 
-def encode_chat(conversation: Any, images: Sequence[bytes] = (), videos: Sequence[Any] = (), *,
-                tokenizer: Any, preset: VisionPreset, config: ChatConfig | None = None,
-                video_fps: Sequence[float | None] | None = None,
-                video_sampling: FrameSampling | None = None) -> tuple[EncodedChat, VisualInputs]:
+def encode_chat(
+    conversation: Any,
+    images: Sequence[bytes] = (),
+    videos: Sequence[Any] = (),
+    *,
+    tokenizer: Any,
+    preset: VisionPreset,
+    config: ChatConfig | None = None,
+    video_fps: Sequence[float | None] | None = None,
+    video_sampling: FrameSampling | None = None,
+) -> tuple[EncodedChat, VisualInputs]:
     """Both phases at once (convenience): header sizes -> preencode, then decode + patchify. A video
     is a list of frames or an encoded video file (bytes: sampled from its header with
     ``video_sampling``, qwen-vl-utils' defaults when None, then only those frames decoded)."""
     config = config or ChatConfig()
-    ims = [ImageMeta(*image_size_from_bytes(x)) if isinstance(x, (bytes, bytearray)) else ImageMeta(*open_image(x).size)
-           for x in images]
+    ims = [
+        ImageMeta(*image_size_from_bytes(x)) if isinstance(x, (bytes, bytearray)) else ImageMeta(*open_image(x).size)
+        for x in images
+    ]
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
     vids, media = [], []
     for frames, fps in zip(videos, fps_list):

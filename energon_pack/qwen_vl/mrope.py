@@ -26,10 +26,17 @@ import torch
 from .presets import VisionPreset
 
 
-def mrope_position_ids(input_ids: torch.Tensor | Sequence[int], image_grid_thw: torch.Tensor | Sequence | None,
-                       video_grid_thw: torch.Tensor | Sequence | None, second_per_grid_ts: Sequence[float] | None,
-                       *, preset: VisionPreset, image_pad_id: int, video_pad_id: int,
-                       resume: str = "spatial") -> torch.Tensor:
+def mrope_position_ids(
+    input_ids: torch.Tensor | Sequence[int],
+    image_grid_thw: torch.Tensor | Sequence | None,
+    video_grid_thw: torch.Tensor | Sequence | None,
+    second_per_grid_ts: Sequence[float] | None,
+    *,
+    preset: VisionPreset,
+    image_pad_id: int,
+    video_pad_id: int,
+    resume: str = "spatial",
+) -> torch.Tensor:
     """int64 [3, L] positions for one sample (``input_ids`` 1-D)."""
     if resume not in ("spatial", "max"):
         raise ValueError(f"resume must be 'spatial' or 'max', got {resume!r}")

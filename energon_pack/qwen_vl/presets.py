@@ -61,19 +61,36 @@ class VisionPreset:
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
     def validate(self) -> VisionPreset:
-        for knob in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
-                     "video_min_pixels", "video_max_pixels"):
+        for knob in (
+            "patch_size",
+            "merge_size",
+            "temporal_patch_size",
+            "min_pixels",
+            "max_pixels",
+            "video_min_pixels",
+            "video_max_pixels",
+        ):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. the preset default")
+                raise ConfigError(
+                    knob, f"must be a positive int, got {value!r}", f"set {knob} to e.g. the preset default"
+                )
         if self.min_pixels > self.max_pixels:
-            raise ConfigError("min_pixels", f"{self.min_pixels} > max_pixels {self.max_pixels}", "use min_pixels <= max_pixels")
+            raise ConfigError(
+                "min_pixels", f"{self.min_pixels} > max_pixels {self.max_pixels}", "use min_pixels <= max_pixels"
+            )
         if self.video_min_pixels > self.video_max_pixels:
-            raise ConfigError("video_min_pixels", f"{self.video_min_pixels} > video_max_pixels {self.video_max_pixels}",
-                              "use video_min_pixels <= video_max_pixels")
+            raise ConfigError(
+                "video_min_pixels",
+                f"{self.video_min_pixels} > video_max_pixels {self.video_max_pixels}",
+                "use video_min_pixels <= video_max_pixels",
+            )
         if self.max_pixels < self.factor**2:
-            raise ConfigError("max_pixels", f"{self.max_pixels} is below one merged patch ({self.factor}^2)",
-                              f"use max_pixels >= {self.factor ** 2}")
+            raise ConfigError(
+                "max_pixels",
+                f"{self.max_pixels} is below one merged patch ({self.factor}^2)",
+                f"use max_pixels >= {self.factor**2}",
+            )
         for knob in ("image_mean", "image_std"):
             value = getattr(self, knob)
             if len(value) != 3 or not all(isinstance(v, (int, float)) for v in value):
@@ -85,16 +102,27 @@ class VisionPreset:
         if self.rope_style not in ROPE_STYLES:
             raise ConfigError("rope_style", f"unknown style {self.rope_style!r}", f"use one of {ROPE_STYLES}")
         if not self.video_fps > 0:
-            raise ConfigError("video_fps", f"must be > 0, got {self.video_fps!r}", "pass the frame rate of sampled frames")
+            raise ConfigError(
+                "video_fps", f"must be > 0, got {self.video_fps!r}", "pass the frame rate of sampled frames"
+            )
         if self.default_system_prompt is not None and not isinstance(self.default_system_prompt, str):
-            raise ConfigError("default_system_prompt", f"must be a string or None, got {self.default_system_prompt!r}",
-                              "pass the template's system prompt text, or None")
+            raise ConfigError(
+                "default_system_prompt",
+                f"must be a string or None, got {self.default_system_prompt!r}",
+                "pass the template's system prompt text, or None",
+            )
         if self.pixel_dtype not in PIXEL_DTYPES:
-            raise ConfigError("pixel_dtype", f"unknown pixel dtype {self.pixel_dtype!r}",
-                              f"use one of {PIXEL_DTYPES} (uint8: normalise on the GPU with normalize_pixels)")
+            raise ConfigError(
+                "pixel_dtype",
+                f"unknown pixel dtype {self.pixel_dtype!r}",
+                f"use one of {PIXEL_DTYPES} (uint8: normalise on the GPU with normalize_pixels)",
+            )
         if not isinstance(self.jpeg_draft, bool):
-            raise ConfigError("jpeg_draft", f"must be True or False, got {self.jpeg_draft!r}",
-                              "jpeg_draft=True decodes large JPEGs at reduced size (opt-in)")
+            raise ConfigError(
+                "jpeg_draft",
+                f"must be True or False, got {self.jpeg_draft!r}",
+                "jpeg_draft=True decodes large JPEGs at reduced size (opt-in)",
+            )
         if not self.tokens_per_second > 0:
             raise ConfigError("tokens_per_second", f"must be > 0, got {self.tokens_per_second!r}", "use 2 (Qwen2.5-VL)")
         return self
@@ -102,25 +130,55 @@ class VisionPreset:
 
 PRESETS: dict[str, VisionPreset] = {
     "qwen2-vl": VisionPreset(
-        name="qwen2-vl", patch_size=14, merge_size=2, temporal_patch_size=2,
-        min_pixels=56 * 56, max_pixels=28 * 28 * 1280,
-        image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, resample="bicubic",
-        video_min_pixels=128 * 28 * 28, video_max_pixels=28 * 28 * 768, video_fps=2.0,
-        tokens_per_second=1.0, rope_style="qwen2", default_system_prompt=template_system_prompt("qwen2-vl"),
+        name="qwen2-vl",
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=56 * 56,
+        max_pixels=28 * 28 * 1280,
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+        resample="bicubic",
+        video_min_pixels=128 * 28 * 28,
+        video_max_pixels=28 * 28 * 768,
+        video_fps=2.0,
+        tokens_per_second=1.0,
+        rope_style="qwen2",
+        default_system_prompt=template_system_prompt("qwen2-vl"),
     ),
     "qwen2.5-vl": VisionPreset(
-        name="qwen2.5-vl", patch_size=14, merge_size=2, temporal_patch_size=2,
-        min_pixels=3136, max_pixels=12845056,
-        image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, resample="bicubic",
-        video_min_pixels=128 * 28 * 28, video_max_pixels=28 * 28 * 768, video_fps=2.0,
-        tokens_per_second=2.0, rope_style="qwen2.5", default_system_prompt=template_system_prompt("qwen2.5-vl"),
+        name="qwen2.5-vl",
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=3136,
+        max_pixels=12845056,
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+        resample="bicubic",
+        video_min_pixels=128 * 28 * 28,
+        video_max_pixels=28 * 28 * 768,
+        video_fps=2.0,
+        tokens_per_second=2.0,
+        rope_style="qwen2.5",
+        default_system_prompt=template_system_prompt("qwen2.5-vl"),
     ),
     "qwen3-vl": VisionPreset(
-        name="qwen3-vl", patch_size=16, merge_size=2, temporal_patch_size=2,
-        min_pixels=65536, max_pixels=16777216,
-        image_mean=HALF, image_std=HALF, resample="bicubic",
-        video_min_pixels=128 * 32 * 32, video_max_pixels=32 * 32 * 768, video_fps=2.0,
-        tokens_per_second=1.0, rope_style="qwen3", default_system_prompt=template_system_prompt("qwen3-vl"),
+        name="qwen3-vl",
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=65536,
+        max_pixels=16777216,
+        image_mean=HALF,
+        image_std=HALF,
+        resample="bicubic",
+        video_min_pixels=128 * 32 * 32,
+        video_max_pixels=32 * 32 * 768,
+        video_fps=2.0,
+        tokens_per_second=1.0,
+        rope_style="qwen3",
+        default_system_prompt=template_system_prompt("qwen3-vl"),
     ),
 }
 

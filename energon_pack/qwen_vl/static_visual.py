@@ -22,12 +22,27 @@ STATIC_MAX_FRAME_KEY = "visual_max_frame_patches"
 #: The most frames (full-attention segments: one per image, t per video) a pack may hold (a packer budget).
 STATIC_FRAMES_KEY = "visual_max_frames"
 
-__all__ = ["STATIC_FRAMES_KEY", "STATIC_GRID_KEY", "STATIC_MAX_FRAME_KEY", "STATIC_PIXELS_KEY", "full_segment_count",
-           "media_in_token_order", "pad_segments", "static_segment_count", "static_visual_rows"]
+__all__ = [
+    "STATIC_FRAMES_KEY",
+    "STATIC_GRID_KEY",
+    "STATIC_MAX_FRAME_KEY",
+    "STATIC_PIXELS_KEY",
+    "full_segment_count",
+    "media_in_token_order",
+    "pad_segments",
+    "static_segment_count",
+    "static_visual_rows",
+]
 
 
-def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | None, video_grid: torch.Tensor | None,
-                         image_pad: int, video_pad: int, merge: int) -> list[tuple[str, int]]:
+def media_in_token_order(
+    input_ids: torch.Tensor,
+    image_grid: torch.Tensor | None,
+    video_grid: torch.Tensor | None,
+    image_pad: int,
+    video_pad: int,
+    merge: int,
+) -> list[tuple[str, int]]:
     """``[("image" | "video", index)]`` in the order the media's tokens appear in ``input_ids``.
 
     Walks the image/video pad tokens: the kind of the next one says which list's next item comes, and
@@ -41,7 +56,9 @@ def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | Non
         kind = bool(kinds[pos])
         grid = grids[kind]
         if grid is None or nxt[kind] >= len(grid):
-            raise ValueError(f"more {'video' if kind else 'image'} tokens than {'video' if kind else 'image'}_grid_thw entries")
+            raise ValueError(
+                f"more {'video' if kind else 'image'} tokens than {'video' if kind else 'image'}_grid_thw entries"
+            )
         order.append(("video" if kind else "image", nxt[kind]))
         pos += int(grid[nxt[kind]].prod()) // (merge * merge)
         nxt[kind] += 1
@@ -51,8 +68,18 @@ def media_in_token_order(input_ids: torch.Tensor, image_grid: torch.Tensor | Non
     return order
 
 
-def static_visual_rows(batch: dict, budget: int, *, image_pad: int, video_pad: int, merge: int,
-                       max_frame_patches: int, max_frames: int, row_width: int, dtype: torch.dtype) -> dict:
+def static_visual_rows(
+    batch: dict,
+    budget: int,
+    *,
+    image_pad: int,
+    video_pad: int,
+    merge: int,
+    max_frame_patches: int,
+    max_frames: int,
+    row_width: int,
+    dtype: torch.dtype,
+) -> dict:
     """``batch`` with its pixel rows moved into ``visual_pixel_values`` [budget, row] (token order, zero
     padded) and ``visual_grid_thw`` (real media, same order); ``pixel_values`` / ``pixel_values_videos``
     become None. Raises when the rows exceed ``budget`` (the packer's patch budget prevents it)."""
@@ -67,13 +94,20 @@ def static_visual_rows(batch: dict, budget: int, *, image_pad: int, video_pad: i
     grids, at = [], 0
     for kind, i in order:
         lo, hi = int(starts[kind][i]), int(starts[kind][i + 1])
-        out[at: at + hi - lo] = sources[kind][lo:hi]
+        out[at : at + hi - lo] = sources[kind][lo:hi]
         at += hi - lo
         grids.append((image_grid if kind == "image" else video_grid)[i])
     batch = dict(batch)
-    batch.update({"pixel_values": None, "pixel_values_videos": None, STATIC_PIXELS_KEY: out,
-                  STATIC_GRID_KEY: torch.stack(grids).to(torch.int64) if grids else torch.zeros((0, 3), dtype=torch.int64),
-                  STATIC_MAX_FRAME_KEY: int(min(budget, max_frame_patches)), STATIC_FRAMES_KEY: int(max_frames)})
+    batch.update(
+        {
+            "pixel_values": None,
+            "pixel_values_videos": None,
+            STATIC_PIXELS_KEY: out,
+            STATIC_GRID_KEY: torch.stack(grids).to(torch.int64) if grids else torch.zeros((0, 3), dtype=torch.int64),
+            STATIC_MAX_FRAME_KEY: int(min(budget, max_frame_patches)),
+            STATIC_FRAMES_KEY: int(max_frames),
+        }
+    )
     return batch
 
 

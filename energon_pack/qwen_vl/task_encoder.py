@@ -20,9 +20,9 @@ import math
 from typing import Any
 
 import torch
-
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
 
+from energon_pack.chat import ChatConfig
 from energon_pack.chat.tokenizer import as_qwen_tokenizer, resolve_tokenizer
 from energon_pack.energon.chatml import CHATML_COOKERS, ChatMLSample, parse_chatml
 from energon_pack.energon.config import PackingConfig
@@ -31,12 +31,9 @@ from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.pixels import TORCH_DTYPES, image_size_from_bytes
 from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
-
-from . import vision as V
-from energon_pack.chat import ChatConfig
-
 from energon_pack.video import FrameSampling, probe_video
 
+from . import vision as V
 from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat, video_grid
 from .mrope import mrope_position_ids
 from .presets import VisionPreset, get_preset
@@ -71,27 +68,41 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         self.video_sampling = check_sampling(video_sampling or FrameSampling(), self.preset)
         #: pad every pack's patch rows to max_patches_per_pack (:mod:`energon_pack.qwen_vl.static_visual`)
         self.static_visual = bool(static_visual)
-        unit = self.preset.merge_size ** 2
+        unit = self.preset.merge_size**2
         if self.static_visual and (config.max_patches_per_pack is None or config.max_patches_per_pack % unit):
-            raise ConfigError("static_visual", f"needs a patch budget max_patches_per_pack that is a multiple of {unit}, "
-                              f"got {config.max_patches_per_pack!r}",
-                              "set max_patches_per_pack (e.g. the budget `energon-pack bench --visual-budget` recommends)")
-        if max_vision_frames is not None and (not self.static_visual or not isinstance(max_vision_frames, int)
-                                              or max_vision_frames < 1):
-            raise ConfigError("max_vision_frames", f"is {max_vision_frames!r}; a positive frame budget of static packs",
-                              "set static_visual=True with it, or leave it None")
+            raise ConfigError(
+                "static_visual",
+                f"needs a patch budget max_patches_per_pack that is a multiple of {unit}, "
+                f"got {config.max_patches_per_pack!r}",
+                "set max_patches_per_pack (e.g. the budget `energon-pack bench --visual-budget` recommends)",
+            )
+        if max_vision_frames is not None and (
+            not self.static_visual or not isinstance(max_vision_frames, int) or max_vision_frames < 1
+        ):
+            raise ConfigError(
+                "max_vision_frames",
+                f"is {max_vision_frames!r}; a positive frame budget of static packs",
+                "set static_visual=True with it, or leave it None",
+            )
         #: static packs: frames per pack (a packer budget; the vision tower's full-attention cu_seqlens length)
-        self.max_vision_frames = (max_vision_frames or config.max_patches_per_pack // unit) if self.static_visual else None
+        self.max_vision_frames = (
+            (max_vision_frames or config.max_patches_per_pack // unit) if self.static_visual else None
+        )
         # the frame budget is a packer budget after those of the config (max_segments is one of those)
         self._extra_budgets = () if self.max_vision_frames is None else (self.max_vision_frames,)
         # None: the preset's own model tokenizer (the real Qwen-VL vocabulary, built offline); a preset of
         # another name has no known tokenizer, so None then warns and uses the demo one (DemoTokenizerWarning)
-        self.tokenizer = as_qwen_tokenizer(resolve_tokenizer(tokenizer, where=type(self).__name__,
-                                                             default=self.preset.name))
+        self.tokenizer = as_qwen_tokenizer(
+            resolve_tokenizer(tokenizer, where=type(self).__name__, default=self.preset.name)
+        )
         self.configure_packing(config, self.tokenizer.pad_id)
         self.chat = chat or ChatConfig()
-        shortest = encoded_length([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
-                                  tokenizer=self.tokenizer, preset=self.preset, config=self.chat)
+        shortest = encoded_length(
+            [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
+            tokenizer=self.tokenizer,
+            preset=self.preset,
+            config=self.chat,
+        )
         self.check_width_fits(shortest, "a one-token answer to an empty question (the chat template's headers)")
         #: the most segments a pack can hold (every sample is at least this chat's shortest): a safe max_segments
         self.max_possible_segments = config.seq_length // self.layout.segment_span(shortest)
@@ -104,8 +115,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             conversation, images, videos = parse_chatml(sample)
             image_metas = [ImageMeta(*image_size_from_bytes(img)) for img in images]
             video_metas = [self._video_meta(video) for video in videos]
-            length = encoded_length(conversation, image_metas, video_metas, tokenizer=self.tokenizer,
-                                    preset=self.preset, config=self.chat)
+            length = encoded_length(
+                conversation, image_metas, video_metas, tokenizer=self.tokenizer, preset=self.preset, config=self.chat
+            )
         except SampleSkipped as skip:
             return SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
         # video files stay encoded in the buffer, with their plan (frames are decoded after selection)
@@ -116,8 +128,14 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
         frames = len(image_metas) + sum(grid[0] for grid in video_grids)
         cost += (frames,) if self.max_vision_frames is not None else ()
-        payload = {"conversation": conversation, "images": images, "videos": videos,
-                   "image_metas": image_metas, "video_metas": video_metas, "length": length}
+        payload = {
+            "conversation": conversation,
+            "images": images,
+            "videos": videos,
+            "image_metas": image_metas,
+            "video_metas": video_metas,
+            "length": length,
+        }
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
 
     def packing_capacity(self) -> tuple[int, ...]:
@@ -127,8 +145,11 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def resume_knobs(self) -> dict:
         """The config's knobs, the frame budget of static packs and the video frame sampling (each changes
         which packs come next)."""
-        return {**super().resume_knobs(), "max_vision_frames": self.max_vision_frames,
-                "video_sampling": dataclasses.asdict(self.video_sampling)}
+        return {
+            **super().resume_knobs(),
+            "max_vision_frames": self.max_vision_frames,
+            "video_sampling": dataclasses.asdict(self.video_sampling),
+        }
 
     @stateless
     def batch(self, samples: list[Any]) -> dict:
@@ -138,10 +159,16 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         if self.static_visual:
             p, special = self.preset, self.tokenizer.special
             batch = static_visual_rows(
-                batch, self.packing.max_patches_per_pack, image_pad=special.image_pad, video_pad=special.video_pad,
-                merge=p.merge_size, max_frame_patches=max(p.max_pixels, p.video_max_pixels) // p.patch_size ** 2,
+                batch,
+                self.packing.max_patches_per_pack,
+                image_pad=special.image_pad,
+                video_pad=special.video_pad,
+                merge=p.merge_size,
+                max_frame_patches=max(p.max_pixels, p.video_max_pixels) // p.patch_size**2,
                 max_frames=self.max_vision_frames,
-                row_width=3 * p.temporal_patch_size * p.patch_size ** 2, dtype=TORCH_DTYPES[p.pixel_dtype])
+                row_width=3 * p.temporal_patch_size * p.patch_size**2,
+                dtype=TORCH_DTYPES[p.pixel_dtype],
+            )
         return batch
 
     def _video_meta(self, frames: bytes | list) -> VideoMeta:
@@ -164,25 +191,45 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
 
     def _postencode(self, sample: PackCandidate) -> EncodedSegment:
         p = sample.payload
-        enc = preencode_chat(p["conversation"], p["image_metas"], p["video_metas"], tokenizer=self.tokenizer,
-                             preset=self.preset, config=self.chat)
+        enc = preencode_chat(
+            p["conversation"],
+            p["image_metas"],
+            p["video_metas"],
+            tokenizer=self.tokenizer,
+            preset=self.preset,
+            config=self.chat,
+        )
         if enc.length != p["length"]:
             raise SampleSkipped("length_mismatch", f"metadata length {p['length']} != encoded {enc.length}")
         # laid out when the pack is built: written once, into the pack's (shared-memory) buffer
-        media = postencode_media(p["images"], p["videos"], preset=self.preset, config=self.chat, expected=enc,
-                                 lazy_layout=True)
+        media = postencode_media(
+            p["images"], p["videos"], preset=self.preset, config=self.chat, expected=enc, lazy_layout=True
+        )
         special = self.tokenizer.special
         positions = mrope_position_ids(
-            enc.input_ids, enc.image_grid_thw, enc.video_grid_thw, enc.second_per_grid_ts,
-            preset=self.preset, image_pad_id=special.image_pad, video_pad_id=special.video_pad,
+            enc.input_ids,
+            enc.image_grid_thw,
+            enc.video_grid_thw,
+            enc.second_per_grid_ts,
+            preset=self.preset,
+            image_pad_id=special.image_pad,
+            video_pad_id=special.video_pad,
         )
         visual = {}
         if len(enc.image_grid_thw):
             visual.update(pixel_values=media.pixel_values, image_grid_thw=enc.image_grid_thw)
         if len(enc.video_grid_thw):
-            visual.update(pixel_values_videos=media.pixel_values_videos, video_grid_thw=enc.video_grid_thw,
-                          second_per_grid_ts=torch.tensor(enc.second_per_grid_ts, dtype=torch.float32))
-        segment = ThdSegment(enc.input_ids, enc.labels, enc.loss_mask, mrope_position_ids=positions,
-                             visual=visual or None, key=sample.__key__)
+            visual.update(
+                pixel_values_videos=media.pixel_values_videos,
+                video_grid_thw=enc.video_grid_thw,
+                second_per_grid_ts=torch.tensor(enc.second_per_grid_ts, dtype=torch.float32),
+            )
+        segment = ThdSegment(
+            enc.input_ids,
+            enc.labels,
+            enc.loss_mask,
+            mrope_position_ids=positions,
+            visual=visual or None,
+            key=sample.__key__,
+        )
         return EncodedSegment.derive_from(sample, segment=segment)
-

@@ -70,8 +70,10 @@ def qwen_vl_utils_resize(height: int, width: int, factor: int, min_pixels: float
     """qwen-vl-utils' ``smart_resize`` (sides at least ``factor`` before the budget check, none after
     a downscale; transformers' version differs there). ValueError for aspect ratio > 200."""
     if max(height, width) / min(height, width) > V.MAX_ASPECT_RATIO:
-        raise ValueError(f"absolute aspect ratio must be smaller than {V.MAX_ASPECT_RATIO}, "
-                         f"got {max(height, width) / min(height, width)}")
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {V.MAX_ASPECT_RATIO}, "
+            f"got {max(height, width) / min(height, width)}"
+        )
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
@@ -91,8 +93,10 @@ def frame_pixel_budget(nframes: int, preset: VisionPreset, sampling: FrameSampli
     the per-frame min."""
     factor = preset.factor
     total_pixels = sampling.max_video_tokens * factor * factor * 0.9
-    max_pixels = max(min(preset.video_max_pixels, total_pixels / nframes * sampling.frame_factor),
-                     int(preset.video_min_pixels * 1.05))
+    max_pixels = max(
+        min(preset.video_max_pixels, total_pixels / nframes * sampling.frame_factor),
+        int(preset.video_min_pixels * 1.05),
+    )
     return min(preset.video_max_pixels, max_pixels)
 
 
@@ -100,8 +104,11 @@ def check_sampling(sampling: FrameSampling, preset: VisionPreset) -> FrameSampli
     """``sampling`` validated for ``preset`` (ConfigError otherwise): counts rounded to its temporal patch."""
     sampling.validate()
     if sampling.frame_factor != preset.temporal_patch_size:
-        raise ConfigError("frame_factor", f"{sampling.frame_factor} != the preset's temporal_patch_size "
-                          f"{preset.temporal_patch_size}", "use the temporal patch size (2 for every Qwen-VL)")
+        raise ConfigError(
+            "frame_factor",
+            f"{sampling.frame_factor} != the preset's temporal_patch_size {preset.temporal_patch_size}",
+            "use the temporal patch size (2 for every Qwen-VL)",
+        )
     return sampling
 
 
@@ -112,16 +119,31 @@ def plan_video(header: VideoHeader, preset: VisionPreset, sampling: FrameSamplin
     nframes = smart_nframes(header.num_frames, header.fps, sampling)
     indices = sample_frame_indices(header.num_frames, nframes)
     try:
-        rh, rw = qwen_vl_utils_resize(header.height, header.width, preset.factor, preset.video_min_pixels,
-                                      frame_pixel_budget(nframes, preset, sampling))
+        rh, rw = qwen_vl_utils_resize(
+            header.height,
+            header.width,
+            preset.factor,
+            preset.video_min_pixels,
+            frame_pixel_budget(nframes, preset, sampling),
+        )
     except ValueError as exc:
         raise SampleSkipped("extreme_aspect_ratio", str(exc)) from None
     if rh < preset.factor or rw < preset.factor:
-        raise SampleSkipped("extreme_aspect_ratio", f"video {header.width}x{header.height} resizes to {rw}x{rh}, "
-                            f"below one merged patch ({preset.factor})")
+        raise SampleSkipped(
+            "extreme_aspect_ratio",
+            f"video {header.width}x{header.height} resizes to {rw}x{rh}, below one merged patch ({preset.factor})",
+        )
     grid = (-(-nframes // preset.temporal_patch_size), rh // preset.patch_size, rw // preset.patch_size)
-    return VideoPlan(frame_indices=tuple(indices), video_fps=header.fps, total_frames=header.num_frames,
-                     width=header.width, height=header.height, resized_height=rh, resized_width=rw, grid_thw=grid)
+    return VideoPlan(
+        frame_indices=tuple(indices),
+        video_fps=header.fps,
+        total_frames=header.num_frames,
+        width=header.width,
+        height=header.height,
+        resized_height=rh,
+        resized_width=rw,
+        grid_thw=grid,
+    )
 
 
 def video_file_frames(data: bytes, plan: VideoPlan, preset: VisionPreset) -> np.ndarray:
@@ -132,8 +154,11 @@ def video_file_frames(data: bytes, plan: VideoPlan, preset: VisionPreset) -> np.
     count = 0
     for i, image in enumerate(video_decode.decode_frames(data, plan.frame_indices)):
         if image.size != (plan.width, plan.height):
-            raise SampleSkipped("video_size_mismatch", f"frame {plan.frame_indices[i]} is {image.size[0]}x"
-                                f"{image.size[1]}, the header said {plan.width}x{plan.height}")
+            raise SampleSkipped(
+                "video_size_mismatch",
+                f"frame {plan.frame_indices[i]} is {image.size[0]}x"
+                f"{image.size[1]}, the header said {plan.width}x{plan.height}",
+            )
         out[i] = pixels.resize(image, plan.resized_height, plan.resized_width, preset.resample, fast)
         count += 1
     if count != plan.num_frames:
@@ -141,7 +166,9 @@ def video_file_frames(data: bytes, plan: VideoPlan, preset: VisionPreset) -> np.
     return out
 
 
-def pending_video_file(data: bytes, plan: VideoPlan, preset: VisionPreset) -> tuple[pixels.PendingPatchRows, np.ndarray]:
+def pending_video_file(
+    data: bytes, plan: VideoPlan, preset: VisionPreset
+) -> tuple[pixels.PendingPatchRows, np.ndarray]:
     """(patch rows left for the pack's layout, video_grid_thw int64 [1, 3]) of a planned video file."""
     frames = video_file_frames(data, plan, preset)
     return pixels.PendingPatchRows([frames], preset), np.asarray([plan.grid_thw], dtype=np.int64)

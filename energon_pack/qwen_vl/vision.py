@@ -25,8 +25,10 @@ from .presets import VisionPreset
 
 MAX_ASPECT_RATIO = 200
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 14 * 14 * 4 * 1280) -> tuple[int, int]:
+
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 14 * 14 * 4 * 1280
+) -> tuple[int, int]:
     """Resized (height, width), both multiples of ``factor``, pixels within [min, max], aspect kept.
 
     Identical to transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize`` (Python
@@ -49,8 +51,15 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
-def video_smart_resize(num_frames: int, height: int, width: int, temporal_factor: int = 2, factor: int = 32,
-                       min_pixels: int = 128 * 32 * 32, max_pixels: int = 32 * 32 * 768) -> tuple[int, int]:
+def video_smart_resize(
+    num_frames: int,
+    height: int,
+    width: int,
+    temporal_factor: int = 2,
+    factor: int = 32,
+    min_pixels: int = 128 * 32 * 32,
+    max_pixels: int = 32 * 32 * 768,
+) -> tuple[int, int]:
     """Qwen3-VL's video resize (transformers ``qwen3_vl.video_processing_qwen3_vl.smart_resize``).
 
     The pixel budget covers all frames (t_bar * h * w); sides below ``factor`` are scaled up first.
@@ -84,8 +93,10 @@ def _check_size(height: int, width: int, what: str) -> None:
     if height <= 0 or width <= 0:
         raise SampleSkipped("corrupt_image", f"{what} has zero size ({width}x{height})")
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise SampleSkipped("extreme_aspect_ratio",
-                            f"{what} {width}x{height} has aspect ratio > {MAX_ASPECT_RATIO} (Qwen-VL resize refuses it)")
+        raise SampleSkipped(
+            "extreme_aspect_ratio",
+            f"{what} {width}x{height} has aspect ratio > {MAX_ASPECT_RATIO} (Qwen-VL resize refuses it)",
+        )
 
 
 def resized_image_size(height: int, width: int, preset: VisionPreset) -> tuple[int, int]:
@@ -113,11 +124,20 @@ def resized_video_size(num_frames: int, height: int, width: int, preset: VisionP
     _check_size(height, width, "video frame")
     if preset.rope_style == "qwen3":
         if num_frames < preset.temporal_patch_size:
-            raise SampleSkipped("video_too_few_frames",
-                                f"{num_frames} frame(s) < temporal_patch_size {preset.temporal_patch_size} (Qwen3-VL needs >=)")
+            raise SampleSkipped(
+                "video_too_few_frames",
+                f"{num_frames} frame(s) < temporal_patch_size {preset.temporal_patch_size} (Qwen3-VL needs >=)",
+            )
         try:
-            return video_smart_resize(num_frames, height, width, preset.temporal_patch_size, preset.factor,
-                                      preset.video_min_pixels, preset.video_max_pixels)
+            return video_smart_resize(
+                num_frames,
+                height,
+                width,
+                preset.temporal_patch_size,
+                preset.factor,
+                preset.video_min_pixels,
+                preset.video_max_pixels,
+            )
         except ValueError as exc:  # aspect ratio after upscaling
             raise SampleSkipped("extreme_aspect_ratio", str(exc)) from None
     return smart_resize(height, width, preset.factor, preset.video_min_pixels, preset.video_max_pixels)
@@ -246,8 +266,9 @@ def _video_frames(frames: Sequence[Image.Image | bytes], preset: VisionPreset, k
     return out
 
 
-def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
-                   fps: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def patchify_video(
+    frames: Sequence[Image.Image | bytes], preset: VisionPreset, fps: float | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
     """(pixel_values_videos [patches, C*tp*p*p], video_grid_thw int64 [1, 3], second_per_grid_ts).
 
     All frames are resized to the size the first frame's size maps to; frames are padded to a
@@ -261,8 +282,9 @@ def patchify_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
     return pixel_values, np.asarray([grid], dtype=np.int64), second_per_grid_t(preset, fps)
 
 
-def pending_video(frames: Sequence[Image.Image | bytes], preset: VisionPreset,
-                  fps: float | None = None) -> tuple[PendingPatchRows, np.ndarray, float]:
+def pending_video(
+    frames: Sequence[Image.Image | bytes], preset: VisionPreset, fps: float | None = None
+) -> tuple[PendingPatchRows, np.ndarray, float]:
     """:func:`patchify_video` with the layout left for later: (rows, video_grid_thw, second_per_grid_ts)."""
     decoded = _video_frames(frames, preset, pixels.compiled(preset.resample))
     grid = np.asarray([frames_grid(decoded, preset)], dtype=np.int64)

@@ -8,6 +8,17 @@ from .inspect import inspect_jsonl
 from .sampler import TokenBudgetBatchSampler
 
 __all__ = [
-    "PADDING_INDEX", "PADDING_KEY", "ChatFormat", "Encoded", "InBatchPacker", "JsonlSFTDataset", "LineIndex",
-    "PlainTokenizer", "PromptCompletionFormat", "TokenBudgetBatchSampler", "inspect_jsonl", "load_line_index", "make_format",
+    "PADDING_INDEX",
+    "PADDING_KEY",
+    "ChatFormat",
+    "Encoded",
+    "InBatchPacker",
+    "JsonlSFTDataset",
+    "LineIndex",
+    "PlainTokenizer",
+    "PromptCompletionFormat",
+    "TokenBudgetBatchSampler",
+    "inspect_jsonl",
+    "load_line_index",
+    "make_format",
 ]

@@ -40,15 +40,18 @@ class InBatchPacker:
 
     def __init__(self, layout: ThdLayout, *, sampler: Any = None, dataset: Any = None) -> None:
         if not isinstance(layout, ThdLayout):
-            raise ConfigError("layout", f"expected a ThdLayout, got {type(layout).__name__}",
-                              "use InBatchPacker.for_dataset(ds, seq_length, ...) or pass "
-                              "ThdLayout(seq_length=..., pad_token_id=...)")
+            raise ConfigError(
+                "layout",
+                f"expected a ThdLayout, got {type(layout).__name__}",
+                "use InBatchPacker.for_dataset(ds, seq_length, ...) or pass "
+                "ThdLayout(seq_length=..., pad_token_id=...)",
+            )
         self.layout = layout
         self.sampler, self.dataset = sampler, dataset  # where packing_stats come from (module docstring)
 
     @classmethod
     @accepts_old_width
-    def for_dataset(cls, dataset: Any, seq_length: int, *, sampler: Any = None, **layout_kw: Any) -> "InBatchPacker":
+    def for_dataset(cls, dataset: Any, seq_length: int, *, sampler: Any = None, **layout_kw: Any) -> InBatchPacker:
         """The packer for ``dataset``: a :class:`ThdLayout` of ``seq_length`` with the dataset tokenizer's pad id.
 
         Args:
@@ -67,7 +70,11 @@ class InBatchPacker:
         if self.sampler is not None:
             return {"rank": None, "worker": None, **self.sampler.stats.state_dict()}
         if self.dataset is not None:  # the dataset's skips never change: counted once
-            self._snapshot = {"rank": None, "worker": None, **PackingStats(skips=Counter(self.dataset.skips)).state_dict()}
+            self._snapshot = {
+                "rank": None,
+                "worker": None,
+                **PackingStats(skips=Counter(self.dataset.skips)).state_dict(),
+            }
             return dict(self._snapshot)
         return None
 
@@ -82,13 +89,17 @@ class InBatchPacker:
         for s in samples:
             is_pad = s.key == PADDING_KEY
             target = torch.zeros(len(s.input_ids), dtype=torch.bool) if is_pad else torch.from_numpy(s.target_mask)
-            segments.append(ThdSegment.from_target_mask(torch.from_numpy(s.input_ids), target,
-                                                        ignore_index=self.layout.ignore_index, key=s.key))
+            segments.append(
+                ThdSegment.from_target_mask(
+                    torch.from_numpy(s.input_ids), target, ignore_index=self.layout.ignore_index, key=s.key
+                )
+            )
         spans = sum(self.layout.segment_span(len(s)) for s in segments)
         if spans > self.layout.seq_length:
             raise ValueError(
                 f"micro-batch of {len(segments)} samples needs {spans} tokens > width {self.layout.seq_length}: "
-                "group indices with TokenBudgetBatchSampler (same width and pad_multiple) instead of a fixed batch size")
+                "group indices with TokenBudgetBatchSampler (same width and pad_multiple) instead of a fixed batch size"
+            )
         batch = build_thd_batch(segments, self.layout)
         pad_tokens = sum(len(seg) for seg in segments if seg.key == PADDING_KEY)
         batch["padding_segments"] = sum(seg.key == PADDING_KEY for seg in segments)

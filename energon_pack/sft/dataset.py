@@ -41,6 +41,8 @@ PADDING_KEY = "__padding__"
 #: (:meth:`JsonlSFTDataset._reject_by_bytes`); shorter ones are tokenised, details exactly as before
 BYTE_BOUND_MIN_BYTES = 1 << 20
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
+
+
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
 
@@ -83,14 +85,22 @@ class JsonlSFTDataset:
             raise ConfigError("format", f"unknown format {format!r}", f"use one of {FORMATS}")
         if overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2):
-            raise ConfigError("max_length", f"must be an int >= 2 or None, got {max_length!r}", "set it to the pack width")
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
+        ):
+            raise ConfigError(
+                "max_length", f"must be an int >= 2 or None, got {max_length!r}", "set it to the pack width"
+            )
         from ..chat.tokenizer import resolve_tokenizer
 
-        if length_workers is not None and (isinstance(length_workers, bool) or not isinstance(length_workers, int)
-                                           or length_workers < 1):
-            raise ConfigError("length_workers", f"must be an int >= 1 or None (auto), got {length_workers!r}",
-                              "use None (processes for files >= 32 MiB), 1 (in process) or N")
+        if length_workers is not None and (
+            isinstance(length_workers, bool) or not isinstance(length_workers, int) or length_workers < 1
+        ):
+            raise ConfigError(
+                "length_workers",
+                f"must be an int >= 1 or None (auto), got {length_workers!r}",
+                "use None (processes for files >= 32 MiB), 1 (in process) or N",
+            )
         self.length_workers = length_workers
         self.length_batch = bool(length_batch)
         self.index = LineIndex(path, cache_dir)
@@ -139,8 +149,10 @@ class JsonlSFTDataset:
         "n tokens") raises under ``overlength`` "error" or "skip"."""
         count = count or f"{n} tokens"
         if self.overlength == "error":
-            return ValueError(f"{self.path}: line {i + 1} has {count} > max_length {self.max_length} "
-                              "(overlength='error'; use 'skip' or 'truncate')")
+            return ValueError(
+                f"{self.path}: line {i + 1} has {count} > max_length {self.max_length} "
+                "(overlength='error'; use 'skip' or 'truncate')"
+            )
         return SampleSkipped("too_long", f"line {i + 1}: {count} > max_length {self.max_length}")
 
     def _reject_by_bytes(self, i: int, record: Any) -> None:
@@ -149,8 +161,9 @@ class JsonlSFTDataset:
         bound = self._bytes_bound(record)
         if bound is not None:
             at_least, n_bytes, per_token = bound
-            raise self._overlength(i, at_least, f"at least {at_least} tokens ({n_bytes} bytes of text, "
-                                                f"<= {per_token} bytes a token)")
+            raise self._overlength(
+                i, at_least, f"at least {at_least} tokens ({n_bytes} bytes of text, <= {per_token} bytes a token)"
+            )
 
     def _bytes_bound(self, record: Any) -> tuple[int, int, int] | None:
         """(at least this many tokens, text bytes, bytes a token stands for at most) when a
@@ -246,8 +259,14 @@ class JsonlSFTDataset:
         return self._lengths
 
     def _lengths_meta(self) -> dict:
-        return {"version": LENGTHS_VERSION, "kind": "lengths", "source": file_fingerprint(self.path),
-                "format": self.format.fingerprint(), "max_length": self.max_length, "overlength": self.overlength}
+        return {
+            "version": LENGTHS_VERSION,
+            "kind": "lengths",
+            "source": file_fingerprint(self.path),
+            "format": self.format.fingerprint(),
+            "max_length": self.max_length,
+            "overlength": self.overlength,
+        }
 
     def _load_or_compute_lengths(self) -> None:
         meta = self._lengths_meta()
@@ -257,7 +276,11 @@ class JsonlSFTDataset:
         cached = load_cached(npy, meta, expected_len=len(self))
         if cached is not None:
             lengths = np.asarray(cached[0])
-            tokens = load_cached(tok_npy, meta, expected_len=int(np.maximum(lengths, 0).sum())) if self.cache_tokens else None
+            tokens = (
+                load_cached(tok_npy, meta, expected_len=int(np.maximum(lengths, 0).sum()))
+                if self.cache_tokens
+                else None
+            )
             if not self.cache_tokens or tokens is not None:
                 self._set_lengths(lengths, tokens[0] if tokens else None)
                 self._reasons = list(cached[1]["reasons"])
@@ -268,7 +291,9 @@ class JsonlSFTDataset:
         if tokens is not None:
             save_cached(tokens, tok_npy, meta)
         self._set_lengths(lengths, tokens)
-        save_cached(lengths, npy, {**meta, "reasons": self._reasons, "details": {str(k): v for k, v in details.items()}})
+        save_cached(
+            lengths, npy, {**meta, "reasons": self._reasons, "details": {str(k): v for k, v in details.items()}}
+        )
 
     def compute_lengths(self, workers: int | None = None, batch: bool | None = None) -> tuple:
         """The length pass (no cache): (int32 lengths, reasons, details, int32 tokens | None).
@@ -276,8 +301,9 @@ class JsonlSFTDataset:
         ``workers`` processes (default: the constructor's ``length_workers`` rule) over
         contiguous line ranges, merged in line order; ``batch`` tokenises by chunks. Every
         combination gives the same result as the serial per-line pass (:mod:`.length_pass`)."""
-        return run_length_pass(self, default_workers(self) if workers is None else workers,
-                               self.length_batch if batch is None else batch)
+        return run_length_pass(
+            self, default_workers(self) if workers is None else workers, self.length_batch if batch is None else batch
+        )
 
     def _set_lengths(self, lengths: np.ndarray, tokens: np.ndarray | None) -> None:
         self._lengths, self._tokens = lengths, tokens
@@ -298,11 +324,17 @@ class JsonlSFTDataset:
 
     def mismatch_hint(self) -> str:
         """What to check when the records do not match the format (for :class:`~energon_pack.errors.AllSkippedError`)."""
-        fields = (f" (it reads {self.format.prompt_field!r} / {self.format.completion_field!r}: rename with "
-                  "prompt_field= / completion_field=)" if isinstance(self.format, PromptCompletionFormat) else "")
-        return (f"the records may not match format={self.format_name!r}{fields}: compare the field names with the "
-                f"example, or use another format (one of {FORMATS}); `energon-pack inspect {self.path}` lists "
-                "the fields the records have")
+        fields = (
+            f" (it reads {self.format.prompt_field!r} / {self.format.completion_field!r}: rename with "
+            "prompt_field= / completion_field=)"
+            if isinstance(self.format, PromptCompletionFormat)
+            else ""
+        )
+        return (
+            f"the records may not match format={self.format_name!r}{fields}: compare the field names with the "
+            f"example, or use another format (one of {FORMATS}); `energon-pack inspect {self.path}` lists "
+            "the fields the records have"
+        )
 
     @property
     def skipped_lines(self) -> list[tuple[int, str, str]]:

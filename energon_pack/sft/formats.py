@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import ConfigError, SampleSkipped
 from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, encode_text_chat
 from ..chat.tokenizer import check_text, control_token_ids, reject_control_tokens
+from ..errors import ConfigError, SampleSkipped
 
 FORMATS = ("prompt_completion", "chat")
 
@@ -48,7 +48,7 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def truncated(self, max_length: int) -> "Encoded":
+    def truncated(self, max_length: int) -> Encoded:
         return Encoded(self.input_ids[:max_length], self.target_mask[:max_length], self.key)
 
 
@@ -63,7 +63,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     inner = getattr(tokenizer, "inner", tokenizer)
     backend = getattr(inner, "backend_tokenizer", inner)
     to_str = getattr(backend, "to_str", None)
-    text = to_str() if callable(to_str) else f"{type(inner).__qualname__}:{getattr(inner, 'name_or_path', '')}:{len(getattr(inner, 'get_vocab', dict)())}"
+    text = (
+        to_str()
+        if callable(to_str)
+        else f"{type(inner).__qualname__}:{getattr(inner, 'name_or_path', '')}:{len(getattr(inner, 'get_vocab', dict)())}"
+    )
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
@@ -149,17 +153,23 @@ class PromptCompletionFormat:
         try:
             self.template.format_map({"prompt": "", self.prompt_field: ""})
         except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError("template", f"{self.template!r} is not a valid template ({exc!r})",
-                              f"use only the placeholder {{prompt}} or {{{self.prompt_field}}}") from None
+            raise ConfigError(
+                "template",
+                f"{self.template!r} is not a valid template ({exc!r})",
+                f"use only the placeholder {{prompt}} or {{{self.prompt_field}}}",
+            ) from None
         tok = text_tokenizer(self.tokenizer)
         object.__setattr__(self, "tokenizer", tok)
         if self.eos_id is None and self.add_eos:
             eos = getattr(tok.inner, "eos_token_id", None)
             eos = eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT)
             if not isinstance(eos, int):
-                raise ConfigError("add_eos", "the tokenizer has no eos_token_id nor <|endoftext|> (a completion would "
-                                  "end with no EOS, or with the unknown token)",
-                                  "pass eos_id=<the id that ends a completion for your model>, or add_eos=False")
+                raise ConfigError(
+                    "add_eos",
+                    "the tokenizer has no eos_token_id nor <|endoftext|> (a completion would "
+                    "end with no EOS, or with the unknown token)",
+                    "pass eos_id=<the id that ends a completion for your model>, or add_eos=False",
+                )
             object.__setattr__(self, "eos_id", eos)
         if self.add_bos and self.bos_id is None:
             bos = getattr(tok.inner, "bos_token_id", None)
@@ -176,8 +186,11 @@ class PromptCompletionFormat:
             prompt, completion = prompt.strip(), completion.strip()
         # prompt and completion are text: a control token typed in them is a counted skip
         prompt_ids = ([self.bos_id] if self.add_bos else []) + self.tokenizer.encode_text(
-            self.template.format_map({"prompt": prompt, self.prompt_field: prompt}))
-        completion_ids = self.tokenizer.encode_text(self.separator + completion) + ([self.eos_id] if self.add_eos else [])
+            self.template.format_map({"prompt": prompt, self.prompt_field: prompt})
+        )
+        completion_ids = self.tokenizer.encode_text(self.separator + completion) + (
+            [self.eos_id] if self.add_eos else []
+        )
         ids = np.asarray(prompt_ids + completion_ids, dtype=np.int64)
         mask = np.ones(len(ids), dtype=bool)
         if self.loss == "completion":
@@ -187,8 +200,19 @@ class PromptCompletionFormat:
         return Encoded(ids, mask)
 
     def fingerprint(self) -> str:
-        knobs = (self.prompt_field, self.completion_field, self.template, self.separator, self.loss, self.add_bos,
-                 self.add_eos, self.strip_whitespace, self.bos_id, self.eos_id, tokenizer_fingerprint(self.tokenizer))
+        knobs = (
+            self.prompt_field,
+            self.completion_field,
+            self.template,
+            self.separator,
+            self.loss,
+            self.add_bos,
+            self.add_eos,
+            self.strip_whitespace,
+            self.bos_id,
+            self.eos_id,
+            tokenizer_fingerprint(self.tokenizer),
+        )
         return "pc:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
 
@@ -205,15 +229,27 @@ class ChatFormat:
         if self.loss_policy not in LOSS_POLICIES:
             raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
         object.__setattr__(self, "tokenizer", as_qwen_tokenizer(self.tokenizer))
-        object.__setattr__(self, "_config", ChatConfig(system_prompt=self.system_prompt, loss_policy=self.loss_policy,
-                                                        train_newline_after_im_end=self.train_newline_after_im_end))
+        object.__setattr__(
+            self,
+            "_config",
+            ChatConfig(
+                system_prompt=self.system_prompt,
+                loss_policy=self.loss_policy,
+                train_newline_after_im_end=self.train_newline_after_im_end,
+            ),
+        )
 
     def encode(self, record: Any) -> Encoded:
         input_ids, target = encode_text_chat(record, tokenizer=self.tokenizer, config=self._config)
         return Encoded(input_ids.numpy(), target.numpy())
 
     def fingerprint(self) -> str:
-        knobs = (self.loss_policy, self.system_prompt, self.train_newline_after_im_end, tokenizer_fingerprint(self.tokenizer))
+        knobs = (
+            self.loss_policy,
+            self.system_prompt,
+            self.train_newline_after_im_end,
+            tokenizer_fingerprint(self.tokenizer),
+        )
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
 

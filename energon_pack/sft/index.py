@@ -109,19 +109,24 @@ class _FileBytes:
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, key: "int | slice") -> "np.ndarray | int":
+    def __getitem__(self, key: int | slice) -> np.ndarray | int:
         lo, hi, _ = (key if isinstance(key, slice) else slice(key % self.size, key % self.size + 1)).indices(self.size)
         with open(self.path, "rb", buffering=0) as f:
             got = os.pread(f.fileno(), hi - lo, lo) if hi > lo else b""
         if len(got) != max(0, hi - lo):
-            raise file_changed_error(self.path, f"{self.size} bytes when the scan began, fewer at byte {lo + len(got)}",
-                                     "its line index scan")
+            raise file_changed_error(
+                self.path,
+                f"{self.size} bytes when the scan began, fewer at byte {lo + len(got)}",
+                "its line index scan",
+            )
         array = np.frombuffer(got, dtype=np.uint8)
         return array if isinstance(key, slice) else int(array[0])
 
 
 def _scan(data: np.ndarray, byte: int, chunk_bytes: int) -> np.ndarray:
-    parts = [np.flatnonzero(data[start : start + chunk_bytes] == byte) + start for start in range(0, len(data), chunk_bytes)]
+    parts = [
+        np.flatnonzero(data[start : start + chunk_bytes] == byte) + start for start in range(0, len(data), chunk_bytes)
+    ]
     return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -204,8 +209,11 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int, int]:
 
 def file_changed_error(path: str | os.PathLike, what: str, during: str = "the length pass") -> ConfigError:
     """The error for a JSONL file that changed while it was being read."""
-    return ConfigError("path", f"{str(path)!r} changed during {during} ({what})",
-                       "rerun when the file is stable (let the writer finish, or copy the file first)")
+    return ConfigError(
+        "path",
+        f"{str(path)!r} changed during {during} ({what})",
+        "rerun when the file is stable (let the writer finish, or copy the file first)",
+    )
 
 
 class LineIndex:
@@ -243,8 +251,9 @@ class LineIndex:
         while pos < hi:
             got = os.pread(self._fd, hi - pos, pos)
             if not got:
-                raise file_changed_error(self.path, f"it ends before byte {hi} that the line index expects; "
-                                         f"read stopped at byte {pos}")
+                raise file_changed_error(
+                    self.path, f"it ends before byte {hi} that the line index expects; read stopped at byte {pos}"
+                )
             parts.append(got)
             pos += len(got)
         return parts[0] if len(parts) == 1 else b"".join(parts)

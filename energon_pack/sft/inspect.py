@@ -52,7 +52,12 @@ def concat_baseline(lengths: np.ndarray, width: int, mbs: int, seed: int = 0) ->
     order = np.random.default_rng(seed).permutation(lengths)
     rows = np.add.reduceat(order, np.arange(0, len(order), mbs)) if len(order) else np.zeros(0, np.int64)
     fill = float(np.minimum(rows, width).sum()) / (len(rows) * width) if len(rows) else 0.0
-    return {"mbs": mbs, "fill": fill, "rows": int(len(rows)), "overflow_rate": float((rows > width).mean()) if len(rows) else 0.0}
+    return {
+        "mbs": mbs,
+        "fill": fill,
+        "rows": int(len(rows)),
+        "overflow_rate": float((rows > width).mean()) if len(rows) else 0.0,
+    }
 
 
 def record_fields(ds: JsonlSFTDataset, limit: int = FIELD_SCAN_LINES) -> Counter:
@@ -71,11 +76,18 @@ def record_fields(ds: JsonlSFTDataset, limit: int = FIELD_SCAN_LINES) -> Counter
     return fields
 
 
-def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any],
-                names: Mapping[str, str]) -> str | None:
+def _field_hint(
+    report: dict[str, Any], ds: JsonlSFTDataset, format: str, format_kw: dict[str, Any], names: Mapping[str, str]
+) -> str | None:
     lines = report["lines"]
-    reason = next((r for r in ("missing_field", "bad_conversation")
-                   if lines and report["skips"].get(r, {}).get("count", 0) >= HINT_SHARE * lines), None)
+    reason = next(
+        (
+            r
+            for r in ("missing_field", "bad_conversation")
+            if lines and report["skips"].get(r, {}).get("count", 0) >= HINT_SHARE * lines
+        ),
+        None,
+    )
     if reason is None:
         return None
     n = report["skips"][reason]["count"]
@@ -86,22 +98,29 @@ def _field_hint(report: dict[str, Any], ds: JsonlSFTDataset, format: str, format
         chat = next(f for f in CHAT_FIELDS if f in fields)
         return f"{head}; {chat!r} holds chat turns: use {_knob(names, 'chat')}"
     if format != "prompt_completion" and "prompt" in fields and "completion" in fields:
-        return (f"{head}; they are prompt/completion records: use "
-                f"{_knob(names, 'prompt_completion')}")
+        return f"{head}; they are prompt/completion records: use {_knob(names, 'prompt_completion')}"
     if format == "prompt_completion":
         want = (format_kw.get("prompt_field") or "prompt", format_kw.get("completion_field") or "completion")
-        return (f"{head}, not the prompt field {want[0]!r} and completion field {want[1]!r}: name yours with "
-                f"{_knob(names, 'fields')}, or use "
-                f"{_knob(names, 'chat')} for chat turns")
-    return (f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use "
-            f"{_knob(names, 'prompt_completion')} with "
-            f"{_knob(names, 'fields')} for "
-            f"prompt/completion records")
+        return (
+            f"{head}, not the prompt field {want[0]!r} and completion field {want[1]!r}: name yours with "
+            f"{_knob(names, 'fields')}, or use "
+            f"{_knob(names, 'chat')} for chat turns"
+        )
+    return (
+        f"{head}, none of {list(CHAT_FIELDS)} (the chat turns): use "
+        f"{_knob(names, 'prompt_completion')} with "
+        f"{_knob(names, 'fields')} for "
+        f"prompt/completion records"
+    )
 
 
 #: how a hint names a setting, as keywords of :func:`inspect_jsonl` (``width`` is followed by a value)
-KNOBS = {"chat": 'format="chat"', "prompt_completion": 'format="prompt_completion"',
-         "fields": "prompt_field= / completion_field=", "width": "width="}
+KNOBS = {
+    "chat": 'format="chat"',
+    "prompt_completion": 'format="prompt_completion"',
+    "fields": "prompt_field= / completion_field=",
+    "width": "width=",
+}
 
 
 def _knob(names: Mapping[str, str], name: str) -> str:
@@ -114,10 +133,12 @@ def _width_hint(report: dict[str, Any], width: int, names: Mapping[str, str]) ->
     if not usable or over < HINT_SHARE * usable:
         return None
     L = report["length"]
-    return (f"the width {width} is below {over} of {usable} usable samples (median length {L['p50']:.0f}, "
-            f"p99 {L['p99']:.0f}): they are never packed, and the fill above covers only the "
-            f"{usable - over} that fit. Use a width of at least the p99 length, better several times the median "
-            f"(e.g. {_knob(names, 'width')}{_suggest_width(L['p50'], L['p99'])})")
+    return (
+        f"the width {width} is below {over} of {usable} usable samples (median length {L['p50']:.0f}, "
+        f"p99 {L['p99']:.0f}): they are never packed, and the fill above covers only the "
+        f"{usable - over} that fit. Use a width of at least the p99 length, better several times the median "
+        f"(e.g. {_knob(names, 'width')}{_suggest_width(L['p50'], L['p99'])})"
+    )
 
 
 def _suggest_width(median: float, p99: float) -> int:
@@ -139,14 +160,32 @@ def best_baseline(lengths: np.ndarray, width: int, seed: int = 0) -> dict[str, f
 def _cache_entries(path: str | os.PathLike, cache_dir: Any) -> dict[str, int]:
     """This file's cache files (name -> mtime_ns) as it is now."""
     folder = cache_folder(cache_dir)
-    return {p.name: p.stat().st_mtime_ns for p in folder.glob(f"{Path(path).name}.{cache_key(path)}.*")
-            if p.suffix in (".npy", ".json")} if folder.is_dir() else {}
+    return (
+        {
+            p.name: p.stat().st_mtime_ns
+            for p in folder.glob(f"{Path(path).name}.{cache_key(path)}.*")
+            if p.suffix in (".npy", ".json")
+        }
+        if folder.is_dir()
+        else {}
+    )
 
 
-def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str = "prompt_completion",
-                  width: int = 4096, pad_multiple: int = 1, window: int = 4096, max_length: int | None = None,
-                  overlength: str = "skip", seed: int = 0, names: Mapping[str, str] | None = None,
-                  progress: Callable[[int, int], None] | None = None, **format_kw: Any) -> dict[str, Any]:
+def inspect_jsonl(
+    path: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    format: str = "prompt_completion",
+    width: int = 4096,
+    pad_multiple: int = 1,
+    window: int = 4096,
+    max_length: int | None = None,
+    overlength: str = "skip",
+    seed: int = 0,
+    names: Mapping[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **format_kw: Any,
+) -> dict[str, Any]:
     """The report as a dict (see :func:`format_report`); runs (or reuses) the cached length pass.
 
     ``tokenizer``: ``"demo"``, a ``tokenizer.json`` path, a local HF folder or a tokenizer object;
@@ -174,44 +213,66 @@ def inspect_jsonl(path: str | os.PathLike, *, tokenizer: Any = None, format: str
     oversize = int(stats.skips.get("oversize", 0))
     fits = good[good <= width]
     report = {
-        "file": str(ds.path), "format": format, "tokenizer": describe_tokenizer(ds.format.tokenizer),
-        "cache": {"folder": str(cache_folder(format_kw.get("cache_dir"))),
-                  "state": "reused" if after and after == before else "written" if after else "in memory only"},
-        "lines": len(ds), "usable": int(len(good)),
+        "file": str(ds.path),
+        "format": format,
+        "tokenizer": describe_tokenizer(ds.format.tokenizer),
+        "cache": {
+            "folder": str(cache_folder(format_kw.get("cache_dir"))),
+            "state": "reused" if after and after == before else "written" if after else "in memory only",
+        },
+        "lines": len(ds),
+        "usable": int(len(good)),
         "skips": {r: {"count": n, "first_lines": first_lines.get(r, [])} for r, n in sorted(ds.skips.items())},
         "tokens": int(good.sum()),
-        "length": {"min": int(good.min()) if len(good) else 0, "mean": float(good.mean()) if len(good) else 0.0,
-                   **{f"p{p}": float(np.percentile(good, p)) if len(good) else 0.0 for p in PERCENTILES},
-                   "max": int(good.max(initial=0))},
-        "packing": {"width": width, "pad_multiple": pad_multiple, "window": window, "packs": stats.packs,
-                    "fill": stats.fill, "mean_samples_per_pack": stats.mean_samples_per_pack,
-                    "oversize": oversize},
+        "length": {
+            "min": int(good.min()) if len(good) else 0,
+            "mean": float(good.mean()) if len(good) else 0.0,
+            **{f"p{p}": float(np.percentile(good, p)) if len(good) else 0.0 for p in PERCENTILES},
+            "max": int(good.max(initial=0)),
+        },
+        "packing": {
+            "width": width,
+            "pad_multiple": pad_multiple,
+            "window": window,
+            "packs": stats.packs,
+            "fill": stats.fill,
+            "mean_samples_per_pack": stats.mean_samples_per_pack,
+            "oversize": oversize,
+        },
         # Bridge-style concat over the samples that fit; meaningless when most do not fit
-        "baseline_concat": (best_baseline(fits, width, seed)
-                            if len(fits) and oversize < HINT_SHARE * len(good) else None),
+        "baseline_concat": (
+            best_baseline(fits, width, seed) if len(fits) and oversize < HINT_SHARE * len(good) else None
+        ),
     }
     names = names or {}
-    report["hints"] = [h for h in (_field_hint(report, ds, format, format_kw, names), _width_hint(report, width, names)) if h]
+    report["hints"] = [
+        h for h in (_field_hint(report, ds, format, format_kw, names), _width_hint(report, width, names)) if h
+    ]
     return report
 
 
 def format_report(report: dict[str, Any]) -> str:
     """A short human-readable table of :func:`inspect_jsonl`'s dict."""
     L, P, B = report["length"], report["packing"], report["baseline_concat"]
-    out = [f"{report['file']} ({report['format']}, tokenizer {report.get('tokenizer', '?')})",
-           f"  lines {report['lines']}, usable {report['usable']}, skipped {report['lines'] - report['usable']}, tokens {report['tokens']}",
-           "  length  " + "  ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in L.items())]
+    out = [
+        f"{report['file']} ({report['format']}, tokenizer {report.get('tokenizer', '?')})",
+        f"  lines {report['lines']}, usable {report['usable']}, skipped {report['lines'] - report['usable']}, tokens {report['tokens']}",
+        "  length  " + "  ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in L.items()),
+    ]
     for reason, info in report["skips"].items():
         out.append(f"  skip {reason:<20} {info['count']:>8}  first lines {info['first_lines']}")
-    out.append(f"  packer  width {P['width']} (align {P['pad_multiple']}): {P['packs']} packs, fill {P['fill']:.2%}, "
-               f"{P['mean_samples_per_pack']:.1f} samples/pack, {P['oversize']} over the width")
+    out.append(
+        f"  packer  width {P['width']} (align {P['pad_multiple']}): {P['packs']} packs, fill {P['fill']:.2%}, "
+        f"{P['mean_samples_per_pack']:.1f} samples/pack, {P['oversize']} over the width"
+    )
     if B:
-        out.append(f"  baseline (Bridge in-batch concat of MBS={B['mbs']} samples as given, no bin packing, over the "
-                   f"samples that fit): fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)")
+        out.append(
+            f"  baseline (Bridge in-batch concat of MBS={B['mbs']} samples as given, no bin packing, over the "
+            f"samples that fit): fill {B['fill']:.2%} ({B['overflow_rate']:.1%} rows over the width)"
+        )
     if "cache" in report:
         C = report["cache"]
         out.append(f"  cache   {C['folder']} ({C['state']}; --cache-dir or ENERGON_PACK_CACHE_DIR moves it)")
     for hint in report.get("hints", []):
         out.append(f"  hint: {hint}")
     return "\n".join(out)
-

@@ -248,7 +248,7 @@ class _LeanPromptCompletion:
     (:func:`_literal_control_contents`), the batch gives token counts only (no id lists are
     built); a text containing a control token's text goes through the format."""
 
-    def __init__(self, ds: LineSource, memo: "_BatchMemo") -> None:
+    def __init__(self, ds: LineSource, memo: _BatchMemo) -> None:
         fmt = ds.format
         self.ds = ds
         self.pf, self.cf = fmt.prompt_field, fmt.completion_field
@@ -305,8 +305,17 @@ class _LeanPromptCompletion:
             rows.append((ptext, ctext, rec))
         return rows, texts
 
-    def chunk(self, chunk: int, end: int, memo: "_BatchMemo", exact: Any, skip: Any, lengths: np.ndarray,
-              start: int, parts: list | None) -> None:
+    def chunk(
+        self,
+        chunk: int,
+        end: int,
+        memo: _BatchMemo,
+        exact: Any,
+        skip: Any,
+        lengths: np.ndarray,
+        start: int,
+        parts: list | None,
+    ) -> None:
         """Lengths of lines [chunk, end) into ``lengths[i - start]``; ``exact(i, record_or_skip)``
         for the lines the format handles itself, ``skip(i, SampleSkipped)`` for a ``too_long``
         line; packed tokens appended to ``parts`` in line order."""
@@ -321,8 +330,11 @@ class _LeanPromptCompletion:
                     ptext, ctext, rec = row
                     n_prompt = count_of.get(ptext) if ptext else 0
                     n_completion = count_of.get(ctext) if ctext else 0
-                    if (n_prompt is not None and n_completion is not None
-                            and not any(c in ptext or c in ctext for c in contents)):
+                    if (
+                        n_prompt is not None
+                        and n_completion is not None
+                        and not any(c in ptext or c in ctext for c in contents)
+                    ):
                         placed = self._place(i, start, n_prompt, n_completion, lengths)
                         if placed is not False:
                             if placed is not True:
@@ -374,7 +386,9 @@ class _LeanPromptCompletion:
         if parts is not None:
             flush()
 
-    def _place(self, i: int, start: int, n_prompt: int, n_completion: int, lengths: np.ndarray) -> "bool | SampleSkipped":
+    def _place(
+        self, i: int, start: int, n_prompt: int, n_completion: int, lengths: np.ndarray
+    ) -> bool | SampleSkipped:
         """True: line ``i``'s length is stored; a SampleSkipped: the line is ``too_long`` (``skip``);
         False: the format must see the line (nothing supervised). Raises under ``overlength="error"``."""
         n_prompt += len(self.head)
@@ -422,7 +436,7 @@ def _length_range(ds: LineSource, start: int, stop: int, batch: bool) -> tuple:
     memo = _BatchMemo(ds.format.tokenizer) if batch else None
     if memo is None or memo.batch_encode is None:
         for i in range(start, stop):
-            record(i, lambda: ds.encode_line(i))
+            record(i, lambda i=i: ds.encode_line(i))  # called at once, inside this iteration
     else:
         # the batched pass makes (next to) no reference cycles, so the cyclic collector would only
         # walk the (forked) heap again and again: ~4% of a worker's time; any cycle is collected after
@@ -436,9 +450,16 @@ def _length_range(ds: LineSource, start: int, stop: int, batch: bool) -> tuple:
             for chunk in range(start, stop, LENGTH_CHUNK):
                 end = min(stop, chunk + LENGTH_CHUNK)
                 if lean is not None:
-                    lean.chunk(chunk, end, memo, lambda i, rec: record(i, lambda: ds._finish_line(i, rec, fmt)),
-                               lambda i, exc: record(i, lambda: _raise(exc)), lengths, start,
-                               parts if ds.cache_tokens else None)
+                    lean.chunk(
+                        chunk,
+                        end,
+                        memo,
+                        lambda i, rec: record(i, lambda: ds._finish_line(i, rec, fmt)),
+                        lambda i, exc: record(i, lambda: _raise(exc)),
+                        lengths,
+                        start,
+                        parts if ds.cache_tokens else None,
+                    )
                     continue
                 records: list[Any] = []
                 texts: list[str] = []
@@ -452,7 +473,7 @@ def _length_range(ds: LineSource, start: int, stop: int, batch: bool) -> tuple:
                         records.append(exc)
                 memo.prefetch(texts)
                 for i, rec in zip(range(chunk, end), records):
-                    record(i, lambda: ds._finish_line(i, rec, fmt))
+                    record(i, lambda i=i, rec=rec: ds._finish_line(i, rec, fmt))  # called at once
         finally:
             if gc_enabled:
                 gc.enable()
@@ -535,8 +556,11 @@ def _death(processes: list[Any], taken: Any, tasks: list[tuple], running: list[i
         how = f"killed by {name}" + (" (the OOM killer sends it)" if -code == signal.SIGKILL else "")
     else:
         how = f"exited with status {code}"
-    return ConfigError("length_workers", f"the length-pass worker for {lines} died ({how})",
-                       "give the pass more memory, or rerun with length_workers=1 to see that range's own error")
+    return ConfigError(
+        "length_workers",
+        f"the length-pass worker for {lines} died ({how})",
+        "give the pass more memory, or rerun with length_workers=1 to see that range's own error",
+    )
 
 
 def _pool_results(ds: LineSource, tasks: list[tuple], workers: int) -> list:
@@ -593,8 +617,9 @@ def run_length_pass(ds: LineSource, workers: int, batch: bool) -> tuple:
     serial per-line pass either way."""
     before = file_identity(ds.path)
     if before != ds.index.identity:
-        raise file_changed_error(ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, "
-                                 f"{before} now")
+        raise file_changed_error(
+            ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, {before} now"
+        )
     result = _run_length_pass(ds, workers, batch)
     after = file_identity(ds.path)
     if after != before:

@@ -38,8 +38,15 @@ from ..thd import alignment_multiple
 from .dataset import JsonlSFTDataset
 from .formats import tokenizer_fingerprint
 from .index import file_changed_error, file_fingerprint, file_identity
-from .length_pass import (MAX_LOGGED_DETAILS, PARALLEL_MIN_BYTES, RANGE_LINES, RANGES_PER_WORKER, _length_range, _worker_init,
-                          _worker_range)
+from .length_pass import (
+    MAX_LOGGED_DETAILS,
+    PARALLEL_MIN_BYTES,
+    RANGE_LINES,
+    RANGES_PER_WORKER,
+    _length_range,
+    _worker_init,
+    _worker_range,
+)
 
 ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
 METADATA_VERSION = 1
@@ -50,8 +57,13 @@ def parquet_schema():
     """The schema Bridge's own ``write_packed_parquet`` produces (ids and starts inferred as int64)."""
     import pyarrow as pa
 
-    return pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
-                      ("seq_start_id", pa.list_(pa.int64()))])
+    return pa.schema(
+        [
+            ("input_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("seq_start_id", pa.list_(pa.int64())),
+        ]
+    )
 
 
 def output_paths(out_dir: str | os.PathLike, seq_length: int, split: str = "training") -> tuple[Path, Path]:
@@ -71,8 +83,11 @@ def bridge_eos_id(fmt: Any) -> int:
         return eos
     eos = tok.token_to_id(ENDOFTEXT)
     if not isinstance(eos, int):
-        raise ConfigError("eos_id", "the tokenizer has no eos_token_id nor <|endoftext|>",
-                          "pass eos_id= (--eos-id): the id Bridge's tokenizer reports as eos_id")
+        raise ConfigError(
+            "eos_id",
+            "the tokenizer has no eos_token_id nor <|endoftext|>",
+            "pass eos_id= (--eos-id): the id Bridge's tokenizer reports as eos_id",
+        )
     return eos
 
 
@@ -118,8 +133,10 @@ def token_pass(ds: JsonlSFTDataset, workers: int, token_path: Path) -> np.ndarra
         from collections import deque
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        with environ_set("TOKENIZERS_PARALLELISM", "false"), ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=_worker_init, initargs=(clone,)) as pool:
+        with (
+            environ_set("TOKENIZERS_PARALLELISM", "false"),
+            ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(clone,)) as pool,
+        ):
             pending: deque = deque()
             for task in tasks:
                 pending.append(pool.submit(_worker_range, task))
@@ -184,10 +201,16 @@ def pack_rows(tokens: TokenFile, packs: list[list[int]], multiple: int, eos_id: 
             eos_dropped += int(loss[: n - 1][input_ids[: n - 1] == eos_id].sum())
         row_offsets.append(row_offsets[-1] + pos)
         start_offsets.append(len(starts))
-    return {"input_ids": np.concatenate(ids_parts), "loss_mask": np.concatenate(mask_parts),
-            "seq_start_id": np.asarray(starts, dtype=np.int64), "row_offsets": np.asarray(row_offsets, dtype=np.int32),
-            "start_offsets": np.asarray(start_offsets, dtype=np.int32), "real": real, "supervised": supervised,
-            "eos_dropped": eos_dropped}
+    return {
+        "input_ids": np.concatenate(ids_parts),
+        "loss_mask": np.concatenate(mask_parts),
+        "seq_start_id": np.asarray(starts, dtype=np.int64),
+        "row_offsets": np.asarray(row_offsets, dtype=np.int32),
+        "start_offsets": np.asarray(start_offsets, dtype=np.int32),
+        "real": real,
+        "supervised": supervised,
+        "eos_dropped": eos_dropped,
+    }
 
 
 def _table(rows: dict[str, Any]):
@@ -197,8 +220,13 @@ def _table(rows: dict[str, Any]):
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, kind))
 
     return pa.Table.from_arrays(
-        [column(rows["input_ids"], rows["row_offsets"], pa.int64()), column(rows["loss_mask"], rows["row_offsets"], pa.int8()),
-         column(rows["seq_start_id"], rows["start_offsets"], pa.int64())], schema=parquet_schema())
+        [
+            column(rows["input_ids"], rows["row_offsets"], pa.int64()),
+            column(rows["loss_mask"], rows["row_offsets"], pa.int8()),
+            column(rows["seq_start_id"], rows["start_offsets"], pa.int64()),
+        ],
+        schema=parquet_schema(),
+    )
 
 
 @dataclass
@@ -222,8 +250,10 @@ class OfflinePackSummary:
         return asdict(self)
 
     def describe(self) -> str:
-        return (f"{self.packs} packs of {self.samples} samples from {self.lines} lines, fill {self.fill * 100:.2f}%; "
-                f"skipped: {skip_counts_text(self.skips)}\n  {self.packs_path}\n  {self.metadata_path}")
+        return (
+            f"{self.packs} packs of {self.samples} samples from {self.lines} lines, fill {self.fill * 100:.2f}%; "
+            f"skipped: {skip_counts_text(self.skips)}\n  {self.packs_path}\n  {self.metadata_path}"
+        )
 
 
 def _write_metadata(path: Path, entry: dict[str, Any], split: str) -> None:
@@ -270,16 +300,25 @@ def pack_offline(
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("pyarrow", "pack-offline writes Parquet and needs pyarrow",
-                          "pip install 'energon-pack[convert]' (or pyarrow>=14)") from None
+        raise ConfigError(
+            "pyarrow",
+            "pack-offline writes Parquet and needs pyarrow",
+            "pip install 'energon-pack[convert]' (or pyarrow>=14)",
+        ) from None
     rule = alignment_multiple(cp, tp, sp)
     multiple = rule if pad_seq_to_mult is None else pad_seq_to_mult
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1 or multiple % rule:
-        raise ConfigError("pad_seq_to_mult", f"{pad_seq_to_mult!r} does not satisfy cp={cp}, tp={tp}, sp={sp} (needs a "
-                          f"multiple of {rule})", f"leave it unset (it is then {rule}) or use a multiple of {rule}")
+        raise ConfigError(
+            "pad_seq_to_mult",
+            f"{pad_seq_to_mult!r} does not satisfy cp={cp}, tp={tp}, sp={sp} (needs a multiple of {rule})",
+            f"leave it unset (it is then {rule}) or use a multiple of {rule}",
+        )
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 2 or seq_length % multiple:
-        raise ConfigError("seq_length", f"{seq_length!r} is not a multiple of pad_seq_to_mult {multiple}",
-                          f"use a multiple of {multiple}, e.g. {max(multiple, seq_length // multiple * multiple)}")
+        raise ConfigError(
+            "seq_length",
+            f"{seq_length!r} is not a multiple of pad_seq_to_mult {multiple}",
+            f"use a multiple of {multiple}, e.g. {max(multiple, seq_length // multiple * multiple)}",
+        )
     if split not in SPLITS:
         raise ConfigError("split", f"unknown split {split!r}", f"use one of {SPLITS}")
     if row_group_size < 1:
@@ -289,13 +328,17 @@ def pack_offline(
     if Path(path).stat().st_size < PARALLEL_MIN_BYTES:
         workers = 1  # processes cost more than they save on a small file (the length pass's own rule)
     t0 = time.perf_counter()
-    ds = JsonlSFTDataset(path, tokenizer, format, max_length=seq_length + 1, overlength=overlength,
-                         cache_dir=cache_dir, **format_kw)
+    ds = JsonlSFTDataset(
+        path, tokenizer, format, max_length=seq_length + 1, overlength=overlength, cache_dir=cache_dir, **format_kw
+    )
     eos = bridge_eos_id(ds.format) if eos_id is None else eos_id
     identity = file_identity(ds.path)
     if identity != ds.index.identity:
-        raise file_changed_error(ds.path, f"size, mtime_ns, inode {ds.index.identity} when the line index was built, "
-                                 f"{identity} now", during="pack-offline")
+        raise file_changed_error(
+            ds.path,
+            f"size, mtime_ns, inode {ds.index.identity} when the line index was built, {identity} now",
+            during="pack-offline",
+        )
     packs_path, meta_path = output_paths(out_dir, seq_length, split)
     packs_path.parent.mkdir(parents=True, exist_ok=True)
     token_path = packs_path.with_name(f".{packs_path.name}.tokens.tmp")
@@ -307,8 +350,12 @@ def pack_offline(
         t1 = time.perf_counter()
         packs = plan_packs(lengths, seq_length, multiple, seed)
         if not packs:
-            raise AllSkippedError(f"{ds.path}: all {len(lengths)} lines were skipped", who=str(ds.path),
-                                  skips=ds.skips, hints=(Hint.plain(ds.mismatch_hint()),))
+            raise AllSkippedError(
+                f"{ds.path}: all {len(lengths)} lines were skipped",
+                who=str(ds.path),
+                skips=ds.skips,
+                hints=(Hint.plain(ds.mismatch_hint()),),
+            )
         t2 = time.perf_counter()
         real = supervised = eos_dropped = 0
         tokens = TokenFile(token_path, lengths)
@@ -331,25 +378,55 @@ def pack_offline(
     packed = [int(runtime[p].sum()) for p in packs]
     samples = sum(len(p) for p in packs)
     bridge = {  # Bridge's create_packing_strategy keys, same definitions
-        "dataset_max_seqlen": int(runtime.max()), "max_samples_per_bin": max(len(p) for p in packs),
-        "packing_factor": round(samples / len(packs), 2), "packing_efficiency": round(sum(packed) / len(packs) / seq_length * 100, 2),
-        "pack_size": seq_length, "min_packed_seqlen": min(packed),
+        "dataset_max_seqlen": int(runtime.max()),
+        "max_samples_per_bin": max(len(p) for p in packs),
+        "packing_factor": round(samples / len(packs), 2),
+        "packing_efficiency": round(sum(packed) / len(packs) / seq_length * 100, 2),
+        "pack_size": seq_length,
+        "min_packed_seqlen": min(packed),
     }
     ours = {
-        "version": METADATA_VERSION, "split": split, "file": packs_path.name, "source": file_fingerprint(ds.path),
-        "format": format, "format_fingerprint": ds.format.fingerprint(), "tokenizer": tokenizer_fingerprint(ds.format.tokenizer),
-        "eos_id": eos, "seed": seed, "seq_length": seq_length, "pad_seq_to_mult": multiple,
-        "topology": {"cp": cp, "tp": tp, "sp": bool(sp), "alignment_multiple": rule}, "packer": "best_fit_decreasing",
-        "overlength": overlength, "lines": len(lengths), "samples": samples, "packs": len(packs),
-        "skips": dict(ds.skips), "real_tokens": real, "supervised_tokens": supervised,
+        "version": METADATA_VERSION,
+        "split": split,
+        "file": packs_path.name,
+        "source": file_fingerprint(ds.path),
+        "format": format,
+        "format_fingerprint": ds.format.fingerprint(),
+        "tokenizer": tokenizer_fingerprint(ds.format.tokenizer),
+        "eos_id": eos,
+        "seed": seed,
+        "seq_length": seq_length,
+        "pad_seq_to_mult": multiple,
+        "topology": {"cp": cp, "tp": tp, "sp": bool(sp), "alignment_multiple": rule},
+        "packer": "best_fit_decreasing",
+        "overlength": overlength,
+        "lines": len(lengths),
+        "samples": samples,
+        "packs": len(packs),
+        "skips": dict(ds.skips),
+        "real_tokens": real,
+        "supervised_tokens": supervised,
         "supervised_eos_inputs": eos_dropped,  # Bridge's collate zeroes the loss where the input token is eos_id
     }
     topology = {  # the names integrations.bridge_sft.check_gpt_sft_config compares with the training config
-        "packed_sequence_size": seq_length, "pad_seq_to_mult": multiple, "context_parallel_size": cp,
-        "tensor_model_parallel_size": tp, "sequence_parallel": bool(sp)}
+        "packed_sequence_size": seq_length,
+        "pad_seq_to_mult": multiple,
+        "context_parallel_size": cp,
+        "tensor_model_parallel_size": tp,
+        "sequence_parallel": bool(sp),
+    }
     _write_metadata(meta_path, {**bridge, **topology, "energon_pack": ours}, split)
     return OfflinePackSummary(
-        str(packs_path), str(meta_path), len(lengths), samples, len(packs), dict(ds.skips), real, supervised,
-        sum(packed) / (len(packs) * seq_length), real / (len(packs) * seq_length),
-        {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)}, bridge)
-
+        str(packs_path),
+        str(meta_path),
+        len(lengths),
+        samples,
+        len(packs),
+        dict(ds.skips),
+        real,
+        supervised,
+        sum(packed) / (len(packs) * seq_length),
+        real / (len(packs) * seq_length),
+        {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)},
+        bridge,
+    )

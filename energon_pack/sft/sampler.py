@@ -74,15 +74,24 @@ class TokenBudgetBatchSampler:
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
-        for knob, value in (("seq_length", seq_length), ("pad_multiple", pad_multiple), ("window", window),
-                            ("num_replicas", num_replicas)):
+        for knob, value in (
+            ("seq_length", seq_length),
+            ("pad_multiple", pad_multiple),
+            ("window", window),
+            ("num_replicas", num_replicas),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
         if seq_length % pad_multiple:
-            raise ConfigError("seq_length", f"{seq_length} is not divisible by pad_multiple {pad_multiple}",
-                              "use a multiple of pad_multiple")
+            raise ConfigError(
+                "seq_length",
+                f"{seq_length} is not divisible by pad_multiple {pad_multiple}",
+                "use a multiple of pad_multiple",
+            )
         if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
-            raise ConfigError("max_segments", f"must be an int >= 1 or None, got {max_segments!r}", "set the most samples per pack")
+            raise ConfigError(
+                "max_segments", f"must be an int >= 1 or None, got {max_segments!r}", "set the most samples per pack"
+            )
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ConfigError("rank", f"must be in [0, {num_replicas}), got {rank!r}", "pass the data-parallel rank")
         self.seq_length, self.pad_multiple, self.max_segments = seq_length, pad_multiple, max_segments
@@ -158,15 +167,26 @@ class TokenBudgetBatchSampler:
         else:
             example = self._dataset.skip_example(top) if self._dataset is not None else None
         who = "TokenBudgetBatchSampler" + (f" over {self._dataset.path}" if self._dataset is not None else "")
-        too_long = (Hint(f"{{seq_length}} ({self.seq_length}) or {{max_length}} may be too small for these lines",
-                         ("seq_length", "max_length"),
-                         python=(("seq_length", "the width"), ("max_length", "the dataset's max_length"))),
-                    Hint("set {overlength}='truncate' on the dataset", ("overlength",), sep=", or "))
-        mismatch = Hint.plain(self._dataset.mismatch_hint() if self._dataset is not None
-                              else "the records may not match the dataset's format: check its skipped_lines")
-        return AllSkippedError(f"{who}: all {len(self.lengths)} lines were skipped, so there is no batch", who=who,
-                               skips=self.skips, example=example,
-                               hints=all_skipped_hints(self.skips, too_long=too_long, mismatch=mismatch))
+        too_long = (
+            Hint(
+                f"{{seq_length}} ({self.seq_length}) or {{max_length}} may be too small for these lines",
+                ("seq_length", "max_length"),
+                python=(("seq_length", "the width"), ("max_length", "the dataset's max_length")),
+            ),
+            Hint("set {overlength}='truncate' on the dataset", ("overlength",), sep=", or "),
+        )
+        mismatch = Hint.plain(
+            self._dataset.mismatch_hint()
+            if self._dataset is not None
+            else "the records may not match the dataset's format: check its skipped_lines"
+        )
+        return AllSkippedError(
+            f"{who}: all {len(self.lengths)} lines were skipped, so there is no batch",
+            who=who,
+            skips=self.skips,
+            example=example,
+            hints=all_skipped_hints(self.skips, too_long=too_long, mismatch=mismatch),
+        )
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
@@ -200,9 +220,17 @@ class TokenBudgetBatchSampler:
     # ------------------------------------------------------------------ checkpointing
     def _config(self) -> dict[str, Any]:
         # "width": the key checkpoints saved before the rename to seq_length hold, so they still load
-        return {"width": self.seq_length, "pad_multiple": self.pad_multiple, "max_segments": self.max_segments,
-                "window": self.window, "shuffle": self.shuffle, "seed": self.seed, "num_replicas": self.num_replicas,
-                "rank": self.rank, "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest()}
+        return {
+            "width": self.seq_length,
+            "pad_multiple": self.pad_multiple,
+            "max_segments": self.max_segments,
+            "window": self.window,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest(),
+        }
 
     def state_dict(self, steps_consumed: int | None = None) -> dict[str, Any]:
         """Epoch + step to resume at. Pass ``steps_consumed`` (steps the trainer finished this
@@ -217,6 +245,8 @@ class TokenBudgetBatchSampler:
         mine = self._config()
         diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
         if diff:
-            raise ValueError(f"sampler state was saved with a different {diff}: exact resume needs the same data, "
-                             "width, alignment, window, seed and data-parallel layout")
+            raise ValueError(
+                f"sampler state was saved with a different {diff}: exact resume needs the same data, "
+                "width, alignment, window, seed and data-parallel layout"
+            )
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["step"]), int(state["step"])

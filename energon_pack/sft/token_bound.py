@@ -35,7 +35,8 @@ def _keeps_every_byte(pre: dict | None) -> bool:
     kinds = [step.get("type") if step else None for step in steps]
     return "ByteLevel" in kinds and all(
         kind == "ByteLevel" or (kind in _SPLITTING and step.get("behavior", "Isolated") != "Removed")
-        for kind, step in zip(kinds, steps))
+        for kind, step in zip(kinds, steps)
+    )
 
 
 def max_bytes_per_token(tokenizer: Any) -> int | None:

@@ -15,5 +15,12 @@ from .decode import decode_frames
 from .probe import VIDEO_EXTENSIONS, VideoHeader, probe_video
 from .sampling import FrameSampling, sample_frame_indices, smart_nframes
 
-__all__ = ["VIDEO_EXTENSIONS", "FrameSampling", "VideoHeader", "decode_frames", "probe_video", "sample_frame_indices",
-           "smart_nframes"]
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "FrameSampling",
+    "VideoHeader",
+    "decode_frames",
+    "probe_video",
+    "sample_frame_indices",
+    "smart_nframes",
+]

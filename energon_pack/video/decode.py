@@ -56,11 +56,14 @@ def _sequential(container: av.container.InputContainer, stream, indices: Sequenc
             position += 1
         if position == len(indices):
             return
-    raise SampleSkipped("corrupt_video", f"the stream ended before frame {indices[position]} (of {len(indices)} wanted)")
+    raise SampleSkipped(
+        "corrupt_video", f"the stream ended before frame {indices[position]} (of {len(indices)} wanted)"
+    )
 
 
-def _seeking(container: av.container.InputContainer, stream, targets: list[int],
-             keys: list[int]) -> Iterator[Image.Image]:
+def _seeking(
+    container: av.container.InputContainer, stream, targets: list[int], keys: list[int]
+) -> Iterator[Image.Image]:
     frames, decoded = None, None  # the running decode and the last timestamp it gave
     position = 0
     while position < len(targets):

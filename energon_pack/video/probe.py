@@ -53,7 +53,9 @@ def probe_video(data: bytes) -> VideoHeader:
             try:  # Matroska/WebM: no count in the header; count packets (demux only, nothing decoded)
                 num_frames = sum(1 for packet in container.demux(stream) if packet.size > 0)
             except Exception as exc:
-                raise SampleSkipped("corrupt_video", f"cannot read packets: {type(exc).__name__}: {exc}"[:240]) from None
+                raise SampleSkipped(
+                    "corrupt_video", f"cannot read packets: {type(exc).__name__}: {exc}"[:240]
+                ) from None
         if stream.duration is not None and stream.time_base is not None:
             duration = float(stream.duration * stream.time_base)
         elif container.duration is not None:

@@ -58,8 +58,10 @@ def smart_nframes(total_frames: int, video_fps: float, sampling: FrameSampling) 
     nframes = min(min(max(nframes, min_frames), max_frames), total_frames)
     nframes = _floor_by(nframes, factor)
     if not factor <= nframes <= total_frames:
-        raise SampleSkipped("video_too_few_frames",
-                            f"{total_frames} frame(s) give {nframes} sampled, need >= {factor} (qwen-vl-utils refuses it)")
+        raise SampleSkipped(
+            "video_too_few_frames",
+            f"{total_frames} frame(s) give {nframes} sampled, need >= {factor} (qwen-vl-utils refuses it)",
+        )
     return nframes
 
 

@@ -16,11 +16,14 @@ import importlib
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-TARGET = ("0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted "
-          "elsewhere, 0 outside bytes")
+TARGET = (
+    "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted "
+    "elsewhere, 0 outside bytes"
+)
 INFO = ("cut points", "restore cases", "refused correctly", "records", "hostile records")
 TRUE = ("within bound", "records add up")  # targets that must be True, not 0
 FUZZ_SAMPLES = {"bounded": 600, "full": 10_000}
@@ -44,33 +47,66 @@ def _run(name: str, fn: Callable[[], dict]) -> tuple[dict, float, str | None]:
 def rows_for(part: str, r: dict) -> list[tuple[str, Any]]:
     """(figure, value) rows of one part; every value must be 0 (True for :data:`TRUE`; any for :data:`INFO`)."""
     if part == "resume":
-        return [("resume mismatches", r.get("mismatches")), ("duplicated", r.get("duplicates")), ("lost", r.get("lost")),
-                ("crashes", r.get("crashes")), ("hangs", r.get("hangs"))]
+        return [
+            ("resume mismatches", r.get("mismatches")),
+            ("duplicated", r.get("duplicates")),
+            ("lost", r.get("lost")),
+            ("crashes", r.get("crashes")),
+            ("hangs", r.get("hangs")),
+        ]
     if part == "coverage":
-        return [("duplicated", r.get("duplicates")), ("lost", r.get("lost")), ("uncounted", r.get("uncounted")),
-                ("crashes", r.get("crashes")), ("hangs", r.get("hangs"))]
+        return [
+            ("duplicated", r.get("duplicates")),
+            ("lost", r.get("lost")),
+            ("uncounted", r.get("uncounted")),
+            ("crashes", r.get("crashes")),
+            ("hangs", r.get("hangs")),
+        ]
     if part == "fuzz":
-        return [("duplicated", r.get("duplicates")), ("lost", r.get("good_missing")),
-                ("uncounted", r.get("bad_uncounted")), ("overcounted", r.get("bad_overcounted")),
-                ("bad emitted", r.get("bad_emitted")), ("good mismatched", r.get("good_mismatched")),
-                ("crashes", r.get("crashes"))]
+        return [
+            ("duplicated", r.get("duplicates")),
+            ("lost", r.get("good_missing")),
+            ("uncounted", r.get("bad_uncounted")),
+            ("overcounted", r.get("bad_overcounted")),
+            ("bad emitted", r.get("bad_emitted")),
+            ("good mismatched", r.get("good_mismatched")),
+            ("crashes", r.get("crashes")),
+        ]
     if part == "memory":
         return [("within bound", r.get("within_bound"))]
     if part == "topology":
-        return [("restore cases", r.get("cases")), ("refused correctly", r.get("refused_correctly")),
-                ("accepted silently", r.get("accepted_silently")), ("wrong error", r.get("wrong_error")),
-                ("hangs", r.get("hangs")), ("control mismatches", r.get("control_mismatches"))]
+        return [
+            ("restore cases", r.get("cases")),
+            ("refused correctly", r.get("refused_correctly")),
+            ("accepted silently", r.get("accepted_silently")),
+            ("wrong error", r.get("wrong_error")),
+            ("hangs", r.get("hangs")),
+            ("control mismatches", r.get("control_mismatches")),
+        ]
     if part == "convert":
-        lost = None if r.get("wanted_not_written") is None else r["wanted_not_written"] + r.get("wanted_not_delivered", 0)
+        lost = (
+            None if r.get("wanted_not_written") is None else r["wanted_not_written"] + r.get("wanted_not_delivered", 0)
+        )
         dup = None if r.get("written_twice") is None else r["written_twice"] + r.get("delivered_twice", 0)
-        emitted = None if r.get("delivered_unwanted") is None else r["delivered_unwanted"] + r.get("delivered_unwritten", 0)
-        return [("records", r.get("records")), ("hostile records", r.get("hostile")), ("crashes", r.get("crashes")),
-                ("hangs", r.get("hangs")), ("skip reason mismatch", r.get("skip_reason_mismatches")),
-                ("hostile written", r.get("written_unwanted")), ("hostile delivered", emitted), ("lost", lost),
-                ("duplicated", dup), ("records add up", r.get("records_add_up")),
-                ("outside bytes", r.get("outside_bytes_in_shards")), ("uncounted", r.get("written_unaccounted")),
-                ("loader reason mismatch", r.get("loader_reason_mismatches")),
-                ("hostile 1st line", r.get("first_line_failures"))]
+        emitted = (
+            None if r.get("delivered_unwanted") is None else r["delivered_unwanted"] + r.get("delivered_unwritten", 0)
+        )
+        return [
+            ("records", r.get("records")),
+            ("hostile records", r.get("hostile")),
+            ("crashes", r.get("crashes")),
+            ("hangs", r.get("hangs")),
+            ("skip reason mismatch", r.get("skip_reason_mismatches")),
+            ("hostile written", r.get("written_unwanted")),
+            ("hostile delivered", emitted),
+            ("lost", lost),
+            ("duplicated", dup),
+            ("records add up", r.get("records_add_up")),
+            ("outside bytes", r.get("outside_bytes_in_shards")),
+            ("uncounted", r.get("written_unaccounted")),
+            ("loader reason mismatch", r.get("loader_reason_mismatches")),
+            ("hostile 1st line", r.get("first_line_failures")),
+        ]
     return []
 
 
@@ -117,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in parts.items():
         print(f"running {name} ({scale}) ...", flush=True)
         result, seconds, error = _run(name, fn)
-        report["parts"][name] = {"seconds": round(seconds, 1), "error": error,
-                                 **{k: v for k, v in result.items() if not isinstance(v, (list, dict))}}
+        report["parts"][name] = {
+            "seconds": round(seconds, 1),
+            "error": error,
+            **{k: v for k, v in result.items() if not isinstance(v, (list, dict))},
+        }
         if error:
             table.append((name, "crashes", "error", False, seconds))
             report["missed"].append(f"{name}: {error.splitlines()[0]}")

@@ -10,9 +10,21 @@ import pytest
 
 from harness.convert_fuzz import run_convert_fuzz
 
-ZERO = ("crashes", "hangs", "skip_reason_mismatches", "written_unwanted", "wanted_not_written", "written_twice",
-        "outside_bytes_in_shards", "delivered_twice", "delivered_unwritten", "delivered_unwanted",
-        "wanted_not_delivered", "written_unaccounted", "loader_reason_mismatches")
+ZERO = (
+    "crashes",
+    "hangs",
+    "skip_reason_mismatches",
+    "written_unwanted",
+    "wanted_not_written",
+    "written_twice",
+    "outside_bytes_in_shards",
+    "delivered_twice",
+    "delivered_unwritten",
+    "delivered_unwanted",
+    "wanted_not_delivered",
+    "written_unaccounted",
+    "loader_reason_mismatches",
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +36,27 @@ def report(tmp_path_factory, stress_scale):
 def test_convert_fuzz_counts_every_hostile_record_and_reads_nothing_outside(report):
     json.dumps(report)  # plain data for the report command
     assert {k: report[k] for k in ZERO} == dict.fromkeys(ZERO, 0), report["errors"]
-    assert report["records_add_up"] and set(report["containers"]) == {"jsonl", "json array", "devices, --allow-outside-paths"}
+    assert report["records_add_up"] and set(report["containers"]) == {
+        "jsonl",
+        "json array",
+        "devices, --allow-outside-paths",
+    }
     assert report["convert_skips"] == report["convert_skips_wanted"]
     assert report["loader_skips"] == report["loader_skips_wanted"]
     assert report["written"] == report["delivered"] + sum(report["loader_skips"].values())
     reasons = set(report["by_case"].values())
-    assert reasons >= {"path_outside_root", "not_a_regular_file", "media_too_large", "not_an_image", "invalid_utf8",
-                       "invalid_json", "invalid_text", "bad_image_ref", "missing_image", "unreadable_image"}
+    assert reasons >= {
+        "path_outside_root",
+        "not_a_regular_file",
+        "media_too_large",
+        "not_an_image",
+        "invalid_utf8",
+        "invalid_json",
+        "invalid_text",
+        "bad_image_ref",
+        "missing_image",
+        "unreadable_image",
+    }
     assert "unexpected_error" not in report["convert_skips"]
     assert report["containers"]["devices, --allow-outside-paths"]["outside_control_seen"]  # the byte check works
 

@@ -29,8 +29,9 @@ def test_fuzz_every_broken_sample_counted_every_good_sample_intact(tmp_path):
     expected = report["bad_expected_by_reason"]
     assert set(expected) >= {want for _, want, _ in WDS_CASES + JSONL_CASES if want != "kept"}
     n_jsonl_bad = round(N * 0.2)
-    kept_hostile = (sum(WDS_CASES[i % len(WDS_CASES)][1] == "kept" for i in range(N - n_jsonl_bad))
-                    + sum(JSONL_CASES[i % len(JSONL_CASES)][1] == "kept" for i in range(n_jsonl_bad)))
+    kept_hostile = sum(WDS_CASES[i % len(WDS_CASES)][1] == "kept" for i in range(N - n_jsonl_bad)) + sum(
+        JSONL_CASES[i % len(JSONL_CASES)][1] == "kept" for i in range(n_jsonl_bad)
+    )
     assert kept_hostile > 0 and report["bad_samples"] == N - kept_hostile
     assert report["good_samples"] == N // 2 + kept_hostile
     assert report["webdataset"]["samples"] + report["jsonl"]["samples"] == N + N // 2

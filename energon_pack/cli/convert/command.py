@@ -26,45 +26,81 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, formatter_class=_HelpFormatter,
+        prog=prog,
+        formatter_class=_HelpFormatter,
         description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL, LLaMA-Factory files (alpaca; ShareGPT\n"
-                    "with function_call / observation turns and a tools string) or Parquet VLM SFT data into\n"
-                    "Energon-prepared WebDataset shards (images keep their original bytes). Each written record has\n"
-                    "passed the loader's own structural checks; the loader's remaining skips depend on its settings\n"
-                    "(tokenizer, preset, limits) and are counted there.",
+        "with function_call / observation turns and a tools string) or Parquet VLM SFT data into\n"
+        "Energon-prepared WebDataset shards (images keep their original bytes). Each written record has\n"
+        "passed the loader's own structural checks; the loader's remaining skips depend on its settings\n"
+        "(tokenizer, preset, limits) and are counted there.",
         epilog="examples:\n"
-               "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
-               "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
-               "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n\n"
-               "skip reasons (counted in the summary, up to 3 examples each):\n"
-               + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
+        "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
+        "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
+        "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n\n"
+        "skip reasons (counted in the summary, up to 3 examples each):\n"
+        + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
     p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
-    p.add_argument("out", help="output folder (new or empty; a finished output needs --overwrite), or an msc:// prefix "
-                   "without objects (converted locally in a temporary folder, then uploaded)")
-    p.add_argument("--image-root", default=None,
-                   help="folder that relative image paths resolve against (default: the source file's folder; "
-                        "images missing there are called out in a hint line)")
-    p.add_argument("--layout", choices=LAYOUTS, default="ours",
-                   help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)")
-    p.add_argument("--format", choices=FORMATS, default="auto",
-                   help="input format (auto: detected from the content; alpaca: instruction + output records)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="worker processes (0: in this process; defaults to the CPU count)")
+    p.add_argument(
+        "out",
+        help="output folder (new or empty; a finished output needs --overwrite), or an msc:// prefix "
+        "without objects (converted locally in a temporary folder, then uploaded)",
+    )
+    p.add_argument(
+        "--image-root",
+        default=None,
+        help="folder that relative image paths resolve against (default: the source file's folder; "
+        "images missing there are called out in a hint line)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="ours",
+        help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="input format (auto: detected from the content; alpaca: instruction + output records)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes (0: in this process; defaults to the CPU count)",
+    )
     p.add_argument("--samples-per-shard", type=int, default=1000, help="records per chunk; one shard per chunk")
-    p.add_argument("--verify", choices=VERIFY_MODES, default="header",
-                   help="header: PIL header read per image; decode: full decode (catches truncated images, slower)")
-    p.add_argument("--allow-outside-paths", action="store_true",
-                   help="read image paths that resolve outside the source folder and --image-root (absolute paths, "
-                        "../, symlinks); by default they are path_outside_root skips")
-    p.add_argument("--max-media-mb", type=float, default=DEFAULT_MAX_MEDIA_MB,
-                   help="largest image file read; larger ones are media_too_large skips")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a previous convert output in OUT (a folder convert did not write is never touched)")
+    p.add_argument(
+        "--verify",
+        choices=VERIFY_MODES,
+        default="header",
+        help="header: PIL header read per image; decode: full decode (catches truncated images, slower)",
+    )
+    p.add_argument(
+        "--allow-outside-paths",
+        action="store_true",
+        help="read image paths that resolve outside the source folder and --image-root (absolute paths, "
+        "../, symlinks); by default they are path_outside_root skips",
+    )
+    p.add_argument(
+        "--max-media-mb",
+        type=float,
+        default=DEFAULT_MAX_MEDIA_MB,
+        help="largest image file read; larger ones are media_too_large skips",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous convert output in OUT (a folder convert did not write is never touched)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
-    p.add_argument("--debug", action="store_true",
-                   help="show the traceback of a configuration error (default: a one-line message, exit status 2)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of a configuration error (default: a one-line message, exit status 2)",
+    )
     return p
 
 
@@ -72,10 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     """``energon-pack convert SOURCE OUT [...]``: 0 on success, 2 on a configuration error."""
     args = build_parser().parse_args(argv)
     try:
-        summary = convert(args.source, args.out, image_root=args.image_root, layout=args.layout, format=args.format,
-                          samples_per_shard=args.samples_per_shard, workers=args.workers,
-                          progress=not args.no_progress, overwrite=args.overwrite, verify=args.verify,
-                          allow_outside_paths=args.allow_outside_paths, max_media_mb=args.max_media_mb)
+        summary = convert(
+            args.source,
+            args.out,
+            image_root=args.image_root,
+            layout=args.layout,
+            format=args.format,
+            samples_per_shard=args.samples_per_shard,
+            workers=args.workers,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            allow_outside_paths=args.allow_outside_paths,
+            max_media_mb=args.max_media_mb,
+        )
     except ConfigError as exc:
         if args.debug:
             raise

@@ -43,13 +43,19 @@ def _open_source(path: Path, format: str) -> _Source:
     if format not in FORMATS:
         raise ConfigError("format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
     if not path.exists():
-        raise ConfigError("source", f"{path} does not exist",
-                          "pass a LLaVA/ShareGPT JSON or JSONL file, an OpenAI-messages JSONL file, or Parquet file(s)")
+        raise ConfigError(
+            "source",
+            f"{path} does not exist",
+            "pass a LLaVA/ShareGPT JSON or JSONL file, an OpenAI-messages JSONL file, or Parquet file(s)",
+        )
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
         if not files:
-            raise ConfigError("source", f"folder {path} holds no *.parquet files",
-                              "pass a JSON/JSONL file, a .parquet file, or a folder of .parquet files")
+            raise ConfigError(
+                "source",
+                f"folder {path} holds no *.parquet files",
+                "pass a JSON/JSONL file, a .parquet file, or a folder of .parquet files",
+            )
         return _open_parquet(files, format)
     try:
         with open(path, "rb") as f:
@@ -67,8 +73,11 @@ def _open_source(path: Path, format: str) -> _Source:
     elif text[:1] in (b"[", b"{"):
         container = "json"  # an array (streamed) or a pretty-printed object (read whole below)
     else:
-        raise ConfigError("format", f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
-                          "pass a JSON array, a JSONL file or Parquet")
+        raise ConfigError(
+            "format",
+            f"{path} is neither JSON, JSONL nor Parquet (it starts with {head[:16]!r})",
+            "pass a JSON array, a JSONL file or Parquet",
+        )
     streamed = container == "json" and text[:1] == b"["  # an array: streamed record by record, never held whole
     data = _load_json_array(path) if container == "json" and not streamed else None
     peek = data[:200] if data is not None else _peek_json_array(path) if streamed else _peek_jsonl(path)
@@ -130,7 +139,7 @@ def iter_json_array(f: Any, chunk_size: int = 1 << 20) -> Iterator[bytes]:
     while not buf.lstrip(b"\xef\xbb\xbf \t\r\n") and (more := f.read(chunk_size)):
         buf += more
     start = len(buf) - len(buf.lstrip(b"\xef\xbb\xbf \t\r\n"))
-    if buf[start:start + 1] != b"[":
+    if buf[start : start + 1] != b"[":
         raise ValueError("not a JSON array")
     start += 1
     pos, depth, in_string, eof = start, 1, False, False
@@ -191,11 +200,17 @@ def _load_json_array(path: Path) -> list:
     try:
         data = json.loads(Path(path).read_bytes().decode("utf-8-sig"))
     except RecursionError:
-        raise ConfigError("source", f"{path} is nested too deeply to read as one JSON document",
-                          "write the records as a JSON array or one JSON object per line") from None
+        raise ConfigError(
+            "source",
+            f"{path} is nested too deeply to read as one JSON document",
+            "write the records as a JSON array or one JSON object per line",
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError("source", f"{path} is not valid JSON: {exc}",
-                          "fix the file (a JSON array of records, or one JSON object per line)") from None
+        raise ConfigError(
+            "source",
+            f"{path} is not valid JSON: {exc}",
+            "fix the file (a JSON array of records, or one JSON object per line)",
+        ) from None
     if isinstance(data, dict):
         lists = [k for k, v in data.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
         if not any(k in data for k in (*_CONVERSATION_KEYS, "texts")) and len(lists) == 1:
@@ -203,16 +218,22 @@ def _load_json_array(path: Path) -> list:
         else:
             data = [data]  # a single record
     if not isinstance(data, list):
-        raise ConfigError("source", f"{path} holds a JSON {type(data).__name__}, not a list of records",
-                          "pass a JSON array of records or a JSONL file")
+        raise ConfigError(
+            "source",
+            f"{path} holds a JSON {type(data).__name__}, not a list of records",
+            "pass a JSON array of records or a JSONL file",
+        )
     return data
 
 
 def _detect_shape(records: list, path: Path) -> str:
     dicts = [r for r in records if isinstance(r, dict)]
     if not dicts:
-        raise ConfigError("format", f"no JSON object among the first records of {path}",
-                          "records must be objects with messages or conversations")
+        raise ConfigError(
+            "format",
+            f"no JSON object among the first records of {path}",
+            "records must be objects with messages or conversations",
+        )
     keys = Counter(k for r in dicts for k in r)
     if keys["messages"] >= keys["conversations"] + keys["conversation"] and keys["messages"]:
         return "messages"
@@ -220,9 +241,12 @@ def _detect_shape(records: list, path: Path) -> str:
         return "llava" if keys["image"] or (not keys["images"] and _mentions_image(dicts)) else "sharegpt"
     if keys["instruction"] and keys["output"]:
         return "alpaca"
-    raise ConfigError("format", f"cannot tell the record shape of {path}: first record keys {sorted(dicts[0])}",
-                      "records need 'messages' (OpenAI), 'conversations' (LLaVA/ShareGPT) or 'instruction' + "
-                      "'output' (alpaca); pass --format to force")
+    raise ConfigError(
+        "format",
+        f"cannot tell the record shape of {path}: first record keys {sorted(dicts[0])}",
+        "records need 'messages' (OpenAI), 'conversations' (LLaVA/ShareGPT) or 'instruction' + "
+        "'output' (alpaca); pass --format to force",
+    )
 
 
 def _mentions_image(records: list) -> bool:
@@ -247,11 +271,18 @@ def _open_parquet(files: list, format: str) -> _Source:
     names = schemas[0].names
     conv = next((c for c in (*_CONVERSATION_KEYS, "texts", "instruction") if c in names), None)
     if conv is None:
-        raise ConfigError("format", f"Parquet columns {names} hold no messages / conversations / conversation / texts "
-                          "(nor an alpaca instruction)", "the table needs a conversation column")
+        raise ConfigError(
+            "format",
+            f"Parquet columns {names} hold no messages / conversations / conversation / texts "
+            "(nor an alpaca instruction)",
+            "the table needs a conversation column",
+        )
     img = next((c for c in _IMAGE_KEYS if c in names), None)
     img_type = f" ({schemas[0].field(img).type})" if img else ""
     many = f"{len(files)} files, " if len(files) > 1 else ""
-    detected = (f"parquet ({many}{total} rows; conversation column {conv!r}, "
-                + (f"image column {img!r}{img_type}" if img else "no image column") + ")")
+    detected = (
+        f"parquet ({many}{total} rows; conversation column {conv!r}, "
+        + (f"image column {img!r}{img_type}" if img else "no image column")
+        + ")"
+    )
     return _Source(list(files), "parquet", "parquet", detected, total, (conv, img))

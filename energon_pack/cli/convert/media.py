@@ -83,8 +83,10 @@ def _read_file(path: Path, i: int, ctx: _Context, kind: str = "image") -> bytes:
     what = f"{kind} {i}: {path}"
     real = os.path.realpath(path)
     if not ctx.allow_outside and not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in ctx.roots):
-        raise SampleSkipped("path_outside_root", f"{what} resolves to {real}, outside {' and '.join(ctx.roots)} "
-                            "(pass --allow-outside-paths to read it)")
+        raise SampleSkipped(
+            "path_outside_root",
+            f"{what} resolves to {real}, outside {' and '.join(ctx.roots)} (pass --allow-outside-paths to read it)",
+        )
     try:
         _check_regular(os.stat(real), what, ctx)
         # O_NOFOLLOW: a symlink swapped in after realpath fails instead of leading out of the roots
@@ -110,8 +112,15 @@ def _read_file(path: Path, i: int, ctx: _Context, kind: str = "image") -> bytes:
 
 def _check_regular(st: os.stat_result, what: str, ctx: _Context) -> None:
     if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        kind = (
+            "a folder"
+            if stat.S_ISDIR(st.st_mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "not a regular file"
+        )
         raise SampleSkipped("not_a_regular_file", f"{what} is {kind}")
     _check_size(st.st_size, what, ctx)
 
@@ -142,8 +151,11 @@ def _looks_like_image(head: bytes) -> bool:
 
 def _looks_like_video(head: bytes) -> bool:
     """A video container header: an MP4/MOV box, Matroska/WebM's EBML magic, or RIFF AVI."""
-    return (head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip") or head.startswith(b"\x1aE\xdf\xa3")
-            or (head[:4] == b"RIFF" and head[8:12] == b"AVI "))
+    return (
+        head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")
+        or head.startswith(b"\x1aE\xdf\xa3")
+        or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+    )
 
 
 def _sniff_video(data: bytes, what: str) -> str:
@@ -161,8 +173,9 @@ def _sniff_video(data: bytes, what: str) -> str:
         raise SampleSkipped(skip.reason, f"{what}: {skip.detail}") from None
     ext = VIDEO_FORMAT_EXTENSIONS.get(name)
     if ext is None:
-        raise SampleSkipped("not_a_video",
-                            f"{what}: container {name!r} is none the loader reads (mp4/mov, mkv/webm, avi)")
+        raise SampleSkipped(
+            "not_a_video", f"{what}: container {name!r} is none the loader reads (mp4/mov, mkv/webm, avi)"
+        )
     return ext
 
 

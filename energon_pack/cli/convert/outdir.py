@@ -36,8 +36,11 @@ def _lock_out_dir(out: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise ConfigError("out_dir", f"another energon-pack convert is writing to {out}",
-                          "wait for it to finish, or choose another folder") from None
+        raise ConfigError(
+            "out_dir",
+            f"another energon-pack convert is writing to {out}",
+            "wait for it to finish, or choose another folder",
+        ) from None
     return fd
 
 
@@ -67,13 +70,18 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
     entries = list(out.iterdir())
     if entries:
         owned = _owned_names(out)
-        foreign = sorted(p.name for p in entries if owned is None or p.name not in owned
-                         or (p.is_dir() and not p.is_symlink() and p.name not in _OWN_DIRS))
+        foreign = sorted(
+            p.name
+            for p in entries
+            if owned is None or p.name not in owned or (p.is_dir() and not p.is_symlink() and p.name not in _OWN_DIRS)
+        )
         if foreign:
-            raise ConfigError("out_dir", f"{out} is not empty and not an energon-pack convert output (it holds "
-                              f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})",
-                              "choose a new or empty folder (convert deletes only what its manifest "
-                              f"{MANIFEST_FILE} lists)")
+            raise ConfigError(
+                "out_dir",
+                f"{out} is not empty and not an energon-pack convert output (it holds "
+                f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''})",
+                f"choose a new or empty folder (convert deletes only what its manifest {MANIFEST_FILE} lists)",
+            )
         if not overwrite:
             if (out / SUMMARY_FILE).exists():
                 try:
@@ -81,10 +89,16 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
                     what = f"{done['written']} samples from {done['source']}"
                 except (OSError, ValueError, KeyError):
                     what = "a finished conversion"
-                raise ConfigError("out_dir", f"{out} already holds a finished conversion ({what})",
-                                  "pass --overwrite (overwrite=True) to convert again, or choose another folder")
-            raise ConfigError("out_dir", f"{out} holds an interrupted conversion",
-                              "pass --overwrite (overwrite=True) to start over, or choose another folder")
+                raise ConfigError(
+                    "out_dir",
+                    f"{out} already holds a finished conversion ({what})",
+                    "pass --overwrite (overwrite=True) to convert again, or choose another folder",
+                )
+            raise ConfigError(
+                "out_dir",
+                f"{out} holds an interrupted conversion",
+                "pass --overwrite (overwrite=True) to start over, or choose another folder",
+            )
         for p in sorted(entries, key=lambda p: p.name == MANIFEST_FILE):  # the manifest last
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     try:

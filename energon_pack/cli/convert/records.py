@@ -43,8 +43,9 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
             if t.get("assistant") is not None:
                 turns.append({"role": "assistant", "content": t["assistant"]})
         return "messages", turns
-    raise SampleSkipped("no_conversation", f"no messages/conversations/conversation/texts/instruction among keys "
-                        f"{sorted(rec)[:12]}")
+    raise SampleSkipped(
+        "no_conversation", f"no messages/conversations/conversation/texts/instruction among keys {sorted(rec)[:12]}"
+    )
 
 
 def _split_media_parts(turns: Any) -> tuple[Any, list, list]:
@@ -77,7 +78,7 @@ def _split_media_parts(turns: Any) -> tuple[Any, list, list]:
 
 
 def _media_kind(part: Any) -> str | None:
-    """"image" / "video" for a typed (or untyped, keyed) media part, None for anything else."""
+    """ "image" / "video" for a typed (or untyped, keyed) media part, None for anything else."""
     if not isinstance(part, dict):
         return None
     kind = part.get("type")
@@ -95,6 +96,7 @@ def _media_refs(rec: dict, keys: tuple) -> list:
             continue
         return list(value) if isinstance(value, (list, tuple)) else [value]
     return []
+
 
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, (bytes, bytearray, memoryview)):
@@ -119,8 +121,11 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     try:
         raw = json.dumps(doc, ensure_ascii=False, default=_json_default).encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise SampleSkipped("invalid_text", f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
-                            f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r})") from None
+        raise SampleSkipped(
+            "invalid_text",
+            f"not encodable as UTF-8 ({exc.reason} at {exc.start}: "
+            f"{exc.object[max(0, exc.start - 20) : exc.end + 20]!r})",
+        ) from None
     # the loader's structural rules, on exactly what it will read: what passes here, it takes
     messages = normalize_conversation(decode_json_record(raw))
     check_conversation(messages, len(refs), len(video_refs))
@@ -135,8 +140,9 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
-        fields["videos"] = pickle.dumps([sampled_jpeg_frames(d, f"video {i}") for i, (d, _) in enumerate(videos)],
-                                        protocol=4)
+        fields["videos"] = pickle.dumps(
+            [sampled_jpeg_frames(d, f"video {i}") for i, (d, _) in enumerate(videos)], protocol=4
+        )
     else:
         for i, (data, ext) in enumerate(images):
             fields[f"{i}.{ext}"] = data

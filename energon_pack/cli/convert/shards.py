@@ -74,8 +74,11 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
                 fields, nimages, nbytes, nvideos, nvbytes = build_sample(rec, f"{rec_index:09d}", ctx)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
-                skip = exc if isinstance(exc, SampleSkipped) else \
-                    SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+                skip = (
+                    exc
+                    if isinstance(exc, SampleSkipped)
+                    else SampleSkipped("unexpected_error", f"{type(exc).__name__}: {str(exc)[:200]}")
+                )
                 res.skipped[skip.reason] += 1
                 res.missing_relative += isinstance(skip, _MissingRelative)
                 ex = res.examples.setdefault(skip.reason, [])
@@ -149,21 +152,35 @@ def convert(
     if not isinstance(max_media_mb, (int, float)) or not 0 < max_media_mb < 1 << 20:
         raise ConfigError("max_media_mb", f"must be a positive number of MB, got {max_media_mb!r}", "pass e.g. 64")
     if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
-        raise ConfigError("samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}",
-                          "pass e.g. 1000")
+        raise ConfigError(
+            "samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}", "pass e.g. 1000"
+        )
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers < 0:
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
     for knob, value in (("source", source), ("image_root", image_root)):
         if value is not None and is_remote(value):
-            raise ConfigError(knob, f"{value} is in object storage; convert reads its source and the images it names "
-                              "from local disk only", "copy them here first; OUT may be an msc:// prefix")
+            raise ConfigError(
+                knob,
+                f"{value} is in object storage; convert reads its source and the images it names from local disk only",
+                "copy them here first; OUT may be an msc:// prefix",
+            )
     if is_remote(out_dir):
         return _convert_to_object_storage(
-            source, str(out_dir), image_root=image_root, layout=layout, format=format,
-            samples_per_shard=samples_per_shard, workers=workers, progress=progress, overwrite=overwrite,
-            verify=verify, prepare_workers=prepare_workers, allow_outside_paths=allow_outside_paths,
-            max_media_mb=max_media_mb)
+            source,
+            str(out_dir),
+            image_root=image_root,
+            layout=layout,
+            format=format,
+            samples_per_shard=samples_per_shard,
+            workers=workers,
+            progress=progress,
+            overwrite=overwrite,
+            verify=verify,
+            prepare_workers=prepare_workers,
+            allow_outside_paths=allow_outside_paths,
+            max_media_mb=max_media_mb,
+        )
     source, out = Path(source), Path(out_dir)
     src = _open_source(source, format)
     root_given = image_root is not None
@@ -179,8 +196,16 @@ def convert(
         _prepare_out_dir(out, overwrite)
         folder = source if source.is_dir() else source.parent
         roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, folder)))
-        ctx = _Context(str(image_root.resolve()), layout, src.shape, verify, str(out / TMP_DIR), roots,
-                       bool(allow_outside_paths), int(max_media_mb * (1 << 20)))
+        ctx = _Context(
+            str(image_root.resolve()),
+            layout,
+            src.shape,
+            verify,
+            str(out / TMP_DIR),
+            roots,
+            bool(allow_outside_paths),
+            int(max_media_mb * (1 << 20)),
+        )
         summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
         results = _run(ctx, src, samples_per_shard, workers, progress)
 
@@ -210,16 +235,20 @@ def convert(
         summary.skipped = dict(sorted(skipped.items()))
         summary.examples = {k: examples[k] for k in summary.skipped}
         if missing_relative and not root_given:
-            summary.hints.append(f"{missing_relative} record(s) skipped as missing_image: their relative image paths "
-                                 f"were looked up in {image_root} (the source's folder); pass --image-root DIR, the "
-                                 "folder they are relative to")
+            summary.hints.append(
+                f"{missing_relative} record(s) skipped as missing_image: their relative image paths "
+                f"were looked up in {image_root} (the source's folder); pass --image-root DIR, the "
+                "folder they are relative to"
+            )
         if summary.written == 0:  # nothing to keep: the folder is left empty
             for name in (IN_PROGRESS_FILE, MANIFEST_FILE):
                 (out / name).unlink(missing_ok=True)
             detail = "; ".join(f"{r}={n} (e.g. {summary.examples[r][0]})" for r, n in summary.skipped.items())
-            raise ConfigError("source", f"none of the {summary.records} records of {source} could be converted: "
-                              f"{detail or 'no records'}",
-                              "; ".join(summary.hints) or "check --image-root and the skip reasons")
+            raise ConfigError(
+                "source",
+                f"none of the {summary.records} records of {source} could be converted: {detail or 'no records'}",
+                "; ".join(summary.hints) or "check --image-root and the skip reasons",
+            )
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
         if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
@@ -241,9 +270,12 @@ def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool,
     with store_errors(out):
         held = list_names(out)
     if held:
-        raise ConfigError("out_dir", f"{out} already holds {len(held)} object(s) (e.g. {held[0]})"
-                          + ("; --overwrite replaces local outputs only" if overwrite else ""),
-                          "write to a new prefix")
+        raise ConfigError(
+            "out_dir",
+            f"{out} already holds {len(held)} object(s) (e.g. {held[0]})"
+            + ("; --overwrite replaces local outputs only" if overwrite else ""),
+            "write to a new prefix",
+        )
     with tempfile.TemporaryDirectory(prefix="energon_pack_convert_") as tmp:
         local = Path(tmp) / "out"
         summary = convert(source, local, **kw)
@@ -264,8 +296,11 @@ def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -
     def done(res: _ChunkResult, bar) -> None:
         results.append(res)
         bar.update(res.records)
-        bar.set_postfix(written=sum(r.written for r in results),
-                        skipped=sum(sum(r.skipped.values()) for r in results), refresh=False)
+        bar.set_postfix(
+            written=sum(r.written for r in results),
+            skipped=sum(sum(r.skipped.values()) for r in results),
+            refresh=False,
+        )
 
     if workers <= 1:
         with tqdm(**bar_kw) as bar:

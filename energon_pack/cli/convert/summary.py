@@ -12,9 +12,9 @@ SKIP_REASONS = {
     "bad_record": "a record that is not a JSON object / table row",
     "no_conversation": "a record without messages / conversations / conversation / texts",
     "bad_conversation": "turns of an unsupported shape (no role/from, a content of an unknown type, a tool call "
-                        "without a name, tools that are not a list, ...)",
+    "without a name, tools that are not a list, ...)",
     "unknown_role": "a turn whose role is not system / user / assistant / tool (or an alias: human, gpt, "
-                    "function_call, observation)",
+    "function_call, observation)",
     "empty_conversation": "a conversation with no turns",
     "no_assistant_turn": "a conversation with no assistant turn: nothing to train on",
     "empty_assistant_turn": "an assistant turn with no content and no tool calls",
@@ -31,7 +31,7 @@ SKIP_REASONS = {
     "missing_image": "an image path that does not exist (check --image-root)",
     "unreadable_image": "an image path that exists but cannot be read (no permission)",
     "path_outside_root": "an image path that resolves (symlinks included) outside the source folder and --image-root "
-                         "(--allow-outside-paths reads it)",
+    "(--allow-outside-paths reads it)",
     "not_a_regular_file": "an image path naming a folder, a FIFO, a device (/dev/zero, /dev/stdin) or a socket",
     "media_too_large": "an image larger than --max-media-mb",
     "not_an_image": "a file whose first bytes are no image header (it is not read further)",
@@ -89,7 +89,8 @@ class ConvertSummary:
         lines.extend(f"  hint     {h}" for h in self.hints)
         lines += [
             f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)}"
-            + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "") + " (original bytes)",
+            + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "")
+            + " (original bytes)",
             f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
             f"get_train_dataset({self.out_dir!r}, ...)",
         ]

@@ -149,8 +149,11 @@ def varlen_attention_forward(
     not re-read here; CPU ones are checked.
     """
     if sliding_window is not None or softcap is not None:
-        raise ConfigError("attn_implementation", f"{VARLEN_ATTENTION} supports neither sliding windows nor softcap",
-                          "use flash_attention_2 or sdpa for such models")
+        raise ConfigError(
+            "attn_implementation",
+            f"{VARLEN_ATTENTION} supports neither sliding windows nor softcap",
+            "use flash_attention_2 or sdpa for such models",
+        )
     batch, heads_q, total, head_dim = query.shape
     heads_k = key.shape[1]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -161,20 +164,34 @@ def varlen_attention_forward(
         else:
             cu_q = cu_k = torch.tensor([0, total], dtype=torch.int32)
     if batch != 1:
-        raise ConfigError("micro_batch_size", f"{VARLEN_ATTENTION} expects one packed row, got batch {batch}",
-                          "use micro-batch size 1 (THD)")
+        raise ConfigError(
+            "micro_batch_size",
+            f"{VARLEN_ATTENTION} expects one packed row, got batch {batch}",
+            "use micro-batch size 1 (THD)",
+        )
     end_ok = cu_q.is_cuda or int(cu_q[-1]) == total  # device cu_seqlens: checked by hf_forward_kwargs
     if key.shape[2] != total or not end_ok or not _same_segments(cu_q, cu_k):
-        raise ConfigError("cu_seq_lens_q", f"self-attention segments must cover the row of {total} tokens "
-                          f"(cu_q ends at {int(cu_q[-1])}, keys {key.shape[2]})",
-                          "pass the padded cu_seqlens of the batch (hf_forward_kwargs does) and use_cache=False")
+        raise ConfigError(
+            "cu_seq_lens_q",
+            f"self-attention segments must cover the row of {total} tokens "
+            f"(cu_q ends at {int(cu_q[-1])}, keys {key.shape[2]})",
+            "pass the padded cu_seqlens of the batch (hf_forward_kwargs does) and use_cache=False",
+        )
     if attention_mask is not None:
-        raise ConfigError("attention_mask", f"{VARLEN_ATTENTION} takes its segments from cu_seqlens",
-                          "pass attention_mask=None (hf_forward_kwargs does)")
+        raise ConfigError(
+            "attention_mask",
+            f"{VARLEN_ATTENTION} takes its segments from cu_seqlens",
+            "pass attention_mask=None (hf_forward_kwargs does)",
+        )
     q, k, v = (t.transpose(1, 2)[0] for t in (query, key, value))  # (T, H, D)
     varlen_attn = _torch_varlen()
-    flash_ok = (varlen_attn is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
-                and (dropout == 0.0 or not module.training) and head_dim <= 256)
+    flash_ok = (
+        varlen_attn is not None
+        and query.is_cuda
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and (dropout == 0.0 or not module.training)
+        and head_dim <= 256
+    )
     if flash_ok:
         if max_length_q is None:
             max_length_q = (cu_q[1:] - cu_q[:-1]).max()
@@ -196,8 +213,13 @@ def varlen_attention_forward(
         return out.unsqueeze(0), None
     mask = _block_mask(cu_q, total, causal, query.device)
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-        scale=scaling, enable_gqa=heads_q != heads_k,
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        enable_gqa=heads_q != heads_k,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -238,6 +260,7 @@ def use_varlen_attention(model: Any, name: str = VARLEN_ATTENTION) -> str:
             continue
         seen.add(id(config))
         config._attn_implementation_internal = name
-        configs.extend(getattr(config, key) for key in getattr(config, "sub_configs", {})
-                       if getattr(config, key, None) is not None)
+        configs.extend(
+            getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None) is not None
+        )
     return name

@@ -107,10 +107,13 @@ _ROPE_STYLE_OF_MODEL_TYPE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2.5", "qwen
 def _model_geometry(config: Any) -> dict[str, Any]:
     """The preset record a batch for ``config`` must carry (name and tokens_per_second where they decide)."""
     vision = config.vision_config
-    want = {"name": _PRESET_OF_MODEL_TYPE[config.model_type],
-            "rope_style": _ROPE_STYLE_OF_MODEL_TYPE[config.model_type],
-            "patch_size": int(vision.patch_size), "temporal_patch_size": int(vision.temporal_patch_size),
-            "merge_size": int(vision.spatial_merge_size)}
+    want = {
+        "name": _PRESET_OF_MODEL_TYPE[config.model_type],
+        "rope_style": _ROPE_STYLE_OF_MODEL_TYPE[config.model_type],
+        "patch_size": int(vision.patch_size),
+        "temporal_patch_size": int(vision.temporal_patch_size),
+        "merge_size": int(vision.spatial_merge_size),
+    }
     if want["rope_style"] == "qwen2.5" and getattr(vision, "tokens_per_second", None) is not None:
         want["tokens_per_second"] = float(vision.tokens_per_second)
     return want
@@ -118,23 +121,34 @@ def _model_geometry(config: Any) -> dict[str, Any]:
 
 def _describe(record: Mapping[str, Any]) -> str:
     tps = f", tokens_per_second {record['tokens_per_second']:g}" if record.get("rope_style") == "qwen2.5" else ""
-    return (f"M-RoPE {record.get('rope_style')}{tps}, patch {record.get('patch_size')}, temporal patch "
-            f"{record.get('temporal_patch_size')}, merge {record.get('merge_size')}")
+    return (
+        f"M-RoPE {record.get('rope_style')}{tps}, patch {record.get('patch_size')}, temporal patch "
+        f"{record.get('temporal_patch_size')}, merge {record.get('merge_size')}"
+    )
 
 
 def _check_record(record: Mapping[str, Any], config: Any, where: str) -> None:
     want = _model_geometry(config)
     if record.get("rope_style") != want["rope_style"]:
-        raise ConfigError("preset", f"{where} preset {record.get('name')!r} ({_describe(record)}) is not the "
-                          f"{config.model_type} model's ({want['name']!r}: {_describe(want)})",
-                          f"build the task encoder with preset={want['name']!r}, the model's version")
-    differ = [k for k in ("patch_size", "temporal_patch_size", "merge_size", "tokens_per_second")
-              if k in want and float(record.get(k, -1)) != want[k]]
+        raise ConfigError(
+            "preset",
+            f"{where} preset {record.get('name')!r} ({_describe(record)}) is not the "
+            f"{config.model_type} model's ({want['name']!r}: {_describe(want)})",
+            f"build the task encoder with preset={want['name']!r}, the model's version",
+        )
+    differ = [
+        k
+        for k in ("patch_size", "temporal_patch_size", "merge_size", "tokens_per_second")
+        if k in want and float(record.get(k, -1)) != want[k]
+    ]
     if differ:
         sizes = ", ".join(f"{k}={want[k]!r}" for k in differ)
-        raise ConfigError("preset", f"{where} preset {record.get('name')!r} ({_describe(record)}) does not match the "
-                          f"{config.model_type} model's vision_config ({_describe({**record, **want})})",
-                          f"build the task encoder with get_preset({record.get('name')!r}, {sizes}) to match it")
+        raise ConfigError(
+            "preset",
+            f"{where} preset {record.get('name')!r} ({_describe(record)}) does not match the "
+            f"{config.model_type} model's vision_config ({_describe({**record, **want})})",
+            f"build the task encoder with get_preset({record.get('name')!r}, {sizes}) to match it",
+        )
 
 
 def check_vision_preset(batch: Mapping[str, Any], model: Any, *, preset: Any = None) -> None:
@@ -163,21 +177,29 @@ def check_vision_preset(batch: Mapping[str, Any], model: Any, *, preset: Any = N
         if pixels is None:
             continue
         if pixels.dim() != 2 or pixels.shape[-1] != width:
-            raise ConfigError(pixels_key, f"rows of shape {tuple(pixels.shape)[1:]} do not fit the {config.model_type} "
-                              f"vision tower, which takes rows of in_channels * temporal_patch_size * patch_size^2 = "
-                              f"{channels} * {temporal} * {patch}^2 = {width}",
-                              f"build the batch with preset={name!r}, or with patch sizes overridden to match the "
-                              "model's vision_config")
+            raise ConfigError(
+                pixels_key,
+                f"rows of shape {tuple(pixels.shape)[1:]} do not fit the {config.model_type} "
+                f"vision tower, which takes rows of in_channels * temporal_patch_size * patch_size^2 = "
+                f"{channels} * {temporal} * {patch}^2 = {width}",
+                f"build the batch with preset={name!r}, or with patch sizes overridden to match the "
+                "model's vision_config",
+            )
         grid_rows = grid.detach().cpu().tolist() if grid is not None else []
         covered = sum(t * h * w for t, h, w in grid_rows)
         if covered != pixels.shape[0]:
-            raise ConfigError(grid_key, f"covers {covered} patches but {pixels_key} "
-                              f"has {pixels.shape[0]} rows", "pass the grids and pixel rows of the same samples, in "
-                              "the same order")
+            raise ConfigError(
+                grid_key,
+                f"covers {covered} patches but {pixels_key} has {pixels.shape[0]} rows",
+                "pass the grids and pixel rows of the same samples, in the same order",
+            )
         bad = [g for g in grid_rows if g[1] % merge or g[2] % merge]
         if bad:
-            raise ConfigError(grid_key, f"grid {bad[0]} is not divisible by the model's spatial_merge_size {merge}",
-                              f"build the batch with preset={name!r}, or with merge_size={merge}")
+            raise ConfigError(
+                grid_key,
+                f"grid {bad[0]} is not divisible by the model's spatial_merge_size {merge}",
+                f"build the batch with preset={name!r}, or with merge_size={merge}",
+            )
 
 
 def _rope_index_owner(model: Any) -> Any:
@@ -208,47 +230,68 @@ def mrope_conventions(model: Any) -> tuple[str, bool]:
 
     merge = int(config.vision_config.spatial_merge_size)
     steps, spg = 4, 1.5
-    input_ids = torch.tensor([[config.vision_start_token_id] + [config.video_token_id] * steps
-                              + [config.vision_end_token_id] * 2])
+    input_ids = torch.tensor(
+        [[config.vision_start_token_id] + [config.video_token_id] * steps + [config.vision_end_token_id] * 2]
+    )
     grid = torch.tensor([[steps, merge, merge]])
     params = inspect.signature(owner.get_rope_index).parameters
-    probe: dict[str, Any] = {"input_ids": input_ids, "image_grid_thw": None, "video_grid_thw": grid,
-                             "second_per_grid_ts": torch.tensor([spg]), "attention_mask": None,
-                             "mm_token_type_ids": mm_token_type_ids(input_ids, config)}
+    probe: dict[str, Any] = {
+        "input_ids": input_ids,
+        "image_grid_thw": None,
+        "video_grid_thw": grid,
+        "second_per_grid_ts": torch.tensor([spg]),
+        "attention_mask": None,
+        "mm_token_type_ids": mm_token_type_ids(input_ids, config),
+    }
     with torch.no_grad():
         got = owner.get_rope_index(**{k: v for k, v in probe.items() if k in params})[0][:, 0].cpu()
     preset = _preset_of_config(config)
     found = None
     for resume in ("spatial", "max"):
         for truncate in (False, True):
-            want = mrope_position_ids(input_ids[0], None, grid, [float(int(spg)) if truncate else spg], preset=preset,
-                                      image_pad_id=config.image_token_id, video_pad_id=config.video_token_id,
-                                      resume=resume)
+            want = mrope_position_ids(
+                input_ids[0],
+                None,
+                grid,
+                [float(int(spg)) if truncate else spg],
+                preset=preset,
+                image_pad_id=config.image_token_id,
+                video_pad_id=config.video_token_id,
+                resume=resume,
+            )
             if found is None and torch.equal(got.to(want.dtype), want):
                 found = (resume, truncate)
     if found is None:
-        warnings.warn(f"the installed transformers places {model_type} video M-RoPE positions in a way energon_pack "
-                      f"does not know (probe {got.tolist()}); packed rows keep the task encoder's positions, which "
-                      "may differ from this release's per-sample forward for videos", stacklevel=3)
+        warnings.warn(
+            f"the installed transformers places {model_type} video M-RoPE positions in a way energon_pack "
+            f"does not know (probe {got.tolist()}); packed rows keep the task encoder's positions, which "
+            "may differ from this release's per-sample forward for videos",
+            stacklevel=3,
+        )
         found = _BATCH_MROPE
     _MROPE_CONVENTIONS[model_type] = found
     return found
 
 
-def _mrope_for_release(batch: Mapping[str, Any], mrope: torch.Tensor, config: Any,
-                       conventions: tuple[str, bool]) -> torch.Tensor:
+def _mrope_for_release(
+    batch: Mapping[str, Any], mrope: torch.Tensor, config: Any, conventions: tuple[str, bool]
+) -> torch.Tensor:
     """The batch's (3, 1, T) M-RoPE with every segment that holds a video recomputed in ``conventions``."""
     from energon_pack.qwen_vl.mrope import mrope_position_ids
 
     resume, truncate = conventions
     preset = _preset_of_config(config)
-    merge2 = preset.merge_size ** 2
+    merge2 = preset.merge_size**2
     ids = batch["input_ids"][0].detach().cpu()
     starts = batch["cu_seqlens_q_padded"].detach().cpu().tolist()
     real = batch["cu_seqlens_q"].detach().cpu()
     lengths = (real[1:] - real[:-1]).tolist()
-    grids = {kind: (batch.get(f"{kind}_grid_thw").detach().cpu().tolist() if batch.get(f"{kind}_grid_thw") is not None
-                    else []) for kind in ("image", "video")}
+    grids = {
+        kind: (
+            batch.get(f"{kind}_grid_thw").detach().cpu().tolist() if batch.get(f"{kind}_grid_thw") is not None else []
+        )
+        for kind in ("image", "video")
+    }
     spg_all = batch.get("second_per_grid_ts")
     spg_all = spg_all.detach().cpu().tolist() if spg_all is not None else [1.0] * len(grids["video"])
     cursor = {"image": 0, "video": 0}
@@ -264,17 +307,24 @@ def _mrope_for_release(batch: Mapping[str, Any], mrope: torch.Tensor, config: An
         return taken
 
     for start, length in zip(starts, lengths):
-        seg = ids[start: start + length]
+        seg = ids[start : start + length]
         first_video = cursor["video"]
         images = take("image", int((seg == config.image_token_id).sum()))
         videos = take("video", int((seg == config.video_token_id).sum()))
         if not videos:
             continue
-        spg = spg_all[first_video: cursor["video"]]
+        spg = spg_all[first_video : cursor["video"]]
         spg = [float(int(x)) for x in spg] if truncate else spg
-        out[:, 0, start: start + length] = mrope_position_ids(
-            seg, images or None, videos, spg, preset=preset, image_pad_id=config.image_token_id,
-            video_pad_id=config.video_token_id, resume=resume)
+        out[:, 0, start : start + length] = mrope_position_ids(
+            seg,
+            images or None,
+            videos,
+            spg,
+            preset=preset,
+            image_pad_id=config.image_token_id,
+            video_pad_id=config.video_token_id,
+            resume=resume,
+        )
     return out.to(mrope.device)
 
 
@@ -309,26 +359,36 @@ def hf_forward_kwargs(
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ConfigError(
-            "micro_batch_size", f"input_ids must be one packed row [1, T], got {shape}",
+            "micro_batch_size",
+            f"input_ids must be one packed row [1, T], got {shape}",
             "use micro-batch size 1 (one THD row per step; the packer fills the row instead of MBS)",
         )
     total = input_ids.shape[1]
     position_ids = batch["position_ids"]
     if tuple(position_ids.shape) != (1, total):
-        raise ConfigError("position_ids", f"expected shape (1, {total}), got {tuple(position_ids.shape)}",
-                          "pass the batch as built by the task encoder (micro-batch size 1)")
+        raise ConfigError(
+            "position_ids",
+            f"expected shape (1, {total}), got {tuple(position_ids.shape)}",
+            "pass the batch as built by the task encoder (micro-batch size 1)",
+        )
     config = _config_of(model) if model is not None else None
     vision_language = config is None or _is_vision_language(config)
     if config is not None and _is_vision_language(config) and config.model_type not in _VL_MODEL_TYPES:
-        raise ConfigError("model", f"model_type {config.model_type!r} is not a Qwen-VL model",
-                          f"use one of {_VL_MODEL_TYPES} (or a text-only LLM)")
+        raise ConfigError(
+            "model",
+            f"model_type {config.model_type!r} is not a Qwen-VL model",
+            f"use one of {_VL_MODEL_TYPES} (or a text-only LLM)",
+        )
     if config is not None:
         check_vision_preset(batch, config, preset=preset)
     static = batch.get(STATIC_PIXELS_KEY) is not None
     runs_static = config is not None and _is_vision_language(config) and hasattr(model, "register_forward_pre_hook")
     if static and not runs_static:
-        raise ConfigError("model", "a static-visual batch (visual_pixel_values) needs the Qwen-VL model that runs it",
-                          "pass model= (hf_forward_kwargs / packed_forward)")
+        raise ConfigError(
+            "model",
+            "a static-visual batch (visual_pixel_values) needs the Qwen-VL model that runs it",
+            "pass model= (hf_forward_kwargs / packed_forward)",
+        )
     has_visual = static or any(batch.get(k) is not None for k in _VISUAL_FORWARD_KEYS)
     mrope = batch.get("mrope_position_ids")
 
@@ -336,14 +396,18 @@ def hf_forward_kwargs(
         if mrope is None:
             if has_visual:
                 raise ConfigError(
-                    "mrope_position_ids", "the batch carries images/videos but no M-RoPE positions",
+                    "mrope_position_ids",
+                    "the batch carries images/videos but no M-RoPE positions",
                     "build it with QwenVLPackingTaskEncoder (it computes mrope_position_ids per segment)",
                 )
             # Text only: HF's M-RoPE of a text sample is its text position on all three axes.
             mrope = position_ids.unsqueeze(0).expand(3, 1, total)
         if tuple(mrope.shape) != (3, 1, total):
-            raise ConfigError("mrope_position_ids", f"expected shape (3, 1, {total}), got {tuple(mrope.shape)}",
-                              "use micro-batch size 1 and the batch as built by the task encoder")
+            raise ConfigError(
+                "mrope_position_ids",
+                f"expected shape (3, 1, {total}), got {tuple(mrope.shape)}",
+                "use micro-batch size 1 and the batch as built by the task encoder",
+            )
         if model is not None and batch.get("video_grid_thw") is not None:
             conventions = mrope_conventions(model)
             if conventions != _BATCH_MROPE:  # an older release: its own per-sample positions for videos
@@ -351,8 +415,11 @@ def hf_forward_kwargs(
         positions = torch.cat([position_ids.unsqueeze(0), mrope], dim=0)  # (4, 1, T): text row first
     else:
         if has_visual:
-            raise ConfigError("model", f"{config.model_type!r} is a text-only model but the batch has images/videos",
-                              "use a Qwen-VL model, or pack text-only data")
+            raise ConfigError(
+                "model",
+                f"{config.model_type!r} is a text-only model but the batch has images/videos",
+                "use a Qwen-VL model, or pack text-only data",
+            )
         positions = position_ids
 
     cu_q, cu_k = batch["cu_seqlens_q_padded"], batch["cu_seqlens_kv_padded"]
@@ -361,8 +428,11 @@ def hf_forward_kwargs(
     cu_q_host, cu_k_host = cu_q.detach().cpu(), cu_k.detach().cpu()
     for name, cu in (("cu_seqlens_q_padded", cu_q_host), ("cu_seqlens_kv_padded", cu_k_host)):
         if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != total:
-            raise ConfigError(name, f"must run from 0 to the row length {total}, got {cu.tolist()}",
-                              "pass the batch as built by the task encoder (the last span absorbs the tail)")
+            raise ConfigError(
+                name,
+                f"must run from 0 to the row length {total}, got {cu.tolist()}",
+                "pass the batch as built by the task encoder (the last span absorbs the tail)",
+            )
     same = cu_q is cu_k or torch.equal(cu_q_host, cu_k_host)
     cu_q32 = cu_q.to(torch.int32)
     kwargs: dict[str, Any] = {
@@ -407,10 +477,12 @@ def hf_forward_kwargs(
     for key in ("pixel_values", "pixel_values_videos"):
         if isinstance(pixels.get(key), torch.Tensor) and pixels[key].dtype == torch.uint8:
             if preset is None:
-                raise ConfigError("pixel_dtype",
-                                  f"{key} is uint8 and would reach the vision tower as raw 0..255 values",
-                                  "pass preset=task_encoder.preset (normalised on the device), or use pixel_dtype "
-                                  "'float32' / 'bfloat16'")
+                raise ConfigError(
+                    "pixel_dtype",
+                    f"{key} is uint8 and would reach the vision tower as raw 0..255 values",
+                    "pass preset=task_encoder.preset (normalised on the device), or use pixel_dtype "
+                    "'float32' / 'bfloat16'",
+                )
             from energon_pack.pixels import normalize_pixels
 
             pixels[key] = normalize_pixels(pixels[key], preset)
@@ -454,9 +526,13 @@ def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str
             values["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
         if "window_index" in keys:
             window_index, cu_window = vu.get_vision_window_index(
-                grid, spatial_merge_size=merge, window_size=vision.window_size, patch_size=vision.patch_size)
-            values.update(window_index=window_index, cu_window_seqlens=cu_window,
-                          max_window_seqlen=int((cu_window[1:] - cu_window[:-1]).max()))
+                grid, spatial_merge_size=merge, window_size=vision.window_size, patch_size=vision.patch_size
+            )
+            values.update(
+                window_index=window_index,
+                cu_window_seqlens=cu_window,
+                max_window_seqlen=int((cu_window[1:] - cu_window[:-1]).max()),
+            )
         out.update({f"{prefix}_{name}": v for name, v in values.items() if name in keys})
     return out
 

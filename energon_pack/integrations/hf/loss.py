@@ -31,12 +31,14 @@ def packed_loss(
     labels, loss_mask = batch["labels"], batch["loss_mask"]
     vocab = logits.shape[-1]
     if logits.shape[:-1] != labels.shape:
-        raise ConfigError("logits", f"shape {tuple(logits.shape)} does not match labels {tuple(labels.shape)}",
-                          "pass the full logits of the packed row (logits_to_keep=0)")
+        raise ConfigError(
+            "logits",
+            f"shape {tuple(logits.shape)} does not match labels {tuple(labels.shape)}",
+            "pass the full logits of the packed row (logits_to_keep=0)",
+        )
     labels = labels.to(logits.device)
     loss_mask = loss_mask.to(logits.device, torch.float32)
-    token_loss = F.cross_entropy(logits.reshape(-1, vocab).float(), labels.reshape(-1).clamp(min=0),
-                                 reduction="none")
+    token_loss = F.cross_entropy(logits.reshape(-1, vocab).float(), labels.reshape(-1).clamp(min=0), reduction="none")
     weight = loss_mask.reshape(-1) * (labels.reshape(-1) != IGNORE_INDEX)
     loss = (token_loss * weight).sum()
     count = weight.sum()

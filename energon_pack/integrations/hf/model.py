@@ -48,9 +48,14 @@ def _install(model: torch.nn.Module, *, attention: str | None, static_visual: bo
     if static_visual and vision_language:
         use_static_visual(model)
     before = getattr(model, PREPARED_ATTR, None)
-    setattr(model, PREPARED_ATTR, _Prepared(
-        static_visual=(static_visual and vision_language) or (before is not None and before.static_visual),
-        explicit=explicit or (before is not None and before.explicit)))
+    setattr(
+        model,
+        PREPARED_ATTR,
+        _Prepared(
+            static_visual=(static_visual and vision_language) or (before is not None and before.static_visual),
+            explicit=explicit or (before is not None and before.explicit),
+        ),
+    )
 
 
 def prepare_model(model: Any, *, attention: str | None = VARLEN_ATTENTION, static_visual: bool = True) -> Any:
@@ -75,8 +80,11 @@ def prepare_model(model: Any, *, attention: str | None = VARLEN_ATTENTION, stati
     """
     inner = _unwrap(model)
     if not isinstance(inner, torch.nn.Module):
-        raise ConfigError("model", f"prepare_model takes a torch module, got {type(inner).__name__}",
-                          "pass the HF model (or its DDP / FSDP wrapper)")
+        raise ConfigError(
+            "model",
+            f"prepare_model takes a torch module, got {type(inner).__name__}",
+            "pass the HF model (or its DDP / FSDP wrapper)",
+        )
     check_transformers_version()
     _install(inner, attention=attention, static_visual=static_visual, explicit=True)
     return model
@@ -98,11 +106,17 @@ def ensure_prepared(model: Any, *, static_visual: bool, stacklevel: int) -> None
     if state is not None and (state.static_visual or not static_visual):
         return
     if state is not None and state.explicit:
-        raise ConfigError("static_visual", "a static-visual batch reached a model prepared with static_visual=False",
-                          "call prepare_model(model) (static_visual=True installs the hooks static packs need)")
+        raise ConfigError(
+            "static_visual",
+            "a static-visual batch reached a model prepared with static_visual=False",
+            "call prepare_model(model) (static_visual=True installs the hooks static packs need)",
+        )
     installed = "the vision tower guards" + (" and the static-visual hooks" if static_visual else "")
-    warnings.warn(f"installing {installed} on a model from the forward kwargs is deprecated: call "
-                  "energon_pack.integrations.hf.prepare_model(model) (or energon_pack.prepare_model) once before "
-                  "training (attention=None keeps the model's attention implementation)",
-                  DeprecationWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"installing {installed} on a model from the forward kwargs is deprecated: call "
+        "energon_pack.integrations.hf.prepare_model(model) (or energon_pack.prepare_model) once before "
+        "training (attention=None keeps the model's attention implementation)",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
     _install(inner, attention=None, static_visual=static_visual, explicit=False)

@@ -47,9 +47,12 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
     modeling = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
     interp = hasattr(modeling, "get_vision_interpolation_indices_and_weights") and config.model_type == "qwen3_vl"
     if not {"position_ids", "cu_seqlens", "max_seqlen"} <= keys:
-        raise ConfigError("static_visual", f"this transformers release's {config.model_type} vision tower takes no "
-                          "precomputed positions/cu_seqlens, so its shapes cannot be pinned",
-                          "use transformers >= 5.12, or build the encoder with static_visual=False")
+        raise ConfigError(
+            "static_visual",
+            f"this transformers release's {config.model_type} vision tower takes no "
+            "precomputed positions/cu_seqlens, so its shapes cannot be pinned",
+            "use transformers >= 5.12, or build the encoder with static_visual=False",
+        )
     from transformers import vision_utils as vu
 
     merge = vision.spatial_merge_size
@@ -66,29 +69,48 @@ def static_vision_kwargs(batch: Mapping[str, Any], model: Any) -> dict[str, Any]
     fixed_grid = torch.zeros((size, 3), dtype=torch.int64)
     fixed_grid[: len(grid)] = grid
     out: dict[str, Any] = {
-        "pixel_values": pixels, "grid_thw": fixed_grid,
+        "pixel_values": pixels,
+        "grid_thw": fixed_grid,
         "position_ids": torch.cat([pos, pos.new_zeros((budget - n_real, pos.shape[1]))]),
-        "cu_seqlens": pad_segments(vu.get_vision_cu_seqlens(grid) if real else torch.zeros(1), budget, max_frame, merge,
-                                   full_segment_count(budget, int(batch[STATIC_FRAMES_KEY]), max_frame)),
+        "cu_seqlens": pad_segments(
+            vu.get_vision_cu_seqlens(grid) if real else torch.zeros(1),
+            budget,
+            max_frame,
+            merge,
+            full_segment_count(budget, int(batch[STATIC_FRAMES_KEY]), max_frame),
+        ),
         "max_seqlen": max_frame,
     }
     if window:
-        index, cu_window = (vu.get_vision_window_index(grid, spatial_merge_size=merge, window_size=vision.window_size,
-                                                       patch_size=vision.patch_size) if real
-                            else (torch.zeros(0, dtype=torch.int64), torch.zeros(1)))
-        out.update(window_index=torch.cat([index, torch.arange(n_real // unit, budget // unit)]),
-                   cu_window_seqlens=pad_segments(cu_window, budget, window_rows, merge), max_window_seqlen=window_rows)
+        index, cu_window = (
+            vu.get_vision_window_index(
+                grid, spatial_merge_size=merge, window_size=vision.window_size, patch_size=vision.patch_size
+            )
+            if real
+            else (torch.zeros(0, dtype=torch.int64), torch.zeros(1))
+        )
+        out.update(
+            window_index=torch.cat([index, torch.arange(n_real // unit, budget // unit)]),
+            cu_window_seqlens=pad_segments(cu_window, budget, window_rows, merge),
+            max_window_seqlen=window_rows,
+        )
     if interp:
         visual = _visual_tower(model)
-        taps = (4 if visual.interpolation_mode == "bilinear" else 16)
+        taps = 4 if visual.interpolation_mode == "bilinear" else 16
         if real:
             idx, w = vu.get_vision_interpolation_indices_and_weights(
-                grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
-                align_corners=visual.interpolation_align_corners, spatial_merge_size=merge)
+                grid,
+                num_grid_per_side=visual.num_grid_per_side,
+                mode=visual.interpolation_mode,
+                align_corners=visual.interpolation_align_corners,
+                spatial_merge_size=merge,
+            )
         else:
             idx, w = torch.zeros((0, taps), dtype=torch.int64), torch.zeros((0, taps))
-        out.update(interp_indices=torch.cat([idx, idx.new_zeros((budget - n_real, idx.shape[1]))]),
-                   interp_weights=torch.cat([w, w.new_zeros((budget - n_real, w.shape[1]))]))
+        out.update(
+            interp_indices=torch.cat([idx, idx.new_zeros((budget - n_real, idx.shape[1]))]),
+            interp_weights=torch.cat([w, w.new_zeros((budget - n_real, w.shape[1]))]),
+        )
     return out
 
 
@@ -97,8 +119,9 @@ def _visual_tower(model: Any) -> Any:
     return getattr(base, "visual", None) or model.visual
 
 
-def _deepstack_full_width(self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
-                          visual_embeds: torch.Tensor) -> torch.Tensor:
+def _deepstack_full_width(
+    self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor
+) -> torch.Tensor:
     """Qwen3-VL's deepstack add with row-wide features (zero off the visual tokens): the same sums on
     the visual tokens, ``h + 0`` elsewhere, and no data-dependent shape."""
     if visual_embeds.dim() == hidden_states.dim():
@@ -126,8 +149,10 @@ def _static_visual_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> t
     deepstack = getattr(out, "deepstack_features", None)
     if deepstack:
         text = getattr(module, "model", module).language_model
-        text._energon_deepstack = (visual_tokens, [place_visual_rows(torch.zeros_like(embeds), visual_tokens, f)
-                                                   for f in deepstack])
+        text._energon_deepstack = (
+            visual_tokens,
+            [place_visual_rows(torch.zeros_like(embeds), visual_tokens, f) for f in deepstack],
+        )
     return args, kwargs
 
 

@@ -42,13 +42,19 @@ def check_transformers_version() -> str | None:
 
     parsed = Version(installed)
     if parsed.release[:2] < Version(_OLDEST_TRANSFORMERS).release[:2]:
-        raise ConfigError("transformers", f"version {installed} is installed; energon_pack.integrations.hf supports "
-                          f"transformers{SUPPORTED_TRANSFORMERS}",
-                          f"pip install 'transformers{SUPPORTED_TRANSFORMERS}' (e.g. energon-pack[hf])")
+        raise ConfigError(
+            "transformers",
+            f"version {installed} is installed; energon_pack.integrations.hf supports "
+            f"transformers{SUPPORTED_TRANSFORMERS}",
+            f"pip install 'transformers{SUPPORTED_TRANSFORMERS}' (e.g. energon-pack[hf])",
+        )
     if parsed.release[:2] > Version(_NEWEST_TESTED_TRANSFORMERS).release[:2]:
-        warnings.warn(f"transformers {installed} is newer than the newest release energon_pack.integrations.hf is "
-                      f"tested with (transformers{SUPPORTED_TRANSFORMERS}); the packed-vs-per-sample parity tests "
-                      "(tests/test_integration_hf.py) tell whether it works", stacklevel=3)
+        warnings.warn(
+            f"transformers {installed} is newer than the newest release energon_pack.integrations.hf is "
+            f"tested with (transformers{SUPPORTED_TRANSFORMERS}); the packed-vs-per-sample parity tests "
+            "(tests/integrations/test_integration_hf.py) tell whether it works",
+            stacklevel=3,
+        )
     _VERSION_CHECKED = installed
     return installed
 

@@ -28,8 +28,9 @@ import sys
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -41,12 +42,19 @@ MAX_MEDIA_MB = 1
 MARKER = b"OUTSIDE-SECRET-MARKER"
 PASSWD = b"root:x:0:0:stress:/root:/bin/sh\n"
 #: special files read with --allow-outside-paths: refused by kind or header, never read whole or waited on
-DEVICES = [(name, (lambda p=p: _line(_rec(p))), ("convert", reason)) for name, p, reason in (
-    ("dev_zero", "/dev/zero", "not_a_regular_file"), ("dev_urandom", "/dev/urandom", "not_a_regular_file"),
-    ("dev_null", "/dev/null", "not_a_regular_file"), ("dev_full", "/dev/full", "not_a_regular_file"),
-    ("dev_shm_folder", "/dev/shm", "not_a_regular_file"),
-    ("dev_stdin_open_pipe", "/dev/stdin", "missing_image"),  # realpath: /proc/PID/fd/pipe:[N], no such file
-    ("proc_environ", "/proc/self/environ", "not_an_image"), ("proc_mem", "/proc/self/mem", "unreadable_image"))]
+DEVICES = [
+    (name, (lambda p=p: _line(_rec(p))), ("convert", reason))
+    for name, p, reason in (
+        ("dev_zero", "/dev/zero", "not_a_regular_file"),
+        ("dev_urandom", "/dev/urandom", "not_a_regular_file"),
+        ("dev_null", "/dev/null", "not_a_regular_file"),
+        ("dev_full", "/dev/full", "not_a_regular_file"),
+        ("dev_shm_folder", "/dev/shm", "not_a_regular_file"),
+        ("dev_stdin_open_pipe", "/dev/stdin", "missing_image"),  # realpath: /proc/PID/fd/pipe:[N], no such file
+        ("proc_environ", "/proc/self/environ", "not_an_image"),
+        ("proc_mem", "/proc/self/mem", "unreadable_image"),
+    )
+]
 ARRAY_OUTCOMES = {"bom_mid_file": ("convert", "invalid_json")}
 SCALE_SIZES = {"bounded": (1, 12), "full": (50, 1000)}  # (copies of every hostile case, good records)
 
@@ -65,8 +73,12 @@ def _png_claiming(width: int, height: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def build_tree(root: Path) -> dict[str, Path]:
@@ -89,8 +101,14 @@ def build_tree(root: Path) -> dict[str, Path]:
     (imgs / "lying_small.png").write_bytes(_png_claiming(300, 200))  # found when decoded
     (imgs / "text.jpg").write_bytes(b"not an image\n" * 10_000)
     (imgs / "garbage.jpg").write_bytes(b"\xff\xd8" + random.Random(3).randbytes(3000))
-    links = {"link_in.jpg": imgs / "ok0.jpg", "link_out.jpg": outside / "secret.jpg", "outdir": outside,
-             "loop_a.jpg": imgs / "loop_b.jpg", "loop_b.jpg": imgs / "loop_a.jpg", "zero.jpg": Path("/dev/zero")}
+    links = {
+        "link_in.jpg": imgs / "ok0.jpg",
+        "link_out.jpg": outside / "secret.jpg",
+        "outdir": outside,
+        "loop_a.jpg": imgs / "loop_b.jpg",
+        "loop_b.jpg": imgs / "loop_a.jpg",
+        "zero.jpg": Path("/dev/zero"),
+    }
     for name, target in links.items():
         (imgs / name).symlink_to(target)
     os.mkfifo(imgs / "pipe.jpg")
@@ -203,8 +221,16 @@ def good_records(t: dict[str, Path], n: int, rng: random.Random) -> list[bytes]:
     """``n`` good JSONL lines: text only, paths relative to --image-root, absolute, file://, a symlink inside,
     a file in the source's folder, two images."""
     imgs, top = t["imgs"], str(t["src"] / "top.png")
-    refs = [None, "ok0.jpg", "ok.png", str(imgs / "ok2.jpg"), f"file://{imgs / 'ok3.jpg'}", "link_in.jpg", top,
-            ["ok1.jpg", top]]
+    refs = [
+        None,
+        "ok0.jpg",
+        "ok.png",
+        str(imgs / "ok2.jpg"),
+        f"file://{imgs / 'ok3.jpg'}",
+        "link_in.jpg",
+        top,
+        ["ok1.jpg", top],
+    ]
     return [_line(_rec(refs[i % len(refs)], q=f"Question {i} {rng.random():.6f}?")) for i in range(n)]
 
 
@@ -226,8 +252,11 @@ def first_line_probe(root: Path, table: list, good: bytes) -> dict[str, str]:
             with hang_alarm(60):
                 s = convert(root / f"{name}.jsonl", root / name, workers=0, progress=False, overwrite=True)
             want = (1, 2) if outcome[0] != "convert" else (1, 1)
-            found[name] = "ok" if (s.written == want[1] and s.records == 2 and s.skipped_total == 2 - want[1]) \
+            found[name] = (
+                "ok"
+                if (s.written == want[1] and s.records == 2 and s.skipped_total == 2 - want[1])
                 else f"records {s.records}, written {s.written}, skipped {s.skipped}"
+            )
         except Hang:
             found[name] = "hang"
         except Exception as exc:  # noqa: BLE001 - the figure is what convert did
@@ -256,8 +285,14 @@ def _stream(out: Path, workers: int) -> tuple[Counter, Counter, str | None]:
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
     te = QwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=2048)
-    ds = get_val_dataset(str(out), split_part="train", batch_size=1, task_encoder=te, packing_buffer_size=16,
-                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers))
+    ds = get_val_dataset(
+        str(out),
+        split_part="train",
+        batch_size=1,
+        task_encoder=te,
+        packing_buffer_size=16,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+    )
     tracker, keys = PackingStatsTracker(), Counter()
     try:
         for batch in get_loader(ds):
@@ -284,23 +319,34 @@ def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: in
     (tree["src"] / "records.jsonl").write_bytes(b"".join(line + b"\n" for line, _ in items))
     # a JSON array streams element by element; a broken element unbalances the brackets of the rest, so none;
     # a BOM inside an array (after ",\n") is no JSON: invalid_json there
-    in_array = [(line, (label[0], label[1], ARRAY_OUTCOMES.get(label[0], label[2]))) for line, label in items
-                if label[0] != "broken_json"]
+    in_array = [
+        (line, (label[0], label[1], ARRAY_OUTCOMES.get(label[0], label[2])))
+        for line, label in items
+        if label[0] != "broken_json"
+    ]
     (tree["src"] / "records.json").write_bytes(b"[" + b",\n".join(line for line, _ in in_array) + b"]")
     goods = [item for item in items if item[1][0] == "good"][: max(2, n_good // 4)]
     allowed = (_line(_rec(str(tree["outside"] / "secret.jpg"))), ("outside_file_allowed", "paths", ("kept",)))
-    devices = goods[1:] + [allowed] + [(build(), (name, "special files", outcome)) for _ in range(copies)
-                                       for name, build, outcome in DEVICES]
+    devices = (
+        goods[1:]
+        + [allowed]
+        + [(build(), (name, "special files", outcome)) for _ in range(copies) for name, build, outcome in DEVICES]
+    )
     devices = goods[:1] + rng.sample(devices, len(devices))
     (tree["src"] / "devices.jsonl").write_bytes(b"".join(line + b"\n" for line, _ in devices))
-    result: dict[str, Any] = dict(scale=scale, records=0, hostile=0, good=0, cases=len(table) + len(DEVICES),
-                                  containers={})
+    result: dict[str, Any] = dict(
+        scale=scale, records=0, hostile=0, good=0, cases=len(table) + len(DEVICES), containers={}
+    )
     start = time.perf_counter()
-    runs = (("jsonl", "records.jsonl", items, False), ("json array", "records.json", in_array, False),
-            ("devices, --allow-outside-paths", "devices.jsonl", devices, True))
+    runs = (
+        ("jsonl", "records.jsonl", items, False),
+        ("json array", "records.json", in_array, False),
+        ("devices, --allow-outside-paths", "devices.jsonl", devices, True),
+    )
     for container, name, mix, allow in runs:
-        part = _convert_and_stream(tree, tree["src"] / name, out_dir / f"converted_{name.replace('.', '_')}", mix,
-                                   workers, allow)
+        part = _convert_and_stream(
+            tree, tree["src"] / name, out_dir / f"converted_{name.replace('.', '_')}", mix, workers, allow
+        )
         result["containers"][container] = part
         result["records"] += len(mix)
         result["good"] += sum(label[0] == "good" for _, label in mix)
@@ -312,7 +358,9 @@ def run_convert_fuzz(out_dir, scale: str = "bounded", seed: int = 0, workers: in
         result["errors"] = result.get("errors", []) + part["errors"]
     result["hostile"] = result["records"] - result["good"]
     for key in ("convert_skips", "convert_skips_wanted", "loader_skips", "loader_skips_wanted"):
-        result[key] = dict(sorted(sum((Counter(p.get(key, {})) for p in result["containers"].values()), Counter()).items()))
+        result[key] = dict(
+            sorted(sum((Counter(p.get(key, {})) for p in result["containers"].values()), Counter()).items())
+        )
     result["by_case"] = {name: outcome[1] if len(outcome) > 1 else "kept" for name, _, _, outcome in table}
     result["by_case"].update({f"{name} (--allow-outside-paths)": outcome[1] for name, _, outcome in DEVICES})
     result["first_line"] = first_line_probe(out_dir / "first_line", table, good_records(tree, 1, rng)[0])
@@ -342,8 +390,9 @@ def _run_cli(cmd: list[str], out: Path) -> tuple[int | None, str, str]:
         return rc, so.read().decode(errors="replace"), se.read().decode(errors="replace")
 
 
-def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list, workers: int,
-                        allow_outside: bool = False) -> dict:
+def _convert_and_stream(
+    tree: dict[str, Path], src: Path, out: Path, items: list, workers: int, allow_outside: bool = False
+) -> dict:
     """The real CLI on ``src`` (whose records are ``items``, in order), then the loader on ``out``."""
     labels = {f"{i:09d}": label for i, (_, label) in enumerate(items)}
     want_written = {k for k, (_, _, o) in labels.items() if o[0] != "convert"}
@@ -351,9 +400,25 @@ def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list
     want_convert = Counter(o[1] for _, _, o in labels.values() if o[0] == "convert")
     want_loader = Counter(o[1] for _, _, o in labels.values() if o[0] == "loader")
     result: dict[str, Any] = dict(crashes=0, hangs=0, errors=[])
-    cmd = [sys.executable, "-m", "energon_pack.cli", "convert", str(src), str(out), "--image-root",
-           str(tree["imgs"]), "--workers", str(workers), "--no-progress", "--json", "--max-media-mb", str(MAX_MEDIA_MB),
-           "--samples-per-shard", str(max(50, len(items) // 4)), "--overwrite"] + ["--allow-outside-paths"] * allow_outside
+    cmd = [
+        sys.executable,
+        "-m",
+        "energon_pack.cli",
+        "convert",
+        str(src),
+        str(out),
+        "--image-root",
+        str(tree["imgs"]),
+        "--workers",
+        str(workers),
+        "--no-progress",
+        "--json",
+        "--max-media-mb",
+        str(MAX_MEDIA_MB),
+        "--samples-per-shard",
+        str(max(50, len(items) // 4)),
+        "--overwrite",
+    ] + ["--allow-outside-paths"] * allow_outside
     t0 = time.perf_counter()
     rc, stdout, stderr = _run_cli(cmd, out)
     if rc is None:
@@ -369,19 +434,24 @@ def _convert_and_stream(tree: dict[str, Path], src: Path, out: Path, items: list
     counted = Counter(summary["skipped"])
     delivered, loader_skips, crash = _stream(out, workers)
     result.update(
-        written=summary["written"], convert_skips=dict(sorted(counted.items())),
+        written=summary["written"],
+        convert_skips=dict(sorted(counted.items())),
         convert_skips_wanted=dict(sorted(want_convert.items())),
         skip_reason_mismatches=sum(((counted - want_convert) + (want_convert - counted)).values()),
-        written_unwanted=len(set(written) - want_written), wanted_not_written=len(want_written - set(written)),
+        written_unwanted=len(set(written) - want_written),
+        wanted_not_written=len(want_written - set(written)),
         written_twice=sum(n > 1 for n in written.values()),
         outside_bytes_in_shards=sum(b in blob for b in outside),
         records_add_up=summary["written"] + sum(counted.values()) == summary["records"] == len(items),
-        crashes=int(crash is not None), errors=[f"{src.name}: loader: {crash}"] if crash else [],
-        delivered=sum(delivered.values()), loader_skips=dict(sorted(loader_skips.items())),
+        crashes=int(crash is not None),
+        errors=[f"{src.name}: loader: {crash}"] if crash else [],
+        delivered=sum(delivered.values()),
+        loader_skips=dict(sorted(loader_skips.items())),
         loader_skips_wanted=dict(sorted(want_loader.items())),
         delivered_twice=sum(n > 1 for n in delivered.values()),
         delivered_unwritten=len(set(delivered) - set(written)),
-        delivered_unwanted=len(set(delivered) - want_delivered), wanted_not_delivered=len(want_delivered - set(delivered)),
+        delivered_unwanted=len(set(delivered) - want_delivered),
+        wanted_not_delivered=len(want_delivered - set(delivered)),
         written_unaccounted=summary["written"] - sum(delivered.values()) - sum(loader_skips.values()),
         loader_reason_mismatches=sum(((loader_skips - want_loader) + (want_loader - loader_skips)).values()),
     )

@@ -31,10 +31,14 @@ def shapes(scale: str) -> dict[str, list[list[dict]]]:
         "fewer_than_workers": [recs(1, 2), recs(1, 3), recs(1, 4)],
         "primes": [recs(13, 5, 7), recs(29, 6), recs(53, 7, 11)],
         "one_giant_shard": [recs(big, 8, 19)],
-        "many_tiny_shards": [recs(1 + i % 3, 100 + i, 2 if i % 5 == 0 else 0) for i in range(40 if scale == "full" else 24)],
+        "many_tiny_shards": [
+            recs(1 + i % 3, 100 + i, 2 if i % 5 == 0 else 0) for i in range(40 if scale == "full" else 24)
+        ],
         "all_bad_shard": [recs(31, 9), [{"bad": "missing_field"}] * 37, recs(17, 10)],
         "all_bad": [[{"bad": "missing_field"}] * 23, [{"bad": "invalid_json"}] * 19],
-        "post_encode_failures": [[{"n": 50, "post_bad": "corrupt_image"} if i % 4 == 0 else {"n": 120} for i in range(41)]],
+        "post_encode_failures": [
+            [{"n": 50, "post_bad": "corrupt_image"} if i % 4 == 0 else {"n": 120} for i in range(41)]
+        ],
     }
     return out
 
@@ -68,9 +72,16 @@ def run_case(path, records, *, mode, workers, world_size) -> dict:
     lost = len(set(valid) - set(seen))
     unknown = len(set(seen) - set(valid))
     skipped = skips_in_batches + skips_in_state_only
-    return dict(total=total, valid=len(valid), seen=len(seen), duplicates=duplicates, lost=lost + unknown,
-                skipped_in_batches=skips_in_batches, skipped_in_state_only=skips_in_state_only,
-                uncounted=total - len(set(seen) & set(valid)) - skipped)
+    return dict(
+        total=total,
+        valid=len(valid),
+        seen=len(seen),
+        duplicates=duplicates,
+        lost=lost + unknown,
+        skipped_in_batches=skips_in_batches,
+        skipped_in_state_only=skips_in_state_only,
+        uncounted=total - len(set(seen) & set(valid)) - skipped,
+    )
 
 
 def run_coverage(out_dir, scale: str = "bounded") -> dict:
@@ -78,8 +89,11 @@ def run_coverage(out_dir, scale: str = "bounded") -> dict:
     from .data import write_shards
 
     out_dir = stress_out_dir(out_dir, scale)
-    layouts = ([(w, r, m) for w in (0, 2, 4) for r in (1, 2) for m in ("carry", "rounds")] if scale == "full"
-               else [(0, 1, "carry"), (2, 2, "rounds"), (0, 2, "rounds"), (2, 1, "carry")])
+    layouts = (
+        [(w, r, m) for w in (0, 2, 4) for r in (1, 2) for m in ("carry", "rounds")]
+        if scale == "full"
+        else [(0, 1, "carry"), (2, 2, "rounds"), (0, 2, "rounds"), (2, 1, "carry")]
+    )
     totals = dict(cases=0, duplicates=0, lost=0, uncounted=0, crashes=0, hangs=0)
     cases, errors = [], []
     start = time.perf_counter()
@@ -110,8 +124,22 @@ def run_coverage(out_dir, scale: str = "bounded") -> dict:
                 figures = {"crash": True}
             for k in ("duplicates", "lost", "uncounted"):
                 totals[k] += abs(figures.get(k, 0))
-            cases.append({"shape": name, "workers": workers, "world_size": world, "mode": mode, **figures,
-                          "seconds": round(time.perf_counter() - t0, 2)})
-    result = {"scale": scale, **totals, "seconds": round(time.perf_counter() - start, 2), "results": cases, "errors": errors[:20]}
+            cases.append(
+                {
+                    "shape": name,
+                    "workers": workers,
+                    "world_size": world,
+                    "mode": mode,
+                    **figures,
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+    result = {
+        "scale": scale,
+        **totals,
+        "seconds": round(time.perf_counter() - start, 2),
+        "results": cases,
+        "errors": errors[:20],
+    }
     (out_dir / "coverage.json").write_text(json.dumps(result, indent=2))
     return result

@@ -10,8 +10,9 @@ cooker -> pre-encode -> packing wrapper -> post-encode -> THD batch) in microsec
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,8 +46,9 @@ class StressTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         if record.get("bad"):
             return SkippedSample.derive_from(sample, reason=record["bad"])
         n = int(record["n"])
-        return PackCandidate.derive_from(sample, cost=self.packing.cost(self.layout.segment_span(n)),
-                                         payload=(n, record.get("post_bad")))
+        return PackCandidate.derive_from(
+            sample, cost=self.packing.cost(self.layout.segment_span(n)), payload=(n, record.get("post_bad"))
+        )
 
     @stateless
     def postencode_sample(self, sample: PackCandidate) -> EncodedSegment:

@@ -31,8 +31,9 @@ import traceback
 import warnings
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -62,11 +63,16 @@ def _jpeg(rng: random.Random, w: int | None = None, h: int | None = None, fmt: s
 
 def _png_header(width: int, height: int) -> bytes:
     """A PNG whose IHDR claims ``width`` x ``height`` followed by 64 bytes of junk data."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", b"\x00" * 64) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", b"\x00" * 64)
+        + chunk(b"IEND", b"")
+    )
 
 
 def _png16(rng: random.Random) -> bytes:
@@ -83,8 +89,10 @@ def _text(rng: random.Random, lo: int = 3, hi: int = 20) -> str:
 
 
 def _chat(user: Any, assistant: Any = None, rng: random.Random | None = None) -> list:
-    return [{"role": "user", "content": user},
-            {"role": "assistant", "content": assistant if assistant is not None else _text(rng or random.Random(0))}]
+    return [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": assistant if assistant is not None else _text(rng or random.Random(0))},
+    ]
 
 
 def _js(obj: Any) -> bytes:
@@ -95,7 +103,9 @@ def _good_wds(rng: random.Random) -> dict:
     n = rng.choice([0, 1, 1, 2])
     conv = _chat("<image>\n" * n + _text(rng), _text(rng), rng)
     if rng.random() < 0.3:
-        conv = {"conversations": [{"from": "human" if t["role"] == "user" else "gpt", "value": t["content"]} for t in conv]}
+        conv = {
+            "conversations": [{"from": "human" if t["role"] == "user" else "gpt", "value": t["content"]} for t in conv]
+        }
     fields = {"json": _js(conv)}
     for i in range(n):
         fields[f"{i}.{rng.choice(['jpg', 'JPG', 'jpeg', 'png'])}"] = _jpeg(rng)
@@ -105,65 +115,169 @@ def _good_wds(rng: random.Random) -> dict:
 # (name, expected outcome: a skip reason or "kept", builder(rng) -> webdataset fields)
 WDS_CASES: list[tuple[str, str, Callable[[random.Random], dict]]] = [
     # image bytes
-    ("image_truncated", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": _jpeg(r, 200, 150)[:300]}),
-    ("image_garbage", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)),
-                                                  "0.jpg": bytes(r.getrandbits(8) for _ in range(400))}),
-    ("image_huge_dims_bomb", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(100_000, 100_000)}),
-    ("image_huge_dims_header", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(4000, 3000)}),
-    ("image_zero_size", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(0, 10)}),
+    (
+        "image_truncated",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": _jpeg(r, 200, 150)[:300]},
+    ),
+    (
+        "image_garbage",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": bytes(r.getrandbits(8) for _ in range(400))},
+    ),
+    (
+        "image_huge_dims_bomb",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(100_000, 100_000)},
+    ),
+    (
+        "image_huge_dims_header",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(4000, 3000)},
+    ),
+    (
+        "image_zero_size",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png_header(0, 10)},
+    ),
     ("image_empty_bytes", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": b""}),
-    ("image_is_text", "corrupt_image", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": b"<html>not an image</html>"}),
-    ("image_16bit", "unsupported_image_mode", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png16(r)}),
-    ("image_extreme_aspect", "extreme_aspect_ratio", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _jpeg(r, 1000, 3, "PNG")}),
-    ("image_gif_named_jpg", "kept", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": _jpeg(r, fmt="GIF")}),
-    ("image_bad_pickle", "bad_media", lambda r: {"json": _js(_chat("<image> what?", rng=r)), "jpgs": b"\x80\x04garbage"}),
+    (
+        "image_is_text",
+        "corrupt_image",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": b"<html>not an image</html>"},
+    ),
+    (
+        "image_16bit",
+        "unsupported_image_mode",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _png16(r)},
+    ),
+    (
+        "image_extreme_aspect",
+        "extreme_aspect_ratio",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.png": _jpeg(r, 1000, 3, "PNG")},
+    ),
+    (
+        "image_gif_named_jpg",
+        "kept",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "0.jpg": _jpeg(r, fmt="GIF")},
+    ),
+    (
+        "image_bad_pickle",
+        "bad_media",
+        lambda r: {"json": _js(_chat("<image> what?", rng=r)), "jpgs": b"\x80\x04garbage"},
+    ),
     # JSON structure
     ("json_syntax", "invalid_json", lambda r: {"json": _js(_chat(_text(r), rng=r))[:-7]}),
     ("json_deep", "invalid_json", lambda r: {"json": ("[" * 10_000 + "]" * 10_000).encode()}),
-    ("json_deep_in_content", "invalid_json", lambda r: {"json": ('[{"role": "user", "content": ' + "[" * 5000 + "]" * 5000
-                                                                  + '}, {"role": "assistant", "content": "x"}]').encode()}),
+    (
+        "json_deep_in_content",
+        "invalid_json",
+        lambda r: {
+            "json": (
+                '[{"role": "user", "content": ' + "[" * 5000 + "]" * 5000 + '}, {"role": "assistant", "content": "x"}]'
+            ).encode()
+        },
+    ),
     ("json_huge_int", "invalid_json", lambda r: {"json": ('{"n": ' + "9" * 5000 + ', "messages": []}').encode()}),
-    ("json_huge_float_content", "bad_conversation", lambda r: {"json": b'[{"role": "user", "content": 1e999}, {"role": "assistant", "content": "x"}]'}),
+    (
+        "json_huge_float_content",
+        "bad_conversation",
+        lambda r: {"json": b'[{"role": "user", "content": 1e999}, {"role": "assistant", "content": "x"}]'},
+    ),
     ("json_messages_int", "bad_conversation", lambda r: {"json": _js({"messages": 5})}),
     ("json_turn_string", "bad_conversation", lambda r: {"json": _js(["hello", "world"])}),
-    ("json_role_list", "bad_conversation", lambda r: {"json": _js([{"role": ["user"], "content": "x"}, {"role": "assistant", "content": "y"}])}),
-    ("json_part_unsupported", "bad_conversation", lambda r: {"json": _js(_chat([{"type": "audio", "audio": "x"}], rng=r))}),
-    ("json_text_part_dict", "bad_conversation", lambda r: {"json": _js(_chat([{"type": "text", "text": {"a": 1}}], rng=r))}),
+    (
+        "json_role_list",
+        "bad_conversation",
+        lambda r: {"json": _js([{"role": ["user"], "content": "x"}, {"role": "assistant", "content": "y"}])},
+    ),
+    (
+        "json_part_unsupported",
+        "bad_conversation",
+        lambda r: {"json": _js(_chat([{"type": "audio", "audio": "x"}], rng=r))},
+    ),
+    (
+        "json_text_part_dict",
+        "bad_conversation",
+        lambda r: {"json": _js(_chat([{"type": "text", "text": {"a": 1}}], rng=r))},
+    ),
     ("json_no_turns_key", "bad_conversation", lambda r: {"json": _js({"foo": []})}),
     ("json_empty_list", "empty_conversation", lambda r: {"json": b"[]"}),
     ("json_missing_member", "missing_conversation", lambda r: {"txt": b"hello"}),
-    ("json_no_role", "bad_conversation", lambda r: {"json": _js([{"content": "x"}, {"role": "assistant", "content": "y"}])}),
+    (
+        "json_no_role",
+        "bad_conversation",
+        lambda r: {"json": _js([{"content": "x"}, {"role": "assistant", "content": "y"}])},
+    ),
     ("json_no_assistant", "no_assistant_turn", lambda r: {"json": _js([{"role": "user", "content": _text(r)}])}),
     ("json_blank", "empty_line", lambda r: {"json": b"   \n"}),
     # text encodings
-    ("text_invalid_utf8", "invalid_utf8", lambda r: {"json": b'[{"role": "user", "content": "caf\xe9"}, {"role": "assistant", "content": "x"}]'}),
-    ("text_lone_surrogate", "invalid_text", lambda r: {"json": b'[{"role": "user", "content": "a \\udc80 b"}, {"role": "assistant", "content": "x"}]'}),
-    ("text_raw_nul", "invalid_json", lambda r: {"json": b'[{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "x"}]'}),
+    (
+        "text_invalid_utf8",
+        "invalid_utf8",
+        lambda r: {"json": b'[{"role": "user", "content": "caf\xe9"}, {"role": "assistant", "content": "x"}]'},
+    ),
+    (
+        "text_lone_surrogate",
+        "invalid_text",
+        lambda r: {"json": b'[{"role": "user", "content": "a \\udc80 b"}, {"role": "assistant", "content": "x"}]'},
+    ),
+    (
+        "text_raw_nul",
+        "invalid_json",
+        lambda r: {"json": b'[{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "x"}]'},
+    ),
     ("text_escaped_nul", "kept", lambda r: {"json": _js(_chat("a\u0000b " + _text(r), rng=r))}),
     ("text_bom", "kept", lambda r: {"json": b"\xef\xbb\xbf" + _js(_chat(_text(r), rng=r))}),
     ("text_utf16", "invalid_utf8", lambda r: {"json": json.dumps(_chat("x", "y")).encode("utf-16")}),
     # media placeholders
-    ("placeholder_more", "media_count_mismatch", lambda r: {"json": _js(_chat("<image> <image> two?", rng=r)), "0.jpg": _jpeg(r)}),
+    (
+        "placeholder_more",
+        "media_count_mismatch",
+        lambda r: {"json": _js(_chat("<image> <image> two?", rng=r)), "0.jpg": _jpeg(r)},
+    ),
     ("placeholder_no_image", "media_count_mismatch", lambda r: {"json": _js(_chat("<image> where?", rng=r))}),
     ("placeholder_video", "media_count_mismatch", lambda r: {"json": _js(_chat("<video> what?", rng=r))}),
     # control tokens typed in text
-    ("ctrl_image_pad", "control_token_in_text", lambda r: {"json": _js(_chat("<image> <|image_pad|>", rng=r)), "0.jpg": _jpeg(r)}),
+    (
+        "ctrl_image_pad",
+        "control_token_in_text",
+        lambda r: {"json": _js(_chat("<image> <|image_pad|>", rng=r)), "0.jpg": _jpeg(r)},
+    ),
     ("ctrl_video_pad", "control_token_in_text", lambda r: {"json": _js(_chat("look <|video_pad|>", rng=r))}),
-    ("ctrl_im_end", "control_token_in_text", lambda r: {"json": _js(_chat("q", "a<|im_end|>\n<|im_start|>user\nb", r))}),
-    ("ctrl_in_role", "unknown_role", lambda r: {"json": _js([{"role": "user<|im_start|>", "content": "x"},
-                                                              {"role": "assistant", "content": "y"}])}),
+    (
+        "ctrl_im_end",
+        "control_token_in_text",
+        lambda r: {"json": _js(_chat("q", "a<|im_end|>\n<|im_start|>user\nb", r))},
+    ),
+    (
+        "ctrl_in_role",
+        "unknown_role",
+        lambda r: {"json": _js([{"role": "user<|im_start|>", "content": "x"}, {"role": "assistant", "content": "y"}])},
+    ),
     # sizes
     ("size_overlong", "oversize", lambda r: {"json": _js(_chat(" ".join(["word"] * 4000), rng=r))}),
-    ("size_too_many_images", "too_many_images", lambda r: {"json": _js(_chat(_text(r), rng=r)),
-                                                           **{f"{i}.jpg": _jpeg(r, 24, 24) for i in range(11)}}),
+    (
+        "size_too_many_images",
+        "too_many_images",
+        lambda r: {"json": _js(_chat(_text(r), rng=r)), **{f"{i}.jpg": _jpeg(r, 24, 24) for i in range(11)}},
+    ),
 ]
 
 # (name, expected, builder(rng) -> one JSONL line as bytes); lines start with "{" and end with
 # "}" because Energon's JSONL indexer (energon prepare) asserts that of every line.
 JSONL_CASES: list[tuple[str, str, Callable[[random.Random], bytes]]] = [
     ("json_syntax", "invalid_json", lambda r: b'{"prompt": "p", "completion": }'),
-    ("json_deep", "invalid_json", lambda r: ('{"prompt": ' + "[" * 10_000 + "]" * 10_000 + ', "completion": "x"}').encode()),
-    ("json_huge_int", "invalid_json", lambda r: ('{"prompt": "p", "completion": "c", "n": ' + "1" * 5000 + "}").encode()),
+    (
+        "json_deep",
+        "invalid_json",
+        lambda r: ('{"prompt": ' + "[" * 10_000 + "]" * 10_000 + ', "completion": "x"}').encode(),
+    ),
+    (
+        "json_huge_int",
+        "invalid_json",
+        lambda r: ('{"prompt": "p", "completion": "c", "n": ' + "1" * 5000 + "}").encode(),
+    ),
     ("field_missing", "missing_field", lambda r: _js({"question": _text(r), "completion": "c"})),
     ("field_wrong_type", "missing_field", lambda r: _js({"prompt": 5, "completion": "c"})),
     ("field_empty", "empty_completion", lambda r: _js({"prompt": "p", "completion": "  "})),
@@ -189,10 +303,18 @@ def _good_jsonl(rng: random.Random) -> bytes:
 def _loader(path: Path, te: Any, workers: int):
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    return get_loader(get_train_dataset(
-        str(path), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
-        task_encoder=te, packing_buffer_size=BUFFER, repeat=False))
+    return get_loader(
+        get_train_dataset(
+            str(path),
+            batch_size=1,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+            task_encoder=te,
+            packing_buffer_size=BUFFER,
+            repeat=False,
+        )
+    )
 
 
 def _stream(path: Path, te: Any, workers: int) -> tuple[list[dict], dict, str | None]:
@@ -207,8 +329,11 @@ def _stream(path: Path, te: Any, workers: int) -> tuple[list[dict], dict, str | 
             tracker.update(b["packing_stats"])
             cu = b["cu_seqlens_q"].tolist()
             for n, key in enumerate(b["__keys__"]):
-                seg = {"key": key, "input_ids": b["input_ids"][0, cu[n] : cu[n + 1]].clone(),
-                       "labels": b["labels"][0, cu[n] : cu[n + 1]].clone()}
+                seg = {
+                    "key": key,
+                    "input_ids": b["input_ids"][0, cu[n] : cu[n + 1]].clone(),
+                    "labels": b["labels"][0, cu[n] : cu[n + 1]].clone(),
+                }
                 if b.get("image_grid_thw") is not None:
                     seg["_grid_all"], seg["_pv_all"] = b["image_grid_thw"], b["pixel_values"]
                 segments.append(seg)
@@ -237,8 +362,14 @@ def _split_visual(segments: list[dict], image_counts: dict[str, int]) -> None:
         seg.pop("_pv_all", None)
 
 
-def _figures(kind: str, expected: dict[str, str], segments: list[dict], counted: dict, crash: str | None,
-             check: Callable[[str, dict], bool]) -> dict:
+def _figures(
+    kind: str,
+    expected: dict[str, str],
+    segments: list[dict],
+    counted: dict,
+    crash: str | None,
+    check: Callable[[str, dict], bool],
+) -> dict:
     emitted = Counter(seg["key"] for seg in segments)
     kept = {k for k, want in expected.items() if want == "kept"}
     bad = {k: want for k, want in expected.items() if want != "kept"}
@@ -263,9 +394,11 @@ def _figures(kind: str, expected: dict[str, str], segments: list[dict], counted:
         "crash": crash,
         "bad_expected_by_reason": want_by_reason,
         "bad_counted_by_reason": dict(sorted(counted.items())),
-        "reasons_differing": {r: [want_by_reason.get(r, 0), counted.get(r, 0)]
-                              for r in sorted(set(want_by_reason) | set(counted))
-                              if want_by_reason.get(r, 0) != counted.get(r, 0)},
+        "reasons_differing": {
+            r: [want_by_reason.get(r, 0), counted.get(r, 0)]
+            for r in sorted(set(want_by_reason) | set(counted))
+            if want_by_reason.get(r, 0) != counted.get(r, 0)
+        },
         "bad_counted": min(counted_total, len(bad)),
         "bad_uncounted": max(0, len(bad) - len(bad_emitted) - counted_total),
         "bad_overcounted": max(0, counted_total - (len(bad) - len(bad_emitted))),
@@ -322,8 +455,10 @@ def _run_webdataset(root: Path, n_bad: int, n_good: int, seed: int, workers: int
     segments, counted, crash = _stream(root, te, workers)
     tok = load_demo_tokenizer()
 
-    parsed = {k: parse_chatml(ChatMLSample(__key__=k, __restore_key__=(), __subflavors__={}, fields=f))
-              for k, f in fields_of.items()}
+    parsed = {
+        k: parse_chatml(ChatMLSample(__key__=k, __restore_key__=(), __subflavors__={}, fields=f))
+        for k, f in fields_of.items()
+    }
     _split_visual(segments, {k: len(p[1]) for k, p in parsed.items()})
 
     def check(key: str, seg: dict) -> bool:
@@ -332,7 +467,9 @@ def _run_webdataset(root: Path, n_bad: int, n_good: int, seed: int, workers: int
         if not (torch.equal(seg["input_ids"], enc.input_ids) and torch.equal(seg["labels"], enc.labels)):
             return False
         if images:
-            return torch.equal(seg["image_grid_thw"], enc.image_grid_thw) and torch.equal(seg["pixel_values"], vis.pixel_values)
+            return torch.equal(seg["image_grid_thw"], enc.image_grid_thw) and torch.equal(
+                seg["pixel_values"], vis.pixel_values
+            )
         return True
 
     return _figures("webdataset", expected, segments, counted, crash, check)
@@ -375,8 +512,14 @@ def _run_jsonl(path: Path, n_bad: int, n_good: int, seed: int, workers: int) -> 
     return _figures("jsonl", expected, segments, counted, crash, check)
 
 
-def run_fuzz(out_dir: str | Path, n_samples: int = 10_000, seed: int = 0, workers: int = 2,
-             good_ratio: float = 0.5, jsonl_share: float = 0.2) -> dict:
+def run_fuzz(
+    out_dir: str | Path,
+    n_samples: int = 10_000,
+    seed: int = 0,
+    workers: int = 2,
+    good_ratio: float = 0.5,
+    jsonl_share: float = 0.2,
+) -> dict:
     """Write ``n_samples`` broken samples (``1 - jsonl_share`` of them in WebDataset shards, the
     rest in a JSONL file) mixed with ``good_ratio * n_samples`` good ones, stream both through the
     real loader (carry mode, ``workers`` workers) and return the figures (plain JSON-able dict)."""

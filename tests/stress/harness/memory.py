@@ -87,9 +87,16 @@ def _measure(root: Path, preset, seq_length: int, workers: int, buffer: int, **e
 
     _wait_for_workers_to_exit()
     te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=seq_length, **encoder_kwargs)
-    ds = get_train_dataset(str(root), batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
-                           task_encoder=te, packing_buffer_size=buffer, repeat=False)
+    ds = get_train_dataset(
+        str(root),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+        task_encoder=te,
+        packing_buffer_size=buffer,
+        repeat=False,
+    )
     tracker = PackingStatsTracker()
     samples = packs = 0
     max_pack_bytes = 0
@@ -100,18 +107,37 @@ def _measure(root: Path, preset, seq_length: int, workers: int, buffer: int, **e
             packs += 1
             samples += b["num_segments"]
             tracker.update(b["packing_stats"])
-            pack_bytes = sum(int(b[k].numel()) * b[k].element_size() for k in ("pixel_values", "pixel_values_videos")
-                             if b.get(k) is not None)
+            pack_bytes = sum(
+                int(b[k].numel()) * b[k].element_size()
+                for k in ("pixel_values", "pixel_values_videos")
+                if b.get(k) is not None
+            )
             max_pack_bytes = max(max_pack_bytes, pack_bytes)
             del b
         del loader
-    return {"packs": packs, "samples": samples, "skips": dict(tracker.total.skips),
-            "peak_worker_rss_mb": round(rss.peak_workers / MB, 1), "peak_main_rss_mb": round(rss.peak_self / MB, 1),
-            "max_pack_pixel_mb": round(max_pack_bytes / MB, 1), "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "packs": packs,
+        "samples": samples,
+        "skips": dict(tracker.total.skips),
+        "peak_worker_rss_mb": round(rss.peak_workers / MB, 1),
+        "peak_main_rss_mb": round(rss.peak_self / MB, 1),
+        "max_pack_pixel_mb": round(max_pack_bytes / MB, 1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
-def run_memory(out_dir: str | Path, *, n_images: int = 6, n_videos: int = 4, side: int = 8000, frames: int = 240,
-               preset: str = "qwen2-vl", seq_length: int = 16384, workers: int = 2, buffer: int = 64) -> dict:
+def run_memory(
+    out_dir: str | Path,
+    *,
+    n_images: int = 6,
+    n_videos: int = 4,
+    side: int = 8000,
+    frames: int = 240,
+    preset: str = "qwen2-vl",
+    seq_length: int = 16384,
+    workers: int = 2,
+    buffer: int = 64,
+) -> dict:
     """Stream ``n_images`` ``side``-pixel JPEGs and ``n_videos`` ``frames``-frame videos (between
     as many small text samples) and return peak worker RSS, the baseline and the bound (MB)."""
     from energon_pack.chat import ChatConfig
@@ -128,11 +154,20 @@ def run_memory(out_dir: str | Path, *, n_images: int = 6, n_videos: int = 4, sid
             if (kind == "image" and i >= n_images) or (kind == "video" and i >= n_videos):
                 continue
             if kind == "image":
-                adversarial.append({"__key__": f"{n:06d}", "json": _chat(f"<image> sample {n}: describe it."), "0.jpg": big})
+                adversarial.append(
+                    {"__key__": f"{n:06d}", "json": _chat(f"<image> sample {n}: describe it."), "0.jpg": big}
+                )
             else:
-                adversarial.append({"__key__": f"{n:06d}", "json": _chat(f"<video> sample {n}: what happens?"), "videos": video})
+                adversarial.append(
+                    {"__key__": f"{n:06d}", "json": _chat(f"<video> sample {n}: what happens?"), "videos": video}
+                )
             adversarial.append({"__key__": f"{n + 1:06d}", "json": _chat(f"text {n}")})
-            baseline.extend([{"__key__": f"{n:06d}", "json": _chat(f"text {n} a")}, {"__key__": f"{n + 1:06d}", "json": _chat(f"text {n}")}])
+            baseline.extend(
+                [
+                    {"__key__": f"{n:06d}", "json": _chat(f"text {n} a")},
+                    {"__key__": f"{n + 1:06d}", "json": _chat(f"text {n}")},
+                ]
+            )
             n += 2
     _write(out / "baseline", baseline)
     _write(out / "adversarial", adversarial)
@@ -145,16 +180,29 @@ def run_memory(out_dir: str | Path, *, n_images: int = 6, n_videos: int = 4, sid
     per_worker = max(image_decode, video_decode) + IN_FLIGHT_PACKS * max_pack_pixel_bytes
     bound_mb = base["peak_worker_rss_mb"] + workers * per_worker / MB
     return {
-        "preset": preset, "max_pixels": vp.max_pixels, "video_max_pixels": vp.video_max_pixels,
-        "max_num_frames": ChatConfig().max_num_frames, "side": side, "frames": frames, "n_images": n_images,
-        "n_videos": n_videos, "image_file_mb": round(len(big) / MB, 2), "video_file_mb": round(len(video) / MB, 2),
-        "decoded_image_mb": round(side * side * 3 / MB, 1), "workers": workers, "buffer": buffer, "seq_length": seq_length,
-        "baseline": base, "adversarial": adv,
+        "preset": preset,
+        "max_pixels": vp.max_pixels,
+        "video_max_pixels": vp.video_max_pixels,
+        "max_num_frames": ChatConfig().max_num_frames,
+        "side": side,
+        "frames": frames,
+        "n_images": n_images,
+        "n_videos": n_videos,
+        "image_file_mb": round(len(big) / MB, 2),
+        "video_file_mb": round(len(video) / MB, 2),
+        "decoded_image_mb": round(side * side * 3 / MB, 1),
+        "workers": workers,
+        "buffer": buffer,
+        "seq_length": seq_length,
+        "baseline": base,
+        "adversarial": adv,
         "peak_worker_rss_mb": adv["peak_worker_rss_mb"],
         "growth_over_baseline_mb": round(adv["peak_worker_rss_mb"] - base["peak_worker_rss_mb"], 1),
         "bound_mb": round(bound_mb, 1),
-        "bound": (f"baseline + workers * (max(image decode {image_decode / MB:.0f} MB, "
-                  f"video decode {video_decode / MB:.0f} MB) + {IN_FLIGHT_PACKS} packs x {max_pack_pixel_bytes / MB:.0f} MB)"),
+        "bound": (
+            f"baseline + workers * (max(image decode {image_decode / MB:.0f} MB, "
+            f"video decode {video_decode / MB:.0f} MB) + {IN_FLIGHT_PACKS} packs x {max_pack_pixel_bytes / MB:.0f} MB)"
+        ),
         "within_bound": adv["peak_worker_rss_mb"] <= bound_mb,
         # what holding decoded pixels in the buffer would cost instead (the design avoids it)
         "decoded_buffer_would_be_mb": round(min(buffer, n_images) * side * side * 3 / MB, 1),
@@ -173,5 +221,16 @@ if __name__ == "__main__":  # pragma: no cover - manual runs
     ap.add_argument("--preset", default="qwen2-vl")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(run_memory(tmp, n_images=args.images, n_videos=args.videos, side=args.side,
-                                    frames=args.frames, preset=args.preset), indent=1))
+        print(
+            json.dumps(
+                run_memory(
+                    tmp,
+                    n_images=args.images,
+                    n_videos=args.videos,
+                    side=args.side,
+                    frames=args.frames,
+                    preset=args.preset,
+                ),
+                indent=1,
+            )
+        )

@@ -18,8 +18,13 @@ from .watchdog import HANG_SECONDS, Hang, hang_alarm
 
 def cells_for(scale: str) -> list[dict]:
     if scale == "full":
-        cells = [dict(workers=w, world_size=r, mode=m, finite=f)
-                 for w in (0, 2, 4) for r in (1, 2) for m in ("carry", "rounds") for f in (False, True)]
+        cells = [
+            dict(workers=w, world_size=r, mode=m, finite=f)
+            for w in (0, 2, 4)
+            for r in (1, 2)
+            for m in ("carry", "rounds")
+            for f in (False, True)
+        ]
         return [dict(c, cuts=9) for c in cells]  # 24 cells x (9 cuts + 1 chained) = 240 cut points
     return [
         dict(workers=0, world_size=1, mode="carry", finite=True, cuts=5),
@@ -100,12 +105,14 @@ def run_cell(path, cell: dict, rank: int, train_packs: int, tail: int) -> dict:
             if finite:
                 extra = list(rit)
                 figures["duplicates"] += sum(len(b["__keys__"]) for b in extra)
-            figures["lost"] += sum(len(b["__keys__"]) for b in want[len(got):])
+            figures["lost"] += sum(len(b["__keys__"]) for b in want[len(got) :])
             diffs = [(i, d) for i, (a, b) in enumerate(zip(got, want)) if (d := batch_difference(a, b)) is not None]
             figures["mismatches"] += len(diffs)
             if diffs:
-                figures["errors"].append(f"cut {cut}: {len(diffs)} packs differ, first pack {at + diffs[0][0]} at "
-                                         f"{diffs[0][1]!r} (keys {got[diffs[0][0]]['__keys__']} vs {want[diffs[0][0]]['__keys__']})"[:300])
+                figures["errors"].append(
+                    f"cut {cut}: {len(diffs)} packs differ, first pack {at + diffs[0][0]} at "
+                    f"{diffs[0][1]!r} (keys {got[diffs[0][0]]['__keys__']} vs {want[diffs[0][0]]['__keys__']})"[:300]
+                )
             close(restored)
         except Hang:
             figures["hangs"] += 1
@@ -134,8 +141,20 @@ def run_resume_sweep(out_dir, scale: str = "bounded") -> dict:
             errors += figures.pop("errors")
             for k in totals:
                 totals[k] += figures[k]
-            cells.append({**{k: v for k, v in cell.items() if k != "cuts"}, "rank": rank, **figures,
-                          "seconds": round(time.perf_counter() - t0, 2)})
-    result = {"scale": scale, **totals, "seconds": round(time.perf_counter() - start, 2), "cells": cells, "errors": errors[:20]}
+            cells.append(
+                {
+                    **{k: v for k, v in cell.items() if k != "cuts"},
+                    "rank": rank,
+                    **figures,
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+    result = {
+        "scale": scale,
+        **totals,
+        "seconds": round(time.perf_counter() - start, 2),
+        "cells": cells,
+        "errors": errors[:20],
+    }
     (out_dir / "resume_sweep.json").write_text(json.dumps(result, indent=2))
     return result

@@ -21,8 +21,9 @@ import io
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .loaders import batch_difference, close, make_loader, roundtrip, stress_out_dir
 from .watchdog import Hang, hang_alarm
@@ -30,17 +31,31 @@ from .watchdog import Hang, hang_alarm
 CASE_SECONDS = 60
 SHARD = 60  # records per shard; four shards make the saved dataset
 RESIZED = 45  # records of part-00001.tar in the resized dataset
-FIGURES = ("cases", "refused_correctly", "accepted_silently", "wrong_error", "hangs", "controls",
-           "control_mismatches", "refused_after_packs")
+FIGURES = (
+    "cases",
+    "refused_correctly",
+    "accepted_silently",
+    "wrong_error",
+    "hangs",
+    "controls",
+    "control_mismatches",
+    "refused_after_packs",
+)
 
 
 def cells_for(scale: str) -> list[dict]:
     """The grid (full) or two cells of it (bounded); ``cuts`` are fractions of the epoch's packs."""
     if scale == "full":
-        return [dict(workers=w, world_size=n, mode=m, cuts=(0.1, 0.6), paths=("ours", "energon"))
-                for w in (0, 2) for n in (1, 2, 3) for m in ("carry", "rounds")]
-    return [dict(workers=0, world_size=2, mode="carry", cuts=(0.5,), paths=("ours", "energon")),
-            dict(workers=2, world_size=3, mode="rounds", cuts=(0.5,), paths=("ours",))]
+        return [
+            dict(workers=w, world_size=n, mode=m, cuts=(0.1, 0.6), paths=("ours", "energon"))
+            for w in (0, 2)
+            for n in (1, 2, 3)
+            for m in ("carry", "rounds")
+        ]
+    return [
+        dict(workers=0, world_size=2, mode="carry", cuts=(0.5,), paths=("ours", "energon")),
+        dict(workers=2, world_size=3, mode="rounds", cuts=(0.5,), paths=("ours",)),
+    ]
 
 
 def _datasets(root: Path) -> dict[str, Path]:
@@ -48,8 +63,12 @@ def _datasets(root: Path) -> dict[str, Path]:
 
     recs = random_records(5 * SHARD, seed=21, max_len=300, bad_every=23)
     shards = [recs[i : i + SHARD] for i in range(0, 5 * SHARD, SHARD)]
-    layouts = {"base": shards[:4], "shard_added": shards, "shard_removed": shards[:3],
-               "shard_resized": [shards[0], shards[1][:RESIZED], *shards[2:4]]}
+    layouts = {
+        "base": shards[:4],
+        "shard_added": shards,
+        "shard_removed": shards[:3],
+        "shard_resized": [shards[0], shards[1][:RESIZED], *shards[2:4]],
+    }
     with contextlib.redirect_stdout(io.StringIO()):  # Energon's prepare prints its progress
         return {name: write_shards(root / name, parts) for name, parts in layouts.items()}
 
@@ -89,9 +108,15 @@ def _bump_reader_position(node: dict) -> bool:
     return False
 
 
-EDITS = {"open_bins_removed": _drop_open_bins, "packing_counter_edited": _bump_packing_counter,
-         "reader_position_edited": _bump_reader_position}
-_CHECKPOINT = ("checkpoint", r"checkpoint: the (loader state's parts .* do not match the checksum|carry-over state holds)")
+EDITS = {
+    "open_bins_removed": _drop_open_bins,
+    "packing_counter_edited": _bump_packing_counter,
+    "reader_position_edited": _bump_reader_position,
+}
+_CHECKPOINT = (
+    "checkpoint",
+    r"checkpoint: the (loader state's parts .* do not match the checksum|carry-over state holds)",
+)
 
 
 # ---------------------------------------------------------------------------------------- one restore
@@ -132,20 +157,55 @@ def _changes(cell: dict, rank: int, data: dict[str, Path], state: Any) -> list[t
     out = []
     if n > 1:
         other = (rank + 1) % n
-        out.append(("other_rank", {**base, "rank": other}, state,
-                    ("rank", rf"rank: the state was saved on rank {rank} of {n} and is restored on rank {other} of {n}\b")))
+        out.append(
+            (
+                "other_rank",
+                {**base, "rank": other},
+                state,
+                ("rank", rf"rank: the state was saved on rank {rank} of {n} and is restored on rank {other} of {n}\b"),
+            )
+        )
     for n2 in (1, 2, 3):
         if n2 != n:
             r2 = min(rank, n2 - 1)
-            out.append((f"world_size_{n2}", {**base, "world_size": n2, "rank": r2}, state,
-                        ("rank", rf"rank: the state was saved on rank {rank} of {n} and is restored on rank {r2} of {n2}\b")))
+            out.append(
+                (
+                    f"world_size_{n2}",
+                    {**base, "world_size": n2, "rank": r2},
+                    state,
+                    (
+                        "rank",
+                        rf"rank: the state was saved on rank {rank} of {n} and is restored on rank {r2} of {n2}\b",
+                    ),
+                )
+            )
     w2 = 2 if w == 0 else 0
-    out.append(("other_workers", {**base, "workers": w2}, state, ("num_workers", rf"num_workers: the state was saved by a "
-                                                                  rf"loader with num_workers={w}, this loader has num_workers={w2}\b")))
-    shard = {"shard_added": r"added part-00004\.tar \(60 samples\)", "shard_removed": r"removed part-00003\.tar \(60 samples\)",
-             "shard_resized": rf"part-00001\.tar now has {RESIZED} samples, not {SHARD}"}
+    out.append(
+        (
+            "other_workers",
+            {**base, "workers": w2},
+            state,
+            (
+                "num_workers",
+                rf"num_workers: the state was saved by a "
+                rf"loader with num_workers={w}, this loader has num_workers={w2}\b",
+            ),
+        )
+    )
+    shard = {
+        "shard_added": r"added part-00004\.tar \(60 samples\)",
+        "shard_removed": r"removed part-00003\.tar \(60 samples\)",
+        "shard_resized": rf"part-00001\.tar now has {RESIZED} samples, not {SHARD}",
+    }
     for name, words in shard.items():
-        out.append((name, {**base, "path": data[name]}, state, ("dataset", rf"dataset: the dataset's shards changed since .*{words}")))
+        out.append(
+            (
+                name,
+                {**base, "path": data[name]},
+                state,
+                ("dataset", rf"dataset: the dataset's shards changed since .*{words}"),
+            )
+        )
     for name, edit in EDITS.items():
         edited = roundtrip(state)
         if _edit_state(edited, edit):  # a state with nothing to edit (no open bins at this cut) is no case
@@ -193,7 +253,9 @@ def run_cell(cell: dict, rank: int, data: dict[str, Path]) -> dict:
             try:
                 with hang_alarm(CASE_SECONDS * 2):
                     loader = make(own)()
-                    (restore_state_rank if path == "ours" else type(loader).restore_state_rank)(loader, roundtrip(states[cut]))
+                    (restore_state_rank if path == "ours" else type(loader).restore_state_rank)(
+                        loader, roundtrip(states[cut])
+                    )
                     rest = list(loader)
                     close(loader)
                 want = reference[cut:]
@@ -202,8 +264,9 @@ def run_cell(cell: dict, rank: int, data: dict[str, Path]) -> dict:
             except Exception as exc:  # noqa: BLE001 - Hang included: the control failed
                 bad, detail = True, f"{type(exc).__name__}: {exc}"[:300]
             figures["control_mismatches"] += bad
-            rows.append(dict(cut=cut, change="none (control)", path=path, outcome="mismatch" if bad else "exact",
-                             detail=detail))
+            rows.append(
+                dict(cut=cut, change="none (control)", path=path, outcome="mismatch" if bad else "exact", detail=detail)
+            )
     return {**figures, "rows": rows}
 
 
@@ -226,9 +289,21 @@ def run_topology(out_dir, scale: str = "bounded") -> dict:
             change = re.sub(r"_\d$", "", r["change"])  # world_size_1/2/3 -> world_size
             by_change.setdefault(change, {}).setdefault(r["outcome"], 0)
             by_change[change][r["outcome"]] += 1
-        cells.append({**{k: v for k, v in cell.items() if k not in ("cuts", "paths")}, "rank": rank, **result,
-                      "seconds": round(time.perf_counter() - t0, 2)})
-    result = {"scale": scale, **totals, "seconds": round(time.perf_counter() - start, 2), "by_change": by_change,
-              "cells": cells, "failures": failures[:40]}
+        cells.append(
+            {
+                **{k: v for k, v in cell.items() if k not in ("cuts", "paths")},
+                "rank": rank,
+                **result,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+    result = {
+        "scale": scale,
+        **totals,
+        "seconds": round(time.perf_counter() - start, 2),
+        "by_change": by_change,
+        "cells": cells,
+        "failures": failures[:40],
+    }
     (out_dir / "resume_topology.json").write_text(json.dumps(result, indent=2, default=str))
     return result

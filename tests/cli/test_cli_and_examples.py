@@ -1,0 +1,152 @@
+"""The README's main job and the examples run end to end on tiny data (no timing asserts)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from energon_pack.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_reports_both_modes(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    rc = main(
+        [
+            "demo",
+            "--data",
+            str(tmp_path / "data"),
+            "--samples",
+            "120",
+            "--packs",
+            "4",
+            "--workers",
+            "0",
+            "--width",
+            "4096",
+            "--buffer",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "carry (ours)" in printed and "rounds (Energon's PackingDataset + FFD)" in printed
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["mode"] for c in cells] == ["carry", "rounds"]
+    for c in cells:
+        assert c["packs"] == 4 and c["buffer"] == 16 and 0 < c["fill"] <= 1
+        assert c["real_tokens"] + (c["slots"] - c["real_tokens"]) == 4 * 4096
+        assert c["first_batch_s"] > 0 and c["peak_worker_rss_mb"] > 0
+    assert (tmp_path / "data" / ".nv-meta" / "dataset.yaml").exists()
+
+
+def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
+    from energon_pack.energon import make_demo_shards
+
+    data = make_demo_shards(tmp_path / "data", samples=80, per_shard=40)
+    listing_before = sorted(p.name for p in data.iterdir())
+    out = tmp_path / "out"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "compare_buffer_sizes.py"),
+            "--data",
+            str(data),
+            "--buffers",
+            "4,16",
+            "--workers",
+            "1",
+            "--packs",
+            "3",
+            "--width",
+            "4096",
+            "--out-dir",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = json.loads((out / "buffer_sizes.json").read_text())
+    cells = result["cells"]
+    assert [(c["mode"], c["buffer"]) for c in cells] == [("carry", 4), ("carry", 16), ("rounds", 4), ("rounds", 16)]
+    fields = {
+        "mode",
+        "buffer",
+        "workers",
+        "packs",
+        "samples",
+        "real_tokens",
+        "slots",
+        "fill",
+        "samples_per_pack",
+        "packs_per_s",
+        "samples_per_s",
+        "first_batch_s",
+        "peak_worker_rss_mb",
+        "skips",
+        "real_tokens_per_s",
+    }
+    for c in cells:
+        assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
+        assert c["real_tokens_per_s"] > 0
+    assert {t["target"] for t in result["targets"]} == {
+        "carry fill >= rounds fill at K=4",
+        "carry fill >= rounds fill at K=16",
+    }
+    assert result["recommended_k"] in (4, 16)
+    assert result["context"] == {
+        "dataset": str(data),
+        "seq_length": 4096,
+        "workers": 1,
+        "packs": 3,
+        "preset": "qwen2.5-vl",
+        "tokenizer": "qwen2.5-vl (Qwen's 151,643-token BPE + 22 added tokens, offline)",
+    }
+    assert (out / "buffer_sizes.md").read_text().count("\n") == 2 + 4
+    for name in ("fill", "rss", "latency", "throughput"):
+        assert (out / f"buffer_{name}.png").stat().st_size > 1000
+    assert listing_before == sorted(p.name for p in data.iterdir())  # the dataset folder is only read
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["make-demo", "--help"],
+        ["prepare", "--help"],
+        ["inspect", "--help"],
+        ["bench", "--help"],
+        ["convert", "--help"],
+        ["--help"],
+    ],
+)
+def test_cli_help(command):
+    with pytest.raises(SystemExit) as exc:
+        main(command)
+    assert exc.value.code == 0
+
+
+# The data-parallel example (a real HF Qwen-VL, 2 gloo processes via torchrun, save/resume, two-node
+# rendezvous) is tested in tests/examples/test_finetune_example.py.
+
+
+def test_task_encoder_config_example_runs_with_the_real_tokenizer():
+    """examples/task_encoder_config.py as a user runs it: both paths yield a full pack, with Qwen's real ids."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "task_encoder_config.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if "pack:" in line]
+    assert lines[0].startswith("Qwen-VL pack: torch.Size([1, 8192]) segments ")
+    assert lines[1].startswith("JSONL pack: torch.Size([1, 4096]) segments ")
+    source = (ROOT / "examples" / "task_encoder_config.py").read_text()
+    assert 'load_tokenizer("qwen2.5-vl")' in source and "load_demo_tokenizer" not in source

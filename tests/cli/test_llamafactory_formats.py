@@ -1,0 +1,266 @@
+"""LLaMA-Factory data on the GPT-SFT chat path and the Energon text path: ShareGPT tool calls
+(``function_call`` / ``observation`` turns, ``tools`` as a JSON string, a top-level ``system``) end in
+the OpenAI shape and render token for token as the official Qwen3-VL template renders that shape;
+alpaca records (``instruction`` + ``input``, ``history``, ``system``) render as LLaMA-Factory builds
+their turns; unknown roles are a counted ``unknown_role`` skip, never a literal turn."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_tool_calls import load
+
+from energon_pack.chat import load_demo_tokenizer_raw
+from energon_pack.chat.conversation import Message, normalize_conversation
+from energon_pack.energon import TextPackingTaskEncoder, prepare_jsonl
+from energon_pack.errors import SampleSkipped
+from energon_pack.sft import JsonlSFTDataset
+
+transformers = pytest.importorskip("transformers")
+
+HERE = Path(__file__).resolve().parents[1]  # tests/
+DATA = HERE / "data" / "llamafactory"
+TEMPLATE = (HERE / "data" / "chat_templates" / "qwen3_vl_instruct.jinja").read_text()
+RAW = load_demo_tokenizer_raw()
+HF = transformers.PreTrainedTokenizerFast(tokenizer_object=load_demo_tokenizer_raw())
+GLAIVE = json.loads((DATA / "glaive_toolcall_demo.json").read_text())
+ALPACA = json.loads((DATA / "alpaca_demo.json").read_text())
+
+
+def function(name, description, properties, required):
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+def call(name, arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+#: GLAIVE[0] and GLAIVE[2] as OpenAI messages + tools: what LLaMA-Factory's Qwen formatter renders
+OPENAI_0 = {
+    "messages": [
+        {"role": "user", "content": "I have chicken, bell peppers, and rice. Find me a recipe?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("search_recipes", {"ingredients": ["chicken", "bell peppers", "rice"]})],
+        },
+        {"role": "tool", "content": '{"recipes": [{"name": "Chicken and Bell Pepper Stir Fry"}]}'},
+        {"role": "assistant", "content": "Try a Chicken and Bell Pepper Stir Fry."},
+    ],
+    "tools": [
+        function(
+            "search_recipes",
+            "Search for recipes based on ingredients",
+            {
+                "ingredients": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "The ingredients to search for",
+                }
+            },
+            ["ingredients"],
+        )
+    ],
+}
+OPENAI_2 = {
+    "messages": [
+        {"role": "system", "content": "You are a currency assistant."},
+        {"role": "user", "content": "Convert 100 USD to EUR and to GBP."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                call("convert_currency", {"amount": 100, "from": "USD", "to": "EUR"}),
+                call("convert_currency", {"amount": 100, "from": "USD", "to": "GBP"}),
+            ],
+        },
+        {"role": "tool", "content": '{"converted_amount": 92.5}'},
+        {"role": "assistant", "content": "100 USD is 92.5 EUR."},
+    ],
+    "tools": [
+        function(
+            "convert_currency",
+            "Convert an amount from one currency to another",
+            {"amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
+            ["amount", "from", "to"],
+        )
+    ],
+}
+#: ALPACA[1] as LLaMA-Factory's AlpacaDatasetConverter turns it: system, history pairs, "instruction\ninput", output
+OPENAI_ALPACA_1 = {
+    "messages": [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 1 and 1?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And 2 and 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "Add the two numbers.\n2 and 3"},
+        {"role": "assistant", "content": "5"},
+    ]
+}
+
+UNKNOWN_ROLE = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "bot", "value": "Hello"}]}
+UNKNOWN_ROLE_MSG = {
+    "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "function", "content": "{}"},
+        {"role": "assistant", "content": "Hello"},
+    ]
+}
+
+
+def official_ids(record) -> list[int]:
+    text = HF.apply_chat_template(record["messages"], chat_template=TEMPLATE, tools=record.get("tools"), tokenize=False)
+    return RAW.encode(text, add_special_tokens=False).ids
+
+
+def trained_text(encoded) -> str:
+    return RAW.decode(encoded.input_ids[encoded.target_mask].tolist(), skip_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def lf_jsonl(tmp_path_factory):
+    """The fixtures as JSONL: glaive records 0-2, alpaca records 0-1, two unknown-role records."""
+    path = tmp_path_factory.mktemp("lf") / "lf.jsonl"
+    records = [*GLAIVE, *ALPACA[:2], UNKNOWN_ROLE, UNKNOWN_ROLE_MSG]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_llamafactory_tool_calls_normalise_to_the_openai_shape():
+    for lf, openai in ((GLAIVE[0], OPENAI_0), (GLAIVE[2], OPENAI_2)):
+        ours, theirs = normalize_conversation(lf), normalize_conversation(openai)
+        assert list(ours) == list(theirs) and ours.tools == theirs.tools and len(ours.tools) == 1
+    two = normalize_conversation(GLAIVE[2])
+    assert two[0] == Message("system", (("text", "You are a currency assistant."),))  # the top-level system field
+    assert two[2].tool_calls == (
+        ("convert_currency", '{"amount": 100, "from": "USD", "to": "EUR"}'),
+        ("convert_currency", '{"amount": 100, "from": "USD", "to": "GBP"}'),
+    )
+    assert normalize_conversation(GLAIVE[1]).tools == ()  # "tools": "[]"
+    # a system turn among the turns wins over the top-level field (LLaMA-Factory's rule)
+    both = normalize_conversation({**OPENAI_2, "system": "ignored"})
+    assert [m.role for m in both].count("system") == 1 and both[0].parts == (("text", "You are a currency assistant."),)
+
+
+@pytest.mark.parametrize(
+    "record, reason, detail",
+    [
+        (
+            {"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "not json"}]},
+            "bad_conversation",
+            "turn 1 (function_call) is not JSON",
+        ),
+        (
+            {
+                "conversations": [
+                    {"from": "human", "value": "a"},
+                    {"from": "function_call", "value": '{"arguments": {}}'},
+                ]
+            },
+            "bad_conversation",
+            "turn 1 tool call 0 has no function name",
+        ),
+        (
+            {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}], "tools": "{broken"},
+            "bad_conversation",
+            "tools is not JSON",
+        ),
+        (
+            {
+                "conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}],
+                "tools": '{"name": "f"}',
+            },
+            "bad_conversation",
+            "tools is dict, not a list",
+        ),
+        (UNKNOWN_ROLE, "unknown_role", "turn 1 has role 'bot'"),
+        (UNKNOWN_ROLE_MSG, "unknown_role", "turn 1 has role 'function'"),
+        ({"instruction": "a", "output": "b", "history": [["only one"]]}, "bad_conversation", "alpaca history item 0"),
+        ({"instruction": "a", "output": ["b", "c"]}, "bad_conversation", "alpaca output is list"),
+    ],
+)
+def test_bad_llamafactory_records_are_counted_skips(record, reason, detail):
+    with pytest.raises(SampleSkipped) as err:
+        normalize_conversation(record)
+    assert err.value.reason == reason and err.value.detail.startswith(detail)
+
+
+def test_gpt_sft_chat_renders_llamafactory_tool_calls_and_alpaca_like_the_official_template(lf_jsonl):
+    ds = JsonlSFTDataset(lf_jsonl, "demo", format="chat")
+    assert ds.skips == {"unknown_role": 2}
+    assert ds[0].input_ids.tolist() == official_ids(OPENAI_0)
+    assert ds[2].input_ids.tolist() == official_ids(OPENAI_2)
+    assert ds[4].input_ids.tolist() == official_ids(OPENAI_ALPACA_1)
+    assert trained_text(ds[0]) == (
+        '<tool_call>\n{"name": "search_recipes", "arguments": {"ingredients": '
+        '["chicken", "bell peppers", "rice"]}}\n</tool_call><|im_end|>'
+        "Try a Chicken and Bell Pepper Stir Fry.<|im_end|>"
+    )
+    assert trained_text(ds[2]) == (
+        '<tool_call>\n{"name": "convert_currency", "arguments": {"amount": 100, "from": '
+        '"USD", "to": "EUR"}}\n</tool_call>\n<tool_call>\n{"name": "convert_currency", '
+        '"arguments": {"amount": 100, "from": "USD", "to": "GBP"}}\n</tool_call><|im_end|>'
+        "100 USD is 92.5 EUR.<|im_end|>"
+    )
+    assert RAW.decode(ds[3].input_ids.tolist(), skip_special_tokens=False) == (
+        "<|im_start|>user\nDescribe a process of making crepes.<|im_end|>\n<|im_start|>assistant\n"
+        "Whisk flour, eggs and milk; cook thin layers in a hot pan.<|im_end|>\n"
+    )  # empty input: no "\n"
+    assert trained_text(ds[4]) == "2<|im_end|>4<|im_end|>5<|im_end|>"
+
+
+def test_energon_text_path_takes_llamafactory_records_and_counts_unknown_roles(lf_jsonl, tmp_path):
+    path = tmp_path / "lf.jsonl"
+    path.write_bytes(lf_jsonl.read_bytes())
+    assert prepare_jsonl(path) == 7
+    segments, skips = load(path, TextPackingTaskEncoder(tokenizer="demo", format="chat", seq_length=1024), workers=2)
+    assert skips == {"unknown_role": 2} and len(segments) == 5
+    texts = [RAW.decode(ids, skip_special_tokens=False) for ids, _ in segments.values()]
+    assert RAW.decode(official_ids(OPENAI_0), skip_special_tokens=False) in texts
+    assert not any(
+        "<|im_start|>bot" in t or "<|im_start|>function" in t or "<|im_start|>observation" in t for t in texts
+    )
+
+
+def test_inspect_cli_reads_alpaca_with_format_chat(tmp_path):
+    path = tmp_path / "alpaca.jsonl"
+    records = [*ALPACA[:2], {"instruction": "Say hi.", "input": "", "output": "Hi."}, UNKNOWN_ROLE]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = tmp_path / "report.json"
+    env = {**os.environ, "ENERGON_PACK_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "energon_pack.cli",
+            "inspect",
+            str(path),
+            "--format",
+            "chat",
+            "--tokenizer",
+            "demo",
+            "--width",
+            "512",
+            "--json-out",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(report.read_text())
+    assert out["lines"] == 4 and out["usable"] == 3
+    assert {k: v["count"] for k, v in out["skips"].items()} == {"unknown_role": 1}
