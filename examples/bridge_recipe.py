@@ -86,7 +86,8 @@ def apply(cfg, settings):
 
 
 def is_demo_data(path: Path) -> bool:
-    """Demo shards: not prepared yet (``--check`` writes demo shards there) or all named as ``make_demo_shards`` names them."""
+    """Demo shards: not prepared yet (``--check`` writes demo shards there) or all named as
+    ``make_demo_shards`` names them."""
     if not (path / ".nv-meta").is_dir():
         return True
     shards = list(path.glob("*.tar"))
@@ -233,8 +234,10 @@ def check(args):
         vi = batch["visual_inputs"]
         images = 0 if vi.image_grid_thw is None else int(vi.image_grid_thw.shape[0])
         print(
-            f"pack {i}: {len(batch['__keys__'])} samples, {images} images, input_ids {tuple(batch['input_ids'].shape)}, "
-            f"position_ids {tuple(batch['position_ids'].shape)}, visual_inputs {type(vi).__module__}.{type(vi).__name__}"
+            f"pack {i}: {len(batch['__keys__'])} samples, {images} images, "
+            f"input_ids {tuple(batch['input_ids'].shape)}, "
+            f"position_ids {tuple(batch['position_ids'].shape)}, "
+            f"visual_inputs {type(vi).__module__}.{type(vi).__name__}"
         )
         if get_batch is not None:
             kept = get_batch(iter([batch]), is_first_pp_stage=True, is_last_pp_stage=True)

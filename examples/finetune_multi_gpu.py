@@ -684,7 +684,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     if rank == 0:
         print(
-            f"real tokens/s (all ranks) {summary['real_tokens_per_s'] or float('nan'):,.0f}  fill {summary['fill']:.2%}  "
+            f"real tokens/s (all ranks) {summary['real_tokens_per_s'] or float('nan'):,.0f}  "
+            f"fill {summary['fill']:.2%}  "
             f"data wait {summary['data_wait_share'] or 0:.1%} of the step time (worst rank)",
             flush=True,
         )

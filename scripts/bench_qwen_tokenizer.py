@@ -123,13 +123,18 @@ def main() -> None:
         theirs = enc.encode_batch(docs, allowed_special="all")
         assert ours == theirs, f"{name}: tokenizers and tiktoken disagree"
         n_tokens = sum(map(len, ours))
+        # best() calls each closure at once, inside this iteration; docs=docs binds it explicitly
         rows = {
-            "tokenizers per doc": best(lambda: [raw.encode(d, add_special_tokens=False) for d in docs], args.repeat),
-            "our adapter per doc": best(lambda: [adapter.encode(d) for d in docs], args.repeat),
-            "tiktoken per doc": best(lambda: [enc.encode(d, allowed_special="all") for d in docs], args.repeat),
-            "tokenizers batch": best(lambda: raw.encode_batch(docs, add_special_tokens=False), args.repeat),
+            "tokenizers per doc": best(
+                lambda docs=docs: [raw.encode(d, add_special_tokens=False) for d in docs], args.repeat
+            ),
+            "our adapter per doc": best(lambda docs=docs: [adapter.encode(d) for d in docs], args.repeat),
+            "tiktoken per doc": best(
+                lambda docs=docs: [enc.encode(d, allowed_special="all") for d in docs], args.repeat
+            ),
+            "tokenizers batch": best(lambda docs=docs: raw.encode_batch(docs, add_special_tokens=False), args.repeat),
             "tiktoken batch": best(
-                lambda: enc.encode_batch(docs, allowed_special="all", num_threads=threads), args.repeat
+                lambda docs=docs: enc.encode_batch(docs, allowed_special="all", num_threads=threads), args.repeat
             ),
         }
         cells = " | ".join(f"{mb / s:.1f} MB/s" for s in rows.values())

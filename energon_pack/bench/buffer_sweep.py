@@ -196,7 +196,8 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
     ks = sorted({c.buffer for c in cells})
     packs = context.get("packs")
     title = (
-        f"{context.get('dataset', '?')}\nwidth {context.get('seq_length', '?')}, {context.get('workers', '?')} workers, "
+        f"{context.get('dataset', '?')}\nwidth {context.get('seq_length', '?')}, "
+        f"{context.get('workers', '?')} workers, "
         f"{'one epoch' if packs is None else f'{packs} packs'} per cell"
         + (f", {context['preset']}" if context.get("preset") else "")
     )

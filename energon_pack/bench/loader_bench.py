@@ -1,7 +1,8 @@
 """Measure packing through the real Energon savable loader: fill, throughput, latency, worker RSS.
 
 One *cell* streams one full epoch (or ``packs`` packed batches of a repeating stream) for one
-(packing mode, buffer size K) with W workers and records bin fill (real tokens / slots), samples per pack, packs/s, source
+(packing mode, buffer size K) with W workers and records bin fill (real tokens / slots), samples per pack,
+packs/s, source
 samples/s and real (non-pad) tokens/s, first-batch latency, peak RSS summed over all worker processes, and skips by
 reason. ``energon-pack demo`` runs two cells (carry vs rounds); ``energon-pack bench`` and
 ``examples/compare_buffer_sizes.py`` sweep K.

@@ -327,7 +327,8 @@ def format_table(result: dict[str, Any]) -> str:
     }[result["same_tokens"]]
     lines = [
         f"{result['format']}: {result['bytes'] / 2**20:.1f} MiB, {result['lines']} lines, {same}",
-        f"  {'packer':<24} {'packs':>8} {'samples':>8} {'fill %':>8} {'tree PSS MiB':>13} {'tree RSS MiB':>13} {'main HWM MiB':>13} {'wall s':>8}",
+        f"  {'packer':<24} {'packs':>8} {'samples':>8} {'fill %':>8} "
+        f"{'tree PSS MiB':>13} {'tree RSS MiB':>13} {'main HWM MiB':>13} {'wall s':>8}",
     ]
     for name, r in result["rows"].items():
         label = "energon-pack (best fit)" if name == "ours" else f"Bridge {name}"

@@ -107,7 +107,10 @@ def _targets(rows: list[dict[str, Any]], lookahead_packs: float) -> list[dict[st
 
 
 def format_table(result: dict[str, Any]) -> str:
-    head = f"{'mix':<11}{'width':>6} {'buffer':<20}{'online fill':>12}{'rounds fill':>12}{'online packs':>13}{'rounds packs':>13}{'online us/s':>12}{'rounds us/s':>12}"
+    head = (
+        f"{'mix':<11}{'width':>6} {'buffer':<20}{'online fill':>12}{'rounds fill':>12}"
+        f"{'online packs':>13}{'rounds packs':>13}{'online us/s':>12}{'rounds us/s':>12}"
+    )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         rf = f"{r['rounds_fill'] * 100:11.2f}%" if "rounds_fill" in r else f"{'':>12}"

@@ -388,8 +388,10 @@ def main(
     paths = bench_paths(imgs, rounds=rounds, hf=hf)
     result: dict[str, Any] = {"paths": paths}
     print(
-        f"{paths['images']} images ({sum(i['format'] == 'JPEG' for i in imgs)} JPEG, {sum(i['format'] == 'PNG' for i in imgs)} PNG), "
-        f"{paths['patch_rows']} patch rows, Qwen2.5-VL bounds {MIN_PIXELS:,}..{MAX_PIXELS:,} px; best of {rounds} interleaved rounds, one core"
+        f"{paths['images']} images ({sum(i['format'] == 'JPEG' for i in imgs)} JPEG, "
+        f"{sum(i['format'] == 'PNG' for i in imgs)} PNG), "
+        f"{paths['patch_rows']} patch rows, Qwen2.5-VL bounds {MIN_PIXELS:,}..{MAX_PIXELS:,} px; "
+        f"best of {rounds} interleaved rounds, one core"
     )
     print(f"{'path':<38}{'images/cpu-s':>13}{'vs HF':>8}{'vs floor':>10}")
     for name, r in paths["rows"].items():
@@ -400,9 +402,12 @@ def main(
         print("jpeg_draft on large JPEG photos (grids equal to full decode in every case):")
         for r in d["rows"]:
             print(
-                f"  {r['source'][0]}x{r['source'][1]} -> grid {r['grid'][1]}x{r['grid'][2]}, decoded at {r['draft_decode_size'][0]}x"
-                f"{r['draft_decode_size'][1]}: max |diff| {r['max_abs_diff']:.3f} (normalised), {r['max_abs_diff_0_255']}/255 "
-                f"(mean {r['mean_abs_diff_0_255']:.2f}), {r['full_ms']:.0f} -> {r['draft_ms']:.0f} ms ({r['speedup']:.1f}x)"
+                f"  {r['source'][0]}x{r['source'][1]} -> grid {r['grid'][1]}x{r['grid'][2]}, "
+                f"decoded at {r['draft_decode_size'][0]}x"
+                f"{r['draft_decode_size'][1]}: max |diff| {r['max_abs_diff']:.3f} (normalised), "
+                f"{r['max_abs_diff_0_255']}/255 "
+                f"(mean {r['mean_abs_diff_0_255']:.2f}), {r['full_ms']:.0f} -> {r['draft_ms']:.0f} ms "
+                f"({r['speedup']:.1f}x)"
             )
     if loader_packs:
         tmp = Path(tempfile.mkdtemp(prefix="pixel_bench_", dir=workdir))
@@ -416,7 +421,8 @@ def main(
         f32 = rows[0]["pixel_mb_per_pack"]
         print(f"real loader (1 worker, width 8192, {loader_packs} packs after warm-up):")
         print(
-            f"{'pixel_dtype':<12}{'tensor':>16}{'worker ms/sample':>18}{'us/real token':>15}{'pixel MB/pack':>15}{'vs f32':>8}{'batch MB/pack':>15}"
+            f"{'pixel_dtype':<12}{'tensor':>16}{'worker ms/sample':>18}{'us/real token':>15}"
+            f"{'pixel MB/pack':>15}{'vs f32':>8}{'batch MB/pack':>15}"
         )
         for r in rows:
             print(

@@ -11,7 +11,8 @@ as tiktoken does), byte-level decoder, then the added tokens with the
 ``special`` flags of each model's published ``added_tokens_decoder``. Nothing is downloaded.
 
 Recovering 151k merges takes seconds, so the built base tokenizer is cached as JSON under the user
-cache dir (``$ENERGON_PACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/energon_pack``, else ``~/.cache/energon_pack``), keyed by the ranks
+cache dir (``$ENERGON_PACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/energon_pack``, else
+``~/.cache/energon_pack``), keyed by the ranks
 file's sha256, :data:`BUILDER_VERSION` and the ``tokenizers`` version. The file starts with a
 sha256 of its own body: a damaged or tampered file is rebuilt, never trusted. Writes are atomic
 (temp file + rename), so concurrent processes never see half a file; an unwritable cache dir

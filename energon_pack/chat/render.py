@@ -5,7 +5,8 @@ tokens is tokenised as one string, so the ids equal those of tokenising the whol
 string at once (tested). Text never produces control tokens: a run that tokenizes to one of the
 tokenizer's special tokens (a typed ``<|image_pad|>`` or ``<|im_end|>``) is a counted
 ``control_token_in_text`` skip, and text that is not valid Unicode (a lone surrogate) an
-``invalid_text`` skip; control tokens are only written by :meth:`ChatMLBuilder.special`. Media parts are rendered by a callback the model family supplies
+``invalid_text`` skip; control tokens are only written by :meth:`ChatMLBuilder.special`. Media parts are
+rendered by a callback the model family supplies
 (:mod:`energon_pack.qwen_vl` writes its vision blocks); the text-only path has none.
 
 Tool calling (``render_chat(..., tools=True)``) is rendered exactly as the official Qwen3-VL

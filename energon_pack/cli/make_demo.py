@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     if root.is_file():
         raise CliError(f"{root} is a file: pass a new or empty folder")
     if root.is_dir():
-        ours = lambda name: name == ".nv-meta" or (name.startswith("demo-") and name.endswith((".tar", ".tar.idx")))
+
+        def ours(name: str) -> bool:
+            return name == ".nv-meta" or (name.startswith("demo-") and name.endswith((".tar", ".tar.idx")))
+
         foreign = [p.name for p in root.iterdir() if not ours(p.name)]
         if foreign:
             raise CliError(

@@ -42,8 +42,8 @@ PICKLED_IMAGE_FIELDS = ("jpgs", "imgs", "images")
 ALLOW_UNSAFE_PICKLE_ENV = "ENERGON_PACK_ALLOW_UNSAFE_PICKLE"
 # Energon hands the cooker tar member suffixes as stored (``x.0.JPG`` -> field ``0.JPG``; no
 # lower-casing), so extensions match case-insensitively.
-_IMAGE_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(IMAGE_EXTENSIONS), re.IGNORECASE)
-_VIDEO_FIELD = re.compile(r"^(?:.*\.)?(?:%s)$" % "|".join(VIDEO_EXTENSIONS), re.IGNORECASE)
+_IMAGE_FIELD = re.compile(rf"^(?:.*\.)?(?:{'|'.join(IMAGE_EXTENSIONS)})$", re.IGNORECASE)
+_VIDEO_FIELD = re.compile(rf"^(?:.*\.)?(?:{'|'.join(VIDEO_EXTENSIONS)})$", re.IGNORECASE)
 
 
 @edataclass

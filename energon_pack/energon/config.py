@@ -32,7 +32,8 @@ class PackingConfig:
     read were skipped (default: 50% of 200), with the skip reasons, their counts and one example
     per reason, so mostly-skipped data does not look healthy. ``skip_warn_rate=None`` turns it off.
 
-    Every knob except ``skip_guard`` and the ``skip_warn_*`` knobs is stored as a fingerprint in the checkpoint; restoring
+    Every knob except ``skip_guard`` and the ``skip_warn_*`` knobs is stored as a fingerprint in the
+    checkpoint; restoring
     with a different value raises ``ConfigError`` naming the knob.
     """
 

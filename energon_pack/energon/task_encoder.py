@@ -144,18 +144,21 @@ class CarryOverPackingMixin:
         self, *, datasets: list, worker_config: WorkerConfig, packing_buffer_size: int | None = None, **kwargs: Any
     ) -> SavableDataset:
         """Energon's train stream inside a :class:`ResumeGuard` (the shards are checked first)."""
-        shards = self._checked_shards(datasets)
-        stream = super().build_train_datasets(
-            datasets=datasets, worker_config=worker_config, packing_buffer_size=packing_buffer_size, **kwargs
-        )
-        return self._guarded(stream, worker_config, shards, packing_buffer_size)
+        build = super().build_train_datasets
+        return self._built_and_guarded(build, datasets, worker_config, packing_buffer_size, kwargs)
 
     def build_val_datasets(
         self, *, datasets: list, worker_config: WorkerConfig, packing_buffer_size: int | None = None, **kwargs: Any
     ) -> SavableDataset:
         """Energon's validation stream inside a :class:`ResumeGuard` (the shards are checked first)."""
+        build = super().build_val_datasets
+        return self._built_and_guarded(build, datasets, worker_config, packing_buffer_size, kwargs)
+
+    def _built_and_guarded(
+        self, build: Any, datasets: list, worker_config: WorkerConfig, packing_buffer_size: int | None, kwargs: dict
+    ) -> ResumeGuard:
         shards = self._checked_shards(datasets)
-        stream = super().build_val_datasets(
+        stream = build(
             datasets=datasets, worker_config=worker_config, packing_buffer_size=packing_buffer_size, **kwargs
         )
         return self._guarded(stream, worker_config, shards, packing_buffer_size)

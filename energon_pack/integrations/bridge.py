@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import yaml
@@ -310,7 +310,8 @@ def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
         f"is {describe_tokenizer(task_encoder.tokenizer)}: its ids mean nothing to the model's embedding, and its "
         "token counts (so packs, skips and fill) are not the model's",
         f'build the encoder with tokenizer=load_tokenizer("{preset}") (energon_pack.chat.tokenizer; the real Qwen '
-        "tokenizer) or your model's Hugging Face tokenizer; pass allow_demo_tokenizer=True only for a dry run that never trains",
+        "tokenizer) or your model's Hugging Face tokenizer; pass allow_demo_tokenizer=True only for a dry run "
+        "that never trains",
     )
 
 
@@ -327,7 +328,8 @@ def check_bridge_config(
     fine, Bridge then uses ``train.micro_batch_size``), per-token loss
     (``model.calculate_per_token_loss=True``: otherwise each pack's loss is divided by its own
     token count and packs are reweighted), ``ddp.average_in_collective=False``, no pipeline
-    parallelism, no MTP, CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and ``delay_wgrad_compute`` off (model and
+    parallelism, no MTP, CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and
+    ``delay_wgrad_compute`` off (model and
     ``comm_overlap``), no Qwen3-VL DistTrain, and, with a task encoder, CP/TP/SP/eval-CP equal to
     the encoder's (same alignment multiple), ``model.seq_length`` >= the pack width, a fixed width
     when EP > 1 (Bridge forces one), and a real tokenizer: the demo tokenizer is refused unless
@@ -396,7 +398,10 @@ def check_bridge_config(
             "disable DistTrain",
         )
     if forward_step_func is not None and not _is_vlm_forward_step(forward_step_func):
-        name = f"{getattr(forward_step_func, '__module__', '?')}.{getattr(forward_step_func, '__name__', forward_step_func)}"
+        name = (
+            f"{getattr(forward_step_func, '__module__', '?')}."
+            f"{getattr(forward_step_func, '__name__', forward_step_func)}"
+        )
         bad(
             "forward_step_func",
             f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
@@ -413,7 +418,8 @@ def check_bridge_config(
         bad(
             "dataset.task_encoder",
             "is not the task encoder being checked, so the checks below say nothing about what trains",
-            "pass the encoder given to make_bridge_dataset_provider (or call check_bridge_config(cfg) to check that one)",
+            "pass the encoder given to make_bridge_dataset_provider "
+            "(or call check_bridge_config(cfg) to check that one)",
         )
     packing = getattr(task_encoder, "packing", None) if task_encoder is not None else None
     if task_encoder is not None and packing is None:
@@ -568,15 +574,15 @@ def _provider_fields() -> dict:
     return dict(
         path=(str, ""),
         task_encoder=(Any, None),
-        seq_length=(Optional[int], None),
+        seq_length=(int | None, None),
         packing_buffer_size=(int, 64),
         shuffle_buffer_size=(int, 100),
-        max_samples_per_sequence=(Optional[int], None),
-        num_val_workers=(Optional[int], None),
+        max_samples_per_sequence=(int | None, None),
+        num_val_workers=(int | None, None),
         do_validation=(bool, False),
         validation_task_encoder=(Any, None),
         dataset_kwargs=(dict, dataclasses.field(default_factory=dict)),
-        dataloader_type=(Optional[str], "external"),
+        dataloader_type=(str | None, "external"),
     )
 
 
@@ -629,9 +635,9 @@ def _provider_class() -> type:
             pin_memory=(bool, True),
             drop_last=(bool, True),
             persistent_workers=(bool, True),
-            trust_remote_code=(Optional[bool], None),
-            dataloader_save=(Optional[str], None),
-            dataloader_load=(Optional[str], None),
+            trust_remote_code=(bool | None, None),
+            dataloader_save=(str | None, None),
+            dataloader_load=(str | None, None),
         )
     spec = {**extra, **_provider_fields()}
     made = []

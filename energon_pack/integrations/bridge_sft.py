@@ -30,7 +30,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -613,19 +613,19 @@ def _sft_fields() -> list:
         ("seq_length", int, field(default=4096)),
         ("format", str, field(default="prompt_completion")),
         ("format_kw", dict, field(default_factory=dict)),
-        ("valid_path", Optional[str], field(default=None)),
+        ("valid_path", str | None, field(default=None)),
         ("context_parallel_size", int, field(default=1)),
         ("tensor_model_parallel_size", int, field(default=1)),
         ("sequence_parallel", bool, field(default=False)),
         ("pad_to_max_length", bool, field(default=False)),
         ("pad_cu_seqlens", bool, field(default=False)),
-        ("max_segments", Optional[int], field(default=None)),
+        ("max_segments", int | None, field(default=None)),
         ("enable_in_batch_packing", bool, field(default=False)),
         ("seed", int, field(default=1234)),
         ("shuffle", bool, field(default=True)),
         ("window", int, field(default=4096)),
         ("overlength", str, field(default="skip")),
-        ("cache_dir", Optional[str], field(default=None)),
+        ("cache_dir", str | None, field(default=None)),
     ]
 
 
@@ -694,7 +694,7 @@ def _provider_class() -> type:
             ]
         cls = dataclasses.make_dataclass(
             "EnergonPackSFTDatasetProvider",
-            extra + _sft_fields() + [("dataloader_type", Optional[str], dataclasses.field(default="single"))],
+            extra + _sft_fields() + [("dataloader_type", str | None, dataclasses.field(default="single"))],
             bases=bases,
             kw_only=True,
             namespace={

@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from numbers import Integral, Real
-from typing import Union
 
 import numpy as np
 
 Cost = tuple[int, ...]
-CostLike = Union[int, Sequence[int], np.ndarray]
+CostLike = int | Sequence[int] | np.ndarray
 
 
 def as_capacity(capacity: CostLike) -> Cost:

@@ -21,7 +21,8 @@ class PendingPatchRows:
     image was a counted skip before any pack was built; the layout itself cannot fail.
 
     ``shape`` and ``dtype`` are those of the tensor :meth:`to_tensor` returns: exactly what
-    the model's patchify functions give (e.g. Qwen-VL's ``patchify_image`` / ``patchify_video``), concatenated in order."""
+    the model's patchify functions give (e.g. Qwen-VL's ``patchify_image`` / ``patchify_video``),
+    concatenated in order."""
 
     def __init__(self, items: Sequence[np.ndarray], preset: PixelSpec) -> None:
         self._items = list(items)  # uint8 frames [T, H, W, 3] (an image: T = 1)

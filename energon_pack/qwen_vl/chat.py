@@ -263,7 +263,8 @@ def postencode_media(
     lazy_layout: bool = False,
 ) -> VisualInputs:
     """Decode + patchify images (bytes or PIL) and videos (lists of frames, truncated to
-    ``config.max_num_frames``, or :class:`~.video.VideoFile`: only its planned frames are decoded). Pixel tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
+    ``config.max_num_frames``, or :class:`~.video.VideoFile`: only its planned frames are decoded). Pixel
+    tensors have ``preset.pixel_dtype`` (float32, bfloat16 or
     uint8). With ``expected``, the grids must equal the preencoded ones
     (SampleSkipped("image_size_mismatch") if a header lied about the size). With ``lazy_layout``
     the pixels are :class:`~.vision.PendingPatchRows` (decoded and resized here, so bad media is a

@@ -26,6 +26,15 @@ from .presets import VisionPreset
 MAX_ASPECT_RATIO = 200
 
 
+def _check_aspect_ratio(height: int, width: int) -> None:
+    """transformers' refusal of a side ratio above :data:`MAX_ASPECT_RATIO`, word for word."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, "
+            f"got {max(height, width) / min(height, width)}"
+        )
+
+
 def smart_resize(
     height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 14 * 14 * 4 * 1280
 ) -> tuple[int, int]:
@@ -34,10 +43,7 @@ def smart_resize(
     Identical to transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize`` (Python
     ``round`` = banker's rounding included). Raises ValueError when the aspect ratio exceeds 200.
     """
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {max(height, width) / min(height, width)}"
-        )
+    _check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -71,10 +77,7 @@ def video_smart_resize(
         scale = max(factor / height, factor / width)
         height = int(height * scale)
         width = int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {max(height, width) / min(height, width)}"
-        )
+    _check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor

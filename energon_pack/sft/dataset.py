@@ -323,7 +323,8 @@ class JsonlSFTDataset:
         return next((detail or f"line {n}" for n, r, detail in self.skipped_lines if r == reason), None)
 
     def mismatch_hint(self) -> str:
-        """What to check when the records do not match the format (for :class:`~energon_pack.errors.AllSkippedError`)."""
+        """What to check when the records do not match the format (for
+        :class:`~energon_pack.errors.AllSkippedError`)."""
         fields = (
             f" (it reads {self.format.prompt_field!r} / {self.format.completion_field!r}: rename with "
             "prompt_field= / completion_field=)"

@@ -66,7 +66,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     text = (
         to_str()
         if callable(to_str)
-        else f"{type(inner).__qualname__}:{getattr(inner, 'name_or_path', '')}:{len(getattr(inner, 'get_vocab', dict)())}"
+        else (
+            f"{type(inner).__qualname__}:{getattr(inner, 'name_or_path', '')}:"
+            f"{len(getattr(inner, 'get_vocab', dict)())}"
+        )
     )
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 

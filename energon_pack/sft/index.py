@@ -1,7 +1,8 @@
 """Line-offset index of a JSONL file, cached (never beside the file) with a fingerprint.
 
 The index is the array of line *ends* (byte offset of each ``\\n``, or the file size for a last
-line without one; in a file with no ``\\n`` at all, each lone ``\\r``: old Mac line endings): line ``i`` spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
+line without one; in a file with no ``\\n`` at all, each lone ``\\r``: old Mac line endings): line ``i``
+spans ``[ends[i-1] + 1, ends[i])``. It is built once with numpy
 (``flatnonzero(chunk == 10)`` over chunks read with ``os.pread``, so memory stays bounded and a
 file cut short under the scan is an error, not a SIGBUS) and saved
 as ``<name>.<key>.idx.npy`` plus ``.idx.json`` holding a fingerprint of the source (size,

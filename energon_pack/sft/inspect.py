@@ -256,7 +256,8 @@ def format_report(report: dict[str, Any]) -> str:
     L, P, B = report["length"], report["packing"], report["baseline_concat"]
     out = [
         f"{report['file']} ({report['format']}, tokenizer {report.get('tokenizer', '?')})",
-        f"  lines {report['lines']}, usable {report['usable']}, skipped {report['lines'] - report['usable']}, tokens {report['tokens']}",
+        f"  lines {report['lines']}, usable {report['usable']}, skipped {report['lines'] - report['usable']}, "
+        f"tokens {report['tokens']}",
         "  length  " + "  ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in L.items()),
     ]
     for reason, info in report["skips"].items():

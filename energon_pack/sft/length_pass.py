@@ -386,9 +386,7 @@ class _LeanPromptCompletion:
         if parts is not None:
             flush()
 
-    def _place(
-        self, i: int, start: int, n_prompt: int, n_completion: int, lengths: np.ndarray
-    ) -> bool | SampleSkipped:
+    def _place(self, i: int, start: int, n_prompt: int, n_completion: int, lengths: np.ndarray) -> bool | SampleSkipped:
         """True: line ``i``'s length is stored; a SampleSkipped: the line is ``too_long`` (``skip``);
         False: the format must see the line (nothing supervised). Raises under ``overlength="error"``."""
         n_prompt += len(self.head)

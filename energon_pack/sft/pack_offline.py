@@ -295,7 +295,8 @@ def pack_offline(
     ``pad_seq_to_mult`` defaults to ``alignment_multiple(cp, tp, sp)``; an explicit value must be a
     multiple of it, and ``seq_length`` a multiple of the result. ``workers`` processes tokenize
     (default: the usable cores; one below the length pass's 32 MiB threshold), each line once; the
-    tokens wait in a temporary file beside the output (4 bytes a token) until their pack is written. A line that cannot be used is a counted skip (``summary.skips``).
+    tokens wait in a temporary file beside the output (4 bytes a token) until their pack is written. A line
+    that cannot be used is a counted skip (``summary.skips``).
     """
     try:
         import pyarrow.parquet as pq
