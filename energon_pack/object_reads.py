@@ -32,7 +32,20 @@ _ORIGINAL: dict[str, Any] = {}
 def configure_object_reads(*, whole_object_limit: int | None = None, read_ahead: int = 0) -> None:
     """Shards of at most ``whole_object_limit`` bytes are downloaded whole, larger ones range-read
     (None: MSC's own 512 MiB); each range read asks for at least ``read_ahead`` bytes (0: MSC's own,
-    one request per read). ``configure_object_reads()`` restores MSC's behaviour."""
+    one request per read). ``configure_object_reads()`` restores MSC's behaviour.
+
+    Call it before the loader is built: forked loader workers inherit it.
+
+    Args:
+        whole_object_limit: the largest shard (``.tar`` object), in bytes, that is downloaded whole into
+            the worker's memory; larger shards are range-read. Other objects (indexes, metadata) keep MSC's
+            limit. Default None: MSC's own limit (512 MiB), i.e. MSC's behaviour; e.g. ``64 << 20`` keeps
+            a worker's memory bounded when shards are large.
+        read_ahead: the least bytes each range read asks for (a read-ahead buffer in front of
+            MSC's range reader), so one request brings a sample's members and its neighbours. Default 0: no
+            buffer, MSC's own one request per ``read()`` (about 9 per sample);
+            :data:`DEFAULT_READ_AHEAD` (1 MiB) measured 0.12 requests per sample.
+    """
     for knob, value in (("whole_object_limit", whole_object_limit), ("read_ahead", read_ahead)):
         if value is not None and (not isinstance(value, int) or value < 0):
             raise ConfigError(

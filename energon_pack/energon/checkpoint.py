@@ -35,6 +35,10 @@ def save_state_rank(loader: Any):
 
     Before the workers start, the state is the one the loader would restore from (its initial
     or restored checkpoint), exactly what Energon returns before ``iter(loader)``.
+
+    Args:
+        loader: an Energon savable loader (``get_savable_loader(...)``), patched by our guards or not;
+            the state is this rank's only (every rank saves and restores its own).
     """
     return save_unhung(loader, energon_method(type(loader), "save_state_rank"))
 
@@ -56,7 +60,17 @@ def save_unhung(loader: Any, save: Callable[[Any], Any]):
 
 def restore_state_rank(loader: Any, state: Any) -> None:
     """``loader.restore_state_rank(state)`` with a :class:`ResumeConfigError` instead of Energon's bare
-    ``AssertionError`` when the state was saved with another worker count, rank or world size."""
+    ``AssertionError`` when the state was saved with another worker count, rank or world size.
+
+    For a loader of our task encoders it also refuses, before anything is restored, a state saved on
+    another shard list or with another encoder or packing configuration, or edited after saving.
+
+    Args:
+        loader: an Energon savable loader built as the saved one was (same dataset, worker count, rank,
+            world size and task encoder), not yet iterated.
+        state: this rank's ``save_state_rank()`` result (from :func:`save_state_rank` or Energon's own
+            method); None restores nothing (a fresh start).
+    """
     check_restore(loader, state)
     energon_method(type(loader), "restore_state_rank")(loader, state)  # checked once: not again behind the patch
 

@@ -18,23 +18,69 @@ class PackingConfig:
     """Pack width and layout (THD), packer knobs, and optional extra budgets per pack.
 
     Costs are (aligned tokens[, ViT patches][, media items]); the optional budgets bound the
-    vision work one pack may carry. ``overlength``: ``skip`` (counted), ``error``, or
-    ``truncate`` (text only).
+    vision work one pack may carry. Every knob except ``skip_guard`` and the ``skip_warn_*`` knobs
+    is stored as a fingerprint in the checkpoint; restoring with a different value raises
+    ``ConfigError`` naming the knob (they change which packs come next; the others do not).
 
-    ``skip_guard``: a worker that has skipped this many samples without emitting a single pack
-    raises ``AllSkippedError`` naming the skip reasons and counts, instead of hanging on a
-    stream where nothing can ever be packed (wrong field names, width too small, wrong
-    encoder). ``None`` (default) means ``max(1000, 10 * packing_buffer_size)``. A finite stream
-    that ends before the limit with 0 packs warns with the same message.
-
-    ``skip_warn_rate`` / ``skip_warn_window``: a worker logs one warning (and a ``RuntimeWarning``)
-    the first time at least ``skip_warn_rate`` of ``skip_warn_window`` consecutive samples it
-    read were skipped (default: 50% of 200), with the skip reasons, their counts and one example
-    per reason, so mostly-skipped data does not look healthy. ``skip_warn_rate=None`` turns it off.
-
-    Every knob except ``skip_guard`` and the ``skip_warn_*`` knobs is stored as a fingerprint in the
-    checkpoint; restoring
-    with a different value raises ``ConfigError`` naming the knob.
+    Attributes:
+        seq_length: the pack width in tokens (token slots of one THD row, Megatron's ``seq_length``): the
+            first budget of every pack. Must be a multiple of the alignment multiple of ``cp``/``tp``/
+            ``sp``/``eval_cp``. Default 8192: several times a typical SFT sample (about 21 demo samples per
+            pack with the real Qwen2.5-VL tokenizer), the width README's examples and benchmarks use.
+        cp: the context-parallel size the packs are trained with (1 = off). Each segment is padded to a
+            multiple of ``2 * cp`` when ``cp > 1``. Default 1: no context parallelism, no alignment.
+            Must equal the model's (``check_bridge_config`` checks it).
+        tp: the tensor-parallel size (1 = off). It aligns segments only together with ``sp``
+            (to a multiple of ``cp * tp``). Default 1: no tensor parallelism.
+        sp: whether sequence parallelism is on (with ``tp > 1`` it adds the ``cp * tp`` multiple).
+            Default False: Megatron's default.
+        eval_cp: the context-parallel size of evaluation when it differs from ``cp`` (Bridge's
+            ``dist.eval_context_parallel_size``); segments are aligned to the lcm of both multiples, so the
+            same packs serve training and evaluation. Default None: evaluation uses ``cp``.
+        pad_to_max_length: make every row exactly ``seq_length`` tokens (a pad tail after the last
+            segment). Default False: a row ends after its last segment's aligned span, so no compute is spent
+            on a tail; set True for fixed shapes (Bridge with expert parallelism, CUDA graphs).
+        pad_cu_seqlens: give the four ``cu_seqlens_*`` arrays the static length ``max_segments + 1``
+            (zero-length segments repeat the last boundary; ``max_seqlen_*`` is the width), for CUDA graphs.
+            Needs ``pad_to_max_length=True`` and ``max_segments``. Default False: one entry per segment.
+        max_segments: the most segments (samples) one pack may hold, a count; when set it is also a packer
+            budget (each sample costs 1), so static cu_seqlens always fit. Default None: no limit.
+        max_media_per_pack: the most media items (images plus videos) one pack may hold, a count; a
+            packer budget. Default None: no media budget (tokens alone decide).
+        max_patches_per_pack: the most ViT patches (the product of each ``grid_thw``, before the spatial
+            merge) one pack may hold; a packer budget that bounds the vision tower's work per step, and the
+            padded patch-row count of static packs (``static_visual=True`` needs it, a multiple of
+            ``merge_size**2``). Default None: no patch budget.
+        packing_mode: ``"carry"`` (our carry-over packer: open bins carried across buffer rounds) or
+            ``"rounds"`` (Energon's own ``PackingDataset`` with first-fit-decreasing over each buffer of
+            ``packing_buffer_size`` samples, for comparison). Default ``"carry"``: 99.8% fill at K=64 on the
+            demo data against 86.4% for rounds.
+        lookahead_packs: carry mode: the most tokens held in open bins, in packs' worth (a float, e.g. 4.0
+            = ``4 * seq_length`` tokens); over it the fullest bin leaves. Default None: only
+            ``packing_buffer_size`` (samples held per worker) bounds the packer, Energon's meaning of K.
+        min_fill: carry mode: a bin leaves as soon as this fraction of ``seq_length`` is used, in (0, 1].
+            Default None: a bin leaves only when nothing seen could still fit it, or on the buffer bound, which
+            fills best.
+        max_age: carry mode: the most samples pushed to the worker's packer while a bin stays open (bounds
+            a sample's delay, in samples). Default None: no limit (fill first).
+        overlength: what a sample over a budget (longer than ``seq_length`` tokens, or over a patch/media
+            budget) gets: ``"skip"`` (a counted ``oversize`` skip), ``"error"`` (raise; carry mode, rounds
+            always skips) or ``"truncate"`` (cut to ``seq_length`` tokens: the text encoder only; the Qwen-VL
+            encoder refuses it, it would cut visual tokens). Default ``"skip"``: one bad sample does not stop a
+            run and every skip is counted in ``packing_stats``.
+        seed: carry mode: the seed of the order in which the last open bins are emitted at the end of a
+            finite stream. Default 0: fixed, so the same data gives the same packs.
+        skip_guard: a worker that has skipped this many samples without emitting a single pack raises
+            ``AllSkippedError`` naming the skip reasons and counts, instead of hanging on a stream where
+            nothing can ever be packed (wrong field names, width too small, wrong encoder); a count of
+            samples. Default None: ``max(1000, 10 * packing_buffer_size)``, far more than one pack needs. A
+            finite stream that ends before the limit with 0 packs warns with the same message.
+        skip_warn_rate: a worker logs one warning (and a ``RuntimeWarning``) the first time at least this
+            fraction, in (0, 1], of ``skip_warn_window`` consecutive samples it read were skipped, with the
+            skip reasons, their counts and one example per reason, so mostly-skipped data does not look
+            healthy. Default 0.5: half the data lost is never normal; None turns the warning off.
+        skip_warn_window: the window of ``skip_warn_rate``, in consecutive samples read by one worker.
+            Default 200: enough samples that a few bad records do not trigger it.
     """
 
     seq_length: int = 8192

@@ -85,6 +85,17 @@ def split_changed_dataset(path: str | Path, state: Any, out: str | Path, *, spli
     ``state`` is one rank's ``save_state_rank()`` result. Raises :class:`ResumeConfigError` when a
     shard was removed or resized (naming it) and :class:`ConfigError` when nothing was added. The
     views symlink the shards, so both folders are local (an ``msc://`` one is refused).
+
+    Args:
+        path: the prepared dataset folder as it is now (grown by added shards); only read.
+        state: one rank's unmodified ``save_state_rank()`` result, saved by a loader of one of our task
+            encoders (its resume fingerprint names the shards, their sample counts and sizes).
+        out: a new or empty local folder; the two views are written as ``out/resume`` and ``out/added``.
+        split_part: the split whose shards are compared and written into the views. Default ``"train"``:
+            the split a training loader (``get_train_dataset``) reads and checkpoints.
+
+    Returns:
+        The :class:`DatasetViews`: both view folders and the shard names of each.
     """
     from energon_pack.storage import is_remote
 

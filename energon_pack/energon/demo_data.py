@@ -96,7 +96,22 @@ def demo_sample(index: int, rng: np.random.Generator) -> dict:
 
 
 def make_demo_shards(root: str | Path, samples: int = 1200, *, per_shard: int = 100, seed: int = 0) -> Path:
-    """Write ``samples`` demo samples as ``root/demo-NNNNNN.tar`` and prepare them for Energon."""
+    """Write ``samples`` demo samples as ``root/demo-NNNNNN.tar`` and prepare them for Energon.
+
+    Args:
+        root: the local folder to write into (created if missing); the shards and their ``.nv-meta``
+            index go there, so pass a new or empty folder (``energon-pack make-demo`` refuses any other).
+        samples: how many samples to write, broken ones included (one every ``CORRUPT_EVERY`` = 97 samples;
+            :func:`expected_skips` counts them by kind). Default 1200: twelve shards, enough for several
+            8192-token packs per worker and a few of each broken kind.
+        per_shard: samples per tar shard. Default 100: several shards per dataset, so loader workers and
+            ranks each get shards of their own.
+        seed: the seed of every random choice (texts, images, turns). Default 0: the same arguments write
+            the same bytes, so tests and benchmarks see the same data.
+
+    Returns:
+        ``root`` as a :class:`~pathlib.Path`, ready for ``get_train_dataset``.
+    """
     import webdataset as wds
 
     from .prepare import prepare_webdataset

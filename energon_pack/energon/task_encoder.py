@@ -55,6 +55,13 @@ class CarryOverPackingMixin:
 
     def configure_packing(self, config: PackingConfig, pad_token_id: int) -> None:
         """Set the packing knobs (called from the encoder's ``__init__``) and install the Energon guards."""
+        if hasattr(self, "packing_fingerprint"):  # the hook's name before issue 31: its knobs would be ignored
+            raise ConfigError(
+                "packing_fingerprint",
+                f"{type(self).__name__} overrides packing_fingerprint(), which is no longer called, so its knobs "
+                "would not reach the resume fingerprint",
+                "rename it to resume_knobs() returning {**super().resume_knobs(), your knobs}",
+            )
         self.packing = config
         self.layout = config.layout(pad_token_id)
         install_energon_guards()

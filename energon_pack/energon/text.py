@@ -59,7 +59,34 @@ class _RawJsonlFactory(DefaultCrudeJsonlDatasetFactory):
 
 
 class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
-    """GPT-SFT JSONL (prompt/completion or chat) -> fixed-width THD packs."""
+    """GPT-SFT JSONL (prompt/completion or chat) -> fixed-width THD packs.
+
+    Every argument is keyword-only; a wrong value raises ``ConfigError`` naming the knob and the fix.
+
+    Args:
+        tokenizer: what turns text into token ids (and so decides every token count, pack and skip): a
+            Hugging Face tokenizer, a Qwen-VL name (``"qwen2-vl"``, ``"qwen2.5-vl"``, ``"qwen3-vl"``: that
+            model's real tokenizer, loaded offline) or ``"demo"`` (the small shipped demo tokenizer,
+            silently). Default None: there is no model to take a tokenizer from, so None means the demo
+            tokenizer with a loud ``DemoTokenizerWarning`` rather than a silent default.
+        format: the record format: ``"prompt_completion"`` (``prompt`` / ``completion`` fields, loss on the
+            completion, EOS appended) or ``"chat"`` (``messages`` / ``conversations`` / ``conversation`` or
+            alpaca records rendered as ChatML, loss on the assistant turns). Default ``"prompt_completion"``:
+            the plainest GPT-SFT record, which needs no chat template.
+        config: the packing knobs (width, alignment, budgets, packer knobs, skip policy; see
+            :class:`PackingConfig`). Default None: ``PackingConfig()`` (width 8192, no alignment, carry
+            mode, over-long records skipped), with the :class:`PackingConfig` fields in ``kw`` applied on top.
+            ``overlength="truncate"`` keeps a record's first ``seq_length`` tokens (a record with nothing
+            supervised left is a ``no_trained_tokens`` skip).
+        **kw: :class:`PackingConfig` fields given directly (``seq_length=4096, cp=2, ...``), and the knobs of
+            ``format``, passed to :func:`energon_pack.sft.formats.make_format`: for ``"prompt_completion"``
+            ``prompt_field`` (``"prompt"``), ``completion_field`` (``"completion"``), ``template``
+            (``"{prompt}"``), ``separator`` (``""``), ``loss`` (``"completion"`` or ``"full"``),
+            ``add_bos`` (False), ``add_eos`` (True), ``strip_whitespace`` (True), ``bos_id`` / ``eos_id``
+            (None: the tokenizer's); for ``"chat"`` ``loss_policy`` (``"assistant"``, ``"last_turn"``,
+            ``"all"``), ``system_prompt`` (None: none inserted) and ``train_newline_after_im_end`` (False).
+            An unknown name is a ConfigError.
+    """
 
     cookers = [Cooker(cook_text_record)]
     decoder = None

@@ -143,6 +143,19 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
     ``mrope_position_ids`` [3, 1, T] when the batch has them (Qwen3-VL uses them as they are),
     ``"flat"`` the per-segment 1-D positions [1, T] (Qwen2/2.5-VL recompute M-RoPE inside the
     model). ``visual_inputs`` is always an object; fields no segment has are None.
+
+    Args:
+        batch: one packed THD row of our encoders (README "The batch contract"): ``input_ids`` [1, T],
+            ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens_q``, ... and the flat visual keys. A
+            static-visual row or uint8 pixels are refused (ConfigError): Bridge's vision models cannot read them.
+        position_ids: which positions become Bridge's ``position_ids``: ``"mrope"`` (our
+            ``mrope_position_ids`` [3, 1, T], falling back to the 1-D positions when the batch has none,
+            e.g. text) or ``"flat"`` (the per-segment 1-D positions [1, T]). Default ``"mrope"``: the
+            positions Qwen3-VL uses as given; :class:`BridgeQwenVLPackingTaskEncoder` picks ``"flat"`` for
+            Qwen2/2.5-VL presets itself.
+        visual_inputs_cls: the class of the ``visual_inputs`` object, built with the visual keys as fields.
+            Default None: Bridge's ``GenericVisualInputs`` when importable (what its VLM step expects), else
+            :class:`VisualInputs` (same fields and methods), so conversion works without Bridge installed.
     """
     if position_ids not in ("mrope", "flat"):
         raise ConfigError("position_ids", f"unknown mode {position_ids!r}", "use 'mrope' or 'flat'")
@@ -210,6 +223,15 @@ def bridge_dataset_kwargs(path: str | Path, *, config_dir: str | Path | None = N
     map under ``config_dir``, default ``bridge_dataset_configs`` in :func:`energon_pack.env.cache_dir`) that
     carries Bridge's field map as a subflavor for :func:`cook_bridge_chatml`. The shards, index
     and ``split.yaml`` are Bridge's. Returns ``{}`` for a dataset already declared crude.
+
+    Args:
+        path: the prepared dataset folder (the one holding ``.nv-meta/dataset.yaml``), as given to
+            ``get_train_dataset``; only read. A ``dataset.yaml`` naming neither Bridge's ``ChatMLWebdataset``
+            nor a ``CrudeWebdataset`` is a ConfigError.
+        config_dir: the local folder the crude description is written into (one small YAML file per field
+            map, named by its hash, written atomically so several ranks may share it). Default None:
+            ``bridge_dataset_configs`` under ``$ENERGON_PACK_CACHE`` or else :func:`energon_pack.env.cache_dir`,
+            the user cache folder, because the dataset itself is never written to.
     """
     spec = read_bridge_dataset(path)
     if spec.is_crude:
@@ -244,6 +266,19 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
     Reads our ChatML shards, Bridge's ChatML shards through the crude path (see
     :func:`bridge_dataset_kwargs`), and Bridge's typed ``ChatMLSample`` when Energon loads a
     Bridge ``dataset.yaml`` with Bridge installed (decoded images are re-encoded as PNG).
+
+    Args:
+        bridge_position_ids: which positions the converted batches carry as ``position_ids`` (see
+            :func:`to_bridge_batch`): ``"auto"``, ``"mrope"`` ([3, 1, T] M-RoPE positions) or ``"flat"``
+            ([1, T] per-segment positions). Default ``"auto"``: ``"mrope"`` for presets with Qwen3's rope
+            style, ``"flat"`` otherwise, what each Bridge model reads (Qwen2/2.5-VL recompute M-RoPE from
+            ``cu_seqlens`` and overwrite what they are given; Qwen3-VL uses the passed tensor as is).
+        **kwargs: the arguments of :class:`QwenVLPackingTaskEncoder` (``tokenizer``, ``preset``, ``chat``,
+            ``config``, ``video_sampling`` and :class:`PackingConfig` fields such as ``seq_length``, ``cp``,
+            ``tp``, ``sp``, ``pad_to_max_length``), with the same defaults. A preset with
+            ``pixel_dtype="uint8"`` is refused (Bridge's vision model would get raw 0..255 values), and
+            ``static_visual=True`` is refused by :func:`to_bridge_batch` and :func:`check_bridge_config`
+            (Bridge's vision models pad for their own CUDA graphs).
     """
 
     cookers = [Cooker(cook_bridge_chatml)]
@@ -336,6 +371,22 @@ def check_bridge_config(
     ``allow_demo_tokenizer=True`` (a dry run that never trains). ``task_encoder`` defaults to the
     encoder of ``cfg.dataset`` when that is :func:`make_bridge_dataset_provider`'s provider; a
     different encoder there is an error. ``forward_step_func`` must be ``vlm_step.forward_step``.
+
+    Args:
+        cfg: Bridge's ``ConfigContainer`` (the recipe's config after your changes), or any object with the
+            same attribute paths (``train.micro_batch_size``, ``model.context_parallel_size``, ...); a missing
+            attribute reads as unset (parallel sizes 1, switches off), except ``train.micro_batch_size`` and
+            ``model.calculate_per_token_loss``, which must be set (1 and True).
+        task_encoder: the encoder that will produce the packs (one of ours: it has a ``packing`` config),
+            checked against the model (alignment, width, tokenizer ids, fixed width, static visual). Default
+            None: the encoder of ``cfg.dataset`` when that is :func:`make_bridge_dataset_provider`'s provider,
+            so ``check_bridge_config(cfg)`` checks what trains; with neither only the ``cfg`` knobs are checked.
+        forward_step_func: the step function that will be passed to ``finetune()``. Default None: not
+            checked (Bridge takes it as a separate argument, not from ``cfg``); pass it so a step that drops
+            ``visual_inputs`` or rejects packed batches is caught before training.
+        allow_demo_tokenizer: accept an encoder built on the shipped demo tokenizer (and skip the
+            vision-token-id comparison). Default False: the demo ids mean nothing to the model's embedding and
+            its token counts are not the model's; set True only for a dry run that never trains.
     """
     errors: list[ConfigError] = []
 
@@ -670,6 +721,26 @@ def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing
     ``dataset_kwargs`` (extra ``get_train_dataset`` kwargs), ``pin_memory``, ... A Bridge-prepared
     ChatML dataset is read as it is (:func:`bridge_dataset_kwargs`). ``dataloader_type`` is
     ``"external"``: Bridge uses the Energon loader as it is, like its own Energon datasets.
+
+    Args:
+        path: the prepared Energon dataset (a local folder or ``msc://`` path), ours or Bridge-prepared
+            ChatML; only read.
+        task_encoder: the encoder that packs the data (e.g. :class:`BridgeQwenVLPackingTaskEncoder`); its
+            ``packing.seq_length`` becomes the provider's ``seq_length`` (so ``seq_length`` is not a
+            keyword here), and it is the encoder :func:`check_bridge_config` finds in ``cfg.dataset``.
+        packing_buffer_size: K, the samples the packer holds per loader worker (Energon's
+            ``packing_buffer_size``). Default 64: on the demo data carry fill is 99.8% at K=64 (99.4% at 32)
+            at little memory, since the buffer holds encoded bytes; README "Choosing width and buffer size".
+        **kwargs: fields of the provider, each with its default: ``shuffle_buffer_size`` (100 samples, the
+            shuffle buffer per worker), ``max_samples_per_sequence`` (None: no limit, Energon's default),
+            ``num_workers`` (2, loader workers per rank, Bridge's ``DatasetProvider`` default),
+            ``num_val_workers`` (None: ``num_workers``), ``do_validation`` (False: no validation loader, so
+            nothing is read from a validation split unless asked), ``validation_task_encoder`` (None:
+            ``task_encoder``), ``dataset_kwargs`` (``{}``: extra ``get_train_dataset`` kwargs, applied over
+            :func:`bridge_dataset_kwargs`), ``dataloader_type`` (``"external"``) and Bridge's dataloader
+            fields ``pin_memory``, ``data_sharding``, ``drop_last``, ``persistent_workers`` (all True),
+            ``trust_remote_code``, ``dataloader_save``, ``dataloader_load`` (None). The micro-batch size is
+            always 1 (one packed row per micro-batch).
     """
     return _provider_class()(
         path=str(path),

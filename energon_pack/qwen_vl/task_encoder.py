@@ -42,7 +42,52 @@ from .video import VideoFile, check_sampling, plan_video
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
-    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL finetuning on ChatML WebDataset with online packing."""
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL finetuning on ChatML WebDataset with online packing.
+
+    Every argument is keyword-only; a wrong value raises ``ConfigError`` naming the knob and the fix.
+
+    Args:
+        tokenizer: what turns text into the model's token ids (and so decides every token count, pack and
+            skip): a Hugging Face tokenizer with the Qwen special tokens, a Qwen-VL name (``"qwen2-vl"``,
+            ``"qwen2.5-vl"``, ``"qwen3-vl"``: that model's real tokenizer, loaded offline), or ``"demo"`` (the
+            small shipped demo tokenizer, silently). Default None: the preset's own real tokenizer, so token
+            counts are the model's; a preset whose name is not a Qwen-VL name has no known tokenizer, and
+            None then falls back to the demo tokenizer with a ``DemoTokenizerWarning``.
+        preset: the model version's vision settings (patch, merge and temporal patch sizes, min/max pixels,
+            pixel dtype, M-RoPE style): a name of :data:`~energon_pack.qwen_vl.presets.PRESETS` or a
+            :class:`VisionPreset` (e.g. ``get_preset("qwen2.5-vl", max_pixels=...)``). Default
+            ``"qwen2.5-vl"``: the model of README's examples and of the Bridge recipe it shows.
+        chat: how conversations are rendered and limited (system prompt, loss policy, images per sample,
+            frames per video, visual tokens per sample). Default None: ``ChatConfig()``, the official chat
+            template's system prompt, loss on every assistant turn, and Megatron-Bridge's limits (10 images,
+            60 frames, 16384 visual tokens), so samples match what the released model was trained on.
+        config: the packing knobs (width, alignment, budgets, packer knobs, skip policy; see
+            :class:`PackingConfig`). Default None: ``PackingConfig()`` (width 8192, no alignment, no extra
+            budgets, carry mode), with ``config_overrides`` applied on top. ``overlength="truncate"`` is
+            refused: it would cut visual tokens.
+        static_visual: put every pack's patch rows (images and videos) into ``visual_pixel_values``
+            [``max_patches_per_pack``, row width] in token order, zero-padded to the budget, with
+            ``visual_grid_thw`` (``pixel_values`` / ``pixel_values_videos`` are then None), so the vision
+            input has fixed shapes for ``torch.compile`` and CUDA graphs. Needs ``max_patches_per_pack``, a
+            multiple of ``merge_size**2``. Default False: the dynamic visual keys that HF models and
+            Megatron-Bridge read (Bridge refuses static packs).
+        max_vision_frames: static packs only: the most frames one pack may hold, a count (one per image,
+            the temporal grid size per video); a packer budget, and the length of the vision tower's
+            full-attention cu_seqlens. Default None: ``max_patches_per_pack // merge_size**2``, the most
+            frames the patch budget can ever hold (a frame has at least ``merge_size**2`` patches), so it
+            never binds before the patch budget; ``energon-pack bench --visual-budget`` recommends a tighter
+            one. Setting it without ``static_visual=True`` is a ConfigError.
+        video_sampling: how video files (``KEY.0.mp4``, ...) are sampled into frames: fps, min/max frames,
+            frame factor (must equal the preset's temporal patch size) and the total-video token budget
+            (:class:`~energon_pack.video.FrameSampling`). Videos stored as frame lists are not resampled.
+            Default None: ``FrameSampling()``, qwen-vl-utils' defaults (2.0 fps, 4 to 768 frames, factor 2,
+            128000 tokens), so a video gets the frames and sizes the model sees at inference.
+        **config_overrides: :class:`PackingConfig` fields given directly (``seq_length=8192, cp=2, tp=4,
+            sp=True, ...``), applied over ``config``; an unknown name is a ConfigError naming it.
+
+    ``max_vision_frames`` and ``video_sampling`` are part of the resume fingerprint (they change which
+    packs come next), like the :class:`PackingConfig` knobs.
+    """
 
     cookers = CHATML_COOKERS
     decoder = None  # keep images as encoded bytes until postencode_sample

@@ -81,3 +81,16 @@ def test_an_untested_energon_version_installs_nothing_and_warns_once(unpatched, 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         TextPackingTaskEncoder(tokenizer="demo", seq_length=256)  # once per process
+
+
+def test_an_encoder_overriding_the_old_fingerprint_hook_is_refused_by_name():
+    from energon_pack.energon import TextPackingTaskEncoder
+    from energon_pack.errors import ConfigError
+
+    class Old(TextPackingTaskEncoder):
+        def packing_fingerprint(self, packing_buffer_size):  # the pre-issue-31 hook
+            return {"mine": 1}
+
+    with pytest.raises(ConfigError) as err:
+        Old(tokenizer="demo", seq_length=256)
+    assert err.value.knob == "packing_fingerprint" and "resume_knobs()" in err.value.fix
