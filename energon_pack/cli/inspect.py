@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
             names=HINT_NAMES,
             progress=bar,
-            width=args.width,
+            seq_length=args.width,
             pad_multiple=args.pad_multiple,
             max_length=args.max_length,
             json_out=args.json_out,

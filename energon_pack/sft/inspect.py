@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..thd import accepts_old_width
 from . import length_pass
 from .dataset import JsonlSFTDataset
 from .index import cache_folder, cache_key
@@ -119,7 +120,7 @@ KNOBS = {
     "chat": 'format="chat"',
     "prompt_completion": 'format="prompt_completion"',
     "fields": "prompt_field= / completion_field=",
-    "width": "width=",
+    "width": "seq_length=",
 }
 
 
@@ -171,12 +172,13 @@ def _cache_entries(path: str | os.PathLike, cache_dir: Any) -> dict[str, int]:
     )
 
 
+@accepts_old_width
 def inspect_jsonl(
     path: str | os.PathLike,
     *,
     tokenizer: Any = None,
     format: str = "prompt_completion",
-    width: int = 4096,
+    seq_length: int = 4096,
     pad_multiple: int = 1,
     window: int = 4096,
     max_length: int | None = None,
@@ -195,7 +197,8 @@ def inspect_jsonl(
     """
     from ..chat.tokenizer import describe_tokenizer
 
-    tok = load_tokenizer(tokenizer, stacklevel=3)
+    tok = load_tokenizer(tokenizer, stacklevel=4)  # the caller of inspect_jsonl, past accepts_old_width
+    width = seq_length  # the pack width (``width=`` is its deprecated keyword)
     before = _cache_entries(path, format_kw.get("cache_dir"))
     ds = JsonlSFTDataset(path, tok, format, max_length=max_length, overlength=overlength, **format_kw)
     lines = len(ds)

@@ -16,7 +16,7 @@ GOOD = {"prompt": "Hi there", "completion": "Hello!"}  # 7 tokens with the demo 
 def test_report_exact_counts_and_fill(tmp_path, capsys):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join([json.dumps(GOOD)] * 8 + ["{bad", "", json.dumps({"prompt": "x"})]) + "\n")
-    report = inspect_jsonl(path, tokenizer="demo", width=16)
+    report = inspect_jsonl(path, tokenizer="demo", seq_length=16)
     assert (report["lines"], report["usable"], report["tokens"]) == (11, 8, 56)
     assert report["skips"] == {
         "empty_line": {"count": 1, "first_lines": [10]},
@@ -27,7 +27,7 @@ def test_report_exact_counts_and_fill(tmp_path, capsys):
     assert report["packing"]["packs"] == 4 and report["packing"]["fill"] == 56 / 64  # two 7-token samples per 16
     assert report["baseline_concat"]["mbs"] == 2 and report["baseline_concat"]["fill"] == 56 / 64
     assert report["tokenizer"].startswith("demo") and report["hints"] == []
-    assert show(path, tokenizer="demo", width=16, json_out=tmp_path / "r.json") == 0
+    assert show(path, tokenizer="demo", seq_length=16, json_out=tmp_path / "r.json") == 0
     assert "invalid_json" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["usable"] == 8
 
@@ -50,11 +50,11 @@ def test_no_tokenizer_warns_and_the_report_names_the_tokenizer(tmp_path):
         DemoTokenizerWarning,
         match=r'inspect: no tokenizer given, so the offline DEMO tokenizer is used.*tokenizer="demo"',
     ):
-        report = inspect_jsonl(path, width=16)
+        report = inspect_jsonl(path, seq_length=16)
     assert report["tokenizer"] == "demo (the 773-token offline demo tokenizer, not a real vocabulary)"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # asked for by name: silent
-        assert inspect_jsonl(path, tokenizer="demo", width=16)["tokenizer"] == report["tokenizer"]
+        assert inspect_jsonl(path, tokenizer="demo", seq_length=16)["tokenizer"] == report["tokenizer"]
     assert "tokenizer demo (the 773-token" in format_report(report).splitlines()[0]
 
 
@@ -63,75 +63,84 @@ CHAT = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistan
 
 def test_hint_chat_records_without_format_chat(tmp_path, capsys):
     path = _write(tmp_path / "chat.jsonl", [CHAT] * 20)
-    report = inspect_jsonl(path, tokenizer="demo", width=64)
+    report = inspect_jsonl(path, tokenizer="demo", seq_length=64)
     assert report["skips"]["missing_field"]["count"] == 20
     assert report["hints"] == [
         "20 of 20 lines skip with missing_field: the records have the fields 'messages', 'id'; "
         "'messages' holds chat turns: use format=\"chat\""
     ]
-    cli = inspect_jsonl(path, tokenizer="demo", width=64, names=HINT_NAMES)["hints"]  # energon-pack inspect: the flag
+    cli = inspect_jsonl(path, tokenizer="demo", seq_length=64, names=HINT_NAMES)[
+        "hints"
+    ]  # energon-pack inspect: the flag
     assert cli == [report["hints"][0].replace('format="chat"', "--format chat")]
-    assert show(path, tokenizer="demo", width=64) == 1
+    assert show(path, tokenizer="demo", seq_length=64) == 1
     assert "  hint: 20 of 20 lines skip with missing_field" in capsys.readouterr().out
-    fixed = inspect_jsonl(path, tokenizer="demo", format="chat", width=64)
+    fixed = inspect_jsonl(path, tokenizer="demo", format="chat", seq_length=64)
     assert fixed["usable"] == 20 and fixed["hints"] == []
 
 
 def test_hint_prompt_completion_records_with_format_chat_and_renamed_fields(tmp_path):
     path = _write(tmp_path / "pc.jsonl", [GOOD] * 6)
-    report = inspect_jsonl(path, tokenizer="demo", format="chat", width=64)
+    report = inspect_jsonl(path, tokenizer="demo", format="chat", seq_length=64)
     assert report["hints"] == [
         "6 of 6 lines skip with bad_conversation: the records have the fields 'prompt', "
         "'completion'; they are prompt/completion records: use format=\"prompt_completion\""
     ]
     path = _write(tmp_path / "qa.jsonl", [{"question": "Hi there", "answer": "Hello!"}] * 5 + [GOOD])
-    report = inspect_jsonl(path, tokenizer="demo", width=64)
+    report = inspect_jsonl(path, tokenizer="demo", seq_length=64)
     assert report["hints"] == [
         "5 of 6 lines skip with missing_field: the records have the fields 'question', 'answer', "
         "'prompt', 'completion', not the prompt field 'prompt' and completion field 'completion': "
         'name yours with prompt_field= / completion_field=, or use format="chat" for chat turns'
     ]
-    assert inspect_jsonl(path, tokenizer="demo", width=64, names=HINT_NAMES)["hints"][0].endswith(
+    assert inspect_jsonl(path, tokenizer="demo", seq_length=64, names=HINT_NAMES)["hints"][0].endswith(
         "name yours with --prompt-field / --completion-field, or use --format chat for chat turns"
     )
     assert (
-        inspect_jsonl(path, tokenizer="demo", width=64, prompt_field="question", completion_field="answer")["skips"][
-            "missing_field"
-        ]["count"]
+        inspect_jsonl(path, tokenizer="demo", seq_length=64, prompt_field="question", completion_field="answer")[
+            "skips"
+        ]["missing_field"]["count"]
         == 1
     )
     # a minority of broken lines gives no hint
     path = _write(tmp_path / "mostly_ok.jsonl", [GOOD] * 5 + [{"prompt": "x"}])
-    assert inspect_jsonl(path, tokenizer="demo", width=64)["hints"] == []
+    assert inspect_jsonl(path, tokenizer="demo", seq_length=64)["hints"] == []
 
 
 def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, capsys):
     long = {"prompt": "word " * 60, "completion": "answer " * 60}
     path = _write(tmp_path / "long.jsonl", [long] * 9 + [GOOD])
-    report = inspect_jsonl(path, tokenizer="demo", width=100)
+    report = inspect_jsonl(path, tokenizer="demo", seq_length=100)
     L = report["length"]
     assert report["packing"]["oversize"] == 9 and L["p50"] > 100
     assert report["baseline_concat"] is None  # was a 99.96%-style "fill" counting cut rows as full
     assert report["hints"] == [
         f"the width 100 is below 9 of 10 usable samples (median length {L['p50']:.0f}, p99 {L['p99']:.0f}): they are "
         "never packed, and the fill above covers only the 1 that fit. Use a width of at least the p99 length, better "
-        f"several times the median (e.g. width=2048)"
+        f"several times the median (e.g. seq_length=2048)"
     ]
-    assert inspect_jsonl(path, tokenizer="demo", width=100, names=HINT_NAMES)["hints"][0].endswith(
+    assert inspect_jsonl(path, tokenizer="demo", seq_length=100, names=HINT_NAMES)["hints"][0].endswith(
         "(e.g. --width 2048)"
     )
-    assert show(path, tokenizer="demo", width=100) == 0
+    assert show(path, tokenizer="demo", seq_length=100) == 0
     out = capsys.readouterr().out
     assert "baseline" not in out and "hint: the width 100 is below 9 of 10 usable samples" in out
     # a width that fits: baseline present, computed over the samples that fit, no hint
-    ok = inspect_jsonl(path, tokenizer="demo", width=1024)
+    ok = inspect_jsonl(path, tokenizer="demo", seq_length=1024)
     assert ok["hints"] == [] and ok["baseline_concat"]["fill"] <= 1.0 and ok["packing"]["oversize"] == 0
 
 
 def test_baseline_counts_only_samples_that_fit(tmp_path):
     long = {"prompt": "word " * 60, "completion": "answer " * 60}
     path = _write(tmp_path / "mix.jsonl", [GOOD] * 8 + [long] * 2)
-    report = inspect_jsonl(path, tokenizer="demo", width=16)
+    report = inspect_jsonl(path, tokenizer="demo", seq_length=16)
     assert report["packing"]["oversize"] == 2 and report["hints"] == []
     # only the eight 7-token samples: MBS 2 fills 14 of 16 per row (a long sample would count as a full row)
     assert report["baseline_concat"]["mbs"] == 2 and report["baseline_concat"]["fill"] == 56 / 64
+
+
+def test_the_old_width_keyword_still_works_and_warns(tmp_path):
+    path = _write(tmp_path / "d.jsonl", [GOOD] * 3)
+    with pytest.warns(DeprecationWarning, match="seq_length"):
+        old = inspect_jsonl(path, tokenizer="demo", width=16)
+    assert old["packing"] == inspect_jsonl(path, tokenizer="demo", seq_length=16)["packing"]
