@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
-# Create .venv and install energon-pack with its test and example extras.
-# The pinned CPU torch wheel goes in first: installing megatron-energon into an
-# environment without torch would pull a multi-GB CUDA build.
+# Set up .venv in two steps (README, Quickstart):
+#   bash setup.sh          the runtime: the pinned CPU torch wheel, then energon-pack with its Hugging Face
+#                          extra (the demo and examples/train_hf.py run on it); nothing test-only
+#   bash setup.sh --test   the above, plus the test, docs and example extras and the test-only environments
+#                          (Megatron-Bridge's wheel, the video reference, the compatibility environments)
+# The pinned CPU torch wheel goes in first: installing megatron-energon into an environment without torch
+# would pull a multi-GB CUDA build. On a machine that already has torch (a GPU node), skip this script:
+# `pip install .` (or ".[s3]", ".[hf]") from the clone uses the torch that is there.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
+TEST=0
+case "${1:-}" in
+  "") ;;
+  --test) TEST=1 ;;
+  *) echo "usage: bash setup.sh [--test]  (--test adds the test environments)" >&2; exit 2 ;;
+esac
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/pip install --quiet "torch==2.13.0"
 fi
-.venv/bin/pip install --quiet -e ".[test,examples]"
+if [ "$TEST" = 0 ]; then
+  .venv/bin/pip install --quiet -e ".[hf]"
+  exit 0
+fi
+.venv/bin/pip install --quiet -e ".[hf,test,docs,examples]"
 # Test-only: Megatron-Bridge's pure-Python wheel (no deps; it declares Python >= 3.12 but its
 # modules run on 3.11), so tests/integrations/test_integration_bridge.py runs Bridge's own VLM-step batch and
 # M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
