@@ -463,6 +463,10 @@ def check_bridge_config(
     provider_encoder = _get(cfg, "dataset.task_encoder", None)
     if getattr(provider_encoder, "packing", None) is None:
         provider_encoder = None  # not our provider: Bridge's own dataset configs have no such encoder
+    else:
+        owned = loader_owned_dataset_kwargs(_get(cfg, "dataset.dataset_kwargs", None))
+        if owned is not None:
+            errors.append(owned)
     if task_encoder is None:
         task_encoder = provider_encoder
     elif provider_encoder is not None and provider_encoder is not task_encoder:
@@ -620,6 +624,50 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
 # ---------------------------------------------------------------------------------- dataset provider
 _PROVIDER_CLASS: type | None = None
 
+#: What the provider's loader sets itself and ``dataset_kwargs`` must not hold: the ``get_train_dataset`` arguments
+#: Bridge's ``EnergonMultiModalDataModule`` passes (its own config refuses these as "builder-owned") and the
+#: datamodule's constructor arguments, which the provider fills from its fields (a duplicate is a raw TypeError).
+LOADER_OWNED_DATASET_KWARGS = {
+    "batch_size": "always 1 (one packed row per micro-batch)",
+    "task_encoder": "the provider's task_encoder",
+    "validation_task_encoder": "the provider's validation_task_encoder",
+    "worker_config": "built by Bridge from num_workers and the data-parallel rank",
+    "split_part": "train / val, chosen by the loader",
+    "packing_buffer_size": "the provider's packing_buffer_size",
+    "shuffle_buffer_size": "the provider's shuffle_buffer_size",
+    "max_samples_per_sequence": "the provider's max_samples_per_sequence",
+    "path": "the provider's path",
+    "tokenizer": "Bridge's tokenizer",
+    "seq_length": "the task encoder's packing.seq_length",
+    "decoder_seq_length": "the task encoder's packing.seq_length",
+    "micro_batch_size": "always 1 (one packed row per micro-batch)",
+    "num_workers": "the provider's num_workers",
+    "num_val_workers": "the provider's num_val_workers",
+    "pin_memory": "the provider's pin_memory",
+    "pg_collection": "Bridge's process groups",
+    "multimodal_sample_config": "unused by the THD packs (the task encoder builds every batch)",
+}
+
+
+def loader_owned_dataset_kwargs(dataset_kwargs: Any) -> ConfigError | None:
+    """The error for ``dataset_kwargs`` keys the loader owns (each named with where it is set), else None."""
+    if dataset_kwargs is None:
+        return None
+    if not isinstance(dataset_kwargs, dict):
+        return ConfigError(
+            "dataset_kwargs",
+            f"is a {type(dataset_kwargs).__name__}; it holds extra get_train_dataset keyword arguments",
+            "pass a dict (or leave it out)",
+        )
+    owned = sorted(key for key in dataset_kwargs if key in LOADER_OWNED_DATASET_KWARGS)
+    if not owned:
+        return None
+    return ConfigError(
+        "dataset_kwargs",
+        "holds loader-owned keys " + "; ".join(f"{key} ({LOADER_OWNED_DATASET_KWARGS[key]})" for key in owned),
+        "remove them from dataset_kwargs; set the provider fields (make_bridge_dataset_provider keywords) instead",
+    )
+
 
 def _provider_fields() -> dict:
     return dict(
@@ -645,6 +693,9 @@ def _build_datasets(self, context: Any) -> tuple:
         raise ConfigError(
             "dataset", "the provider needs path and task_encoder", "pass both to make_bridge_dataset_provider"
         )
+    owned = loader_owned_dataset_kwargs(self.dataset_kwargs)
+    if owned is not None:  # set on the provider after it was made
+        raise owned
     kwargs = {**bridge_dataset_kwargs(self.path), **self.dataset_kwargs}
     datamodule = EnergonMultiModalDataModule(
         path=self.path,
@@ -742,6 +793,9 @@ def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing
             ``trust_remote_code``, ``dataloader_save``, ``dataloader_load`` (None). The micro-batch size is
             always 1 (one packed row per micro-batch).
     """
+    owned = loader_owned_dataset_kwargs(kwargs.get("dataset_kwargs"))
+    if owned is not None:
+        raise owned
     return _provider_class()(
         path=str(path),
         task_encoder=task_encoder,

@@ -613,6 +613,30 @@ def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset
     assert first["position_ids"].shape == (1, first["input_ids"].shape[1])  # auto: flat for Qwen2.5-VL
 
 
+def test_loader_owned_dataset_kwargs_are_refused_by_name(te_cp2, tmp_path):
+    """Bridge refuses builder-owned dataset_kwargs at validation; ours must too (at provider build, by the
+    config check and at loader build when set later), never a raw TypeError from the datamodule."""
+    with pytest.raises(ConfigError) as err:
+        B.make_bridge_dataset_provider(tmp_path, te_cp2, dataset_kwargs={"batch_size": 4, "split_part": "val"})
+    assert err.value.knob == "dataset_kwargs"
+    assert "batch_size (always 1" in str(err.value) and "split_part (train / val" in str(err.value)
+    provider = B.make_bridge_dataset_provider(tmp_path, te_cp2, dataset_kwargs={"subflavors": {"a": 1}})
+    cfg = good_cfg()
+    cfg.dataset = provider
+    B.check_bridge_config(cfg)
+    provider.dataset_kwargs = {"worker_config": None, "task_encoder": te_cp2, "subflavors": {}}
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg)
+    assert err.value.knob == "dataset_kwargs" and "task_encoder (the provider's" in str(err.value)
+    assert "worker_config (built by Bridge" in str(err.value) and "subflavors" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        provider.build_datasets(SimpleNamespace(train_samples=1, valid_samples=0))
+    assert err.value.knob == "dataset_kwargs"
+    provider.dataset_kwargs = ["batch_size"]
+    with pytest.raises(ConfigError, match="pass a dict"):
+        B.check_bridge_config(cfg)
+
+
 # ------------------------------------------------------------------------------ the example
 @pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "demo"]], ids=["as-written", "demo"])
 def test_example_check_mode_runs(tmp_path, tokenizer):
