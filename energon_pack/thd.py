@@ -41,6 +41,7 @@ _VISION_PRESET_FIELDS = ("name", "rope_style", "tokens_per_second", "patch_size"
 __all__ = [
     "IGNORE_INDEX",
     "OVERLENGTH_POLICIES",
+    "PADDED_BOUNDARY_KEYS",
     "VISION_PRESET_KEY",
     "VISUAL_KEYS",
     "ThdLayout",
@@ -52,6 +53,7 @@ __all__ = [
     "shifted_labels_and_loss_mask",
     "thd_attention_mask",
     "vision_preset_record",
+    "without_equal_padded_boundaries",
 ]
 
 
@@ -459,6 +461,23 @@ def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
         "num_segments": n,
         "__keys__": [s.key for s in segments],
     }
+
+
+PADDED_BOUNDARY_KEYS = ("cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+
+
+def without_equal_padded_boundaries(batch: dict, *, static_cu: bool) -> dict:
+    """``batch`` without ``cu_seqlens_*_padded`` where every segment's physical span equals its length.
+
+    Megatron-Bridge's own packing emits the padded boundaries only when they differ, so Transformer Engine keeps
+    its faster unpadded THD path; on the static path (``pad_cu_seqlens``) they stay, as CUDA graphs need the same
+    inputs every step. The dict is changed in place and returned.
+    """
+    padded = batch.get("cu_seqlens_q_padded")
+    if not static_cu and isinstance(padded, torch.Tensor) and torch.equal(padded, batch["cu_seqlens_q"]):
+        for key in PADDED_BOUNDARY_KEYS:
+            batch.pop(key, None)
+    return batch
 
 
 def vision_preset_record(preset: object) -> dict:

@@ -197,7 +197,7 @@ def bridge_get_batch():
 def check(args):
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    from energon_pack import BRIDGE_BATCH_KEYS, bridge_dataset_kwargs, make_demo_shards
+    from energon_pack import BRIDGE_BATCH_KEYS, PADDED_BOUNDARY_KEYS, bridge_dataset_kwargs, make_demo_shards
 
     te = make_encoder(args)
     get_batch, route = bridge_get_batch()
@@ -229,7 +229,8 @@ def check(args):
     loader = iter(get_loader(ds))
     for i in range(args.packs):
         batch = next(loader)
-        missing = set(BRIDGE_BATCH_KEYS) - set(batch)
+        # the padded boundaries are left out when equal to the logical ones (Bridge's own rule)
+        missing = set(BRIDGE_BATCH_KEYS) - set(batch) - set(PADDED_BOUNDARY_KEYS)
         assert not missing, missing
         vi = batch["visual_inputs"]
         images = 0 if vi.image_grid_thw is None else int(vi.image_grid_thw.shape[0])

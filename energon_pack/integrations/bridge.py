@@ -48,7 +48,7 @@ from energon_pack.energon.bridge_layout import (  # noqa: F401 (also importable 
 )
 from energon_pack.errors import ConfigError
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
-from energon_pack.thd import VISUAL_KEYS, alignment_multiple
+from energon_pack.thd import VISUAL_KEYS, alignment_multiple, without_equal_padded_boundaries
 
 __all__ = [
     "BRIDGE_BATCH_KEYS",
@@ -135,7 +135,9 @@ def bridge_visual_inputs_class() -> type:
 
 
 # ---------------------------------------------------------------------------------- the batch
-def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_cls: type | None = None) -> dict:
+def to_bridge_batch(
+    batch: dict, *, position_ids: str = "mrope", visual_inputs_cls: type | None = None, static_cu: bool = False
+) -> dict:
     """Our THD row (README "The batch contract") -> the dict Bridge's VLM step reads.
 
     Keys: :data:`BRIDGE_BATCH_KEYS` plus the Energon/statistics :data:`METADATA_KEYS` present in
@@ -156,6 +158,9 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
         visual_inputs_cls: the class of the ``visual_inputs`` object, built with the visual keys as fields.
             Default None: Bridge's ``GenericVisualInputs`` when importable (what its VLM step expects), else
             :class:`VisualInputs` (same fields and methods), so conversion works without Bridge installed.
+        static_cu: the row comes from the static path (``pad_cu_seqlens``): ``cu_seqlens_*_padded`` stay even
+            when equal to ``cu_seqlens_*``. Default False: they are left out when equal, as Bridge's own packing
+            does, so Transformer Engine takes its unpadded path.
     """
     if position_ids not in ("mrope", "flat"):
         raise ConfigError("position_ids", f"unknown mode {position_ids!r}", "use 'mrope' or 'flat'")
@@ -199,6 +204,7 @@ def to_bridge_batch(batch: dict, *, position_ids: str = "mrope", visual_inputs_c
     }
     if out["cu_seqlens_q_padded"] is None:  # Bridge: absent when equal to the logical boundaries
         del out["cu_seqlens_q_padded"], out["cu_seqlens_kv_padded"]
+    without_equal_padded_boundaries(out, static_cu=static_cu)
     for key in METADATA_KEYS:
         if key in batch:
             out[key] = batch[key]
@@ -311,7 +317,7 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
 
     @stateless
     def encode_batch(self, batch: dict) -> dict:
-        return to_bridge_batch(batch, position_ids=self.bridge_position_ids)
+        return to_bridge_batch(batch, position_ids=self.bridge_position_ids, static_cu=self.packing.pad_cu_seqlens)
 
 
 # ---------------------------------------------------------------------------------- config checks

@@ -37,7 +37,7 @@ import torch
 
 from ..errors import ConfigError
 from ..sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
-from ..thd import ThdLayout, alignment_multiple
+from ..thd import ThdLayout, alignment_multiple, without_equal_padded_boundaries
 
 __all__ = [
     "GPT_BATCH_KEYS",
@@ -84,12 +84,14 @@ ROUTES = ("in_batch", "offline")
 
 
 # ---------------------------------------------------------------------------------- the batch
-def to_gpt_batch(batch: dict, *, legacy_keys: bool = True) -> dict:
+def to_gpt_batch(batch: dict, *, legacy_keys: bool = True, static_cu: bool = False) -> dict:
     """Our THD row (README "The batch contract") -> the dict Bridge's GPT step reads (tensors not copied).
 
     ``legacy_keys`` adds :data:`LEGACY_KEYS`, what Bridge <= 0.5 reads (``cu_seqlens`` physical and
     ``cu_seqlens_unpadded`` logical [1, n+1] with their host ``_argmin`` lengths, ``max_seqlen``);
-    Bridge >= 0.6 reads the ``cu_seqlens_q`` family when present and sets these to None.
+    Bridge >= 0.6 reads the ``cu_seqlens_q`` family when present and sets these to None. ``cu_seqlens_*_padded``
+    are left out when equal to ``cu_seqlens_*`` unless ``static_cu`` (the ``pad_cu_seqlens`` path), as Bridge's
+    own packing does.
     """
     missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
     if missing:
@@ -107,7 +109,7 @@ def to_gpt_batch(batch: dict, *, legacy_keys: bool = True) -> dict:
             max_seqlen=batch["max_seqlen_q"],
         )
     out.update({k: batch[k] for k in _STAT_KEYS if k in batch})
-    return out
+    return without_equal_padded_boundaries(out, static_cu=static_cu)
 
 
 # ---------------------------------------------------------------------------------- the pack dataset
@@ -193,7 +195,8 @@ class SFTPackDataset:
 
     def collate_fn(self, items: Sequence[list]) -> dict:
         """A micro-batch of packs (Bridge's sampler: ``micro_batch_size`` of them) -> one GPT-step THD row."""
-        return to_gpt_batch(self.packer(len(items))([s for pack in items for s in pack]))
+        batch = self.packer(len(items))([s for pack in items for s in pack])
+        return to_gpt_batch(batch, static_cu=self.layout.pad_cu_seqlens)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_packers": {}}

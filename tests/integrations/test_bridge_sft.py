@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
-import re
 import shutil
 import sys
 import types
@@ -196,27 +195,16 @@ def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, 
             tokens is b["tokens"] and labels is b["labels"] and loss_mask is b["loss_mask"] and pos is b["position_ids"]
         )
         assert attn is None
-        assert sorted(packed) == sorted(
-            [
-                "cu_seqlens_q",
-                "cu_seqlens_kv",
-                "cu_seqlens_q_padded",
-                "cu_seqlens_kv_padded",
-                "max_seqlen_q",
-                "max_seqlen_kv",
-            ]
-        )
+        cu_phys = physical(b)
+        padded = ["cu_seqlens_q_padded", "cu_seqlens_kv_padded"] if "cu_seqlens_q_padded" in b else []
+        assert ("cu_seqlens_q_padded" in b) == (not torch.equal(cu_phys, b["cu_seqlens_q"]))
+        assert sorted(packed) == sorted(["cu_seqlens_q", "cu_seqlens_kv", *padded, "max_seqlen_q", "max_seqlen_kv"])
         params = bridge.psu.get_packed_seq_params(packed)
         assert params.qkv_format == "thd" and params.max_seqlen_q == int(b["max_seqlen_q"]) == params.max_seqlen_kv
-        assert torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"]) and torch.equal(
-            params.cu_seqlens_q_padded, b["cu_seqlens_q_padded"]
-        )
-        assert int(b["cu_seqlens_q_padded"][-1]) == b["tokens"].shape[1] and set(
-            b["cu_seqlens_q_padded"].diff().tolist()
-        ) <= set(range(0, 10**6, 4))
-        assert torch.equal(
-            bridge.gpt_step._cu_seqlens_for_cp_partition(b), b["cu_seqlens_q_padded"]
-        )  # CP slicing: physical
+        assert torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
+        assert params.cu_seqlens_q_padded is None if not padded else torch.equal(params.cu_seqlens_q_padded, cu_phys)
+        assert int(cu_phys[-1]) == b["tokens"].shape[1] and set(cu_phys.diff().tolist()) <= set(range(0, 10**6, 4))
+        assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(b), cu_phys)  # CP slicing: physical
         losses = torch.rand(b["tokens"].shape, generator=gen)
         loss, num_tokens, report = bridge.losses.masked_next_token_loss(loss_mask, losses, check_for_nan_in_loss=False)
         assert int(num_tokens) == b["supervised_tokens"] == int((b["labels"] != -100).sum()) > 0
@@ -227,11 +215,14 @@ def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, 
         *_, legacy_packed = step_view(gpt_step, legacy)
         assert sorted(legacy_packed) == sorted(S.LEGACY_KEYS)
         old = bridge.psu.get_packed_seq_params(legacy_packed)
-        assert torch.equal(old.cu_seqlens_q, b["cu_seqlens_q"]) and torch.equal(
-            old.cu_seqlens_q_padded, b["cu_seqlens_q_padded"]
-        )
+        assert torch.equal(old.cu_seqlens_q, b["cu_seqlens_q"]) and torch.equal(old.cu_seqlens_q_padded, cu_phys)
         assert old.max_seqlen_q == params.max_seqlen_q
-        assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(legacy), b["cu_seqlens_q_padded"])
+        assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(legacy), cu_phys)
+
+
+def physical(b: dict) -> torch.Tensor:
+    """The physical (padded) boundaries: absent from the batch when equal to the logical ones (Bridge's rule)."""
+    return b.get("cu_seqlens_q_padded", b["cu_seqlens_q"])
 
 
 class _TinyGPT(torch.nn.Module):
@@ -290,9 +281,8 @@ def test_bridge_forward_step_loss_equals_ours(bridge, gpt_step, data, monkeypatc
         assert int(num_tokens) == b["supervised_tokens"] and torch.allclose(loss, ours, rtol=1e-5)
         params = model.calls[-1]
         assert params.qkv_format == "thd" and torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
-        assert torch.equal(params.cu_seqlens_kv_padded, b["cu_seqlens_q_padded"]) and params.max_seqlen_kv == int(
-            b["max_seqlen_q"]
-        )
+        kv = params.cu_seqlens_kv if params.cu_seqlens_kv_padded is None else params.cu_seqlens_kv_padded
+        assert torch.equal(kv, physical(b)) and params.max_seqlen_kv == int(b["max_seqlen_q"])
 
 
 @needs_bridge
@@ -378,8 +368,9 @@ def test_exact_resume_through_bridges_consumed_samples(bridge, data, kind, mbs):
         skip = consumed // dp // mbs
         assert len(resumed) == len(full) - skip > 0
         for a, b in zip(full[skip:], resumed):
-            for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens_q", "cu_seqlens_q_padded"):
+            for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens_q"):
                 assert torch.equal(a[key], b[key])
+            assert torch.equal(physical(a), physical(b))
             assert a["__keys__"] == b["__keys__"]
 
 
@@ -394,7 +385,9 @@ def test_worker_processes_give_the_same_batches(bridge, data):
     )
     assert len(inline) == len(workers) > 0
     for a, b in zip(inline, workers):
-        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "labels", "loss_mask", "cu_seqlens_q_padded"))
+        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "labels", "loss_mask")) and torch.equal(
+            physical(a), physical(b)
+        )
 
 
 @needs_bridge
@@ -686,12 +679,12 @@ def test_bridge_config_forward_step_and_micro_batches(data, bridge):
     assert err.value.knob == "forward_step_func"
 
 
-# ------------------------------------------------------------------------------ README, as written
+# ------------------------------------------------------------------------------ the docs' block, as written
 def readme_block() -> str:
-    """The python block under README's "#### GPT-SFT JSONL with Bridge's GPT step" heading, as written."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("#### GPT-SFT JSONL with Bridge's GPT step\n") :]
-    return re.search(r"(?ms)^```python\n(.*?)^```", section).group(1)
+    """The python block under the Bridge guide's "GPT-SFT JSONL with Bridge's GPT step" heading, as written."""
+    from _docs import doc_block
+
+    return doc_block("docs/guides/megatron_bridge.md", "GPT-SFT JSONL with Bridge's GPT step")
 
 
 @pytest.fixture
@@ -723,7 +716,7 @@ def test_readme_block_runs_as_written_and_feeds_bridges_step(readme_world, bridg
     ds = train_dataset(bridge, cfg.dataset, samples=4)
     batch = next(iter(loader(bridge, ds)))
     tokens, labels, loss_mask, _, _, packed = step_view(gpt_step, batch)
-    assert tokens.shape[1] == int(batch["cu_seqlens_q_padded"][-1]) <= 2048 and int(loss_mask.sum()) > 0
+    assert tokens.shape[1] == int(physical(batch)[-1]) <= 2048 and int(loss_mask.sum()) > 0
     assert torch.equal(bridge.psu.get_packed_seq_params(packed).cu_seqlens_q, batch["cu_seqlens_q"])
 
 

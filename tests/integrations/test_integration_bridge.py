@@ -25,6 +25,7 @@ from PIL import Image
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import bridge as B
 from energon_pack.qwen_vl import get_preset
+from energon_pack.thd import PADDED_BOUNDARY_KEYS
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from _bridge_light import PackedSeqParams, bridge_module, bridge_version, load_bridge, tiny_tokenizer  # noqa: E402
@@ -609,7 +610,8 @@ def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset
     train, val, test = provider.build_datasets(context)
     assert val is None and test is None
     first = next(train)
-    assert set(first) == set(B.BRIDGE_BATCH_KEYS) | set(B.METADATA_KEYS)
+    # alignment 1, dynamic width: no segment is padded, so the padded boundaries are left out (Bridge's rule)
+    assert set(first) == (set(B.BRIDGE_BATCH_KEYS) - set(PADDED_BOUNDARY_KEYS)) | set(B.METADATA_KEYS)
     assert first["position_ids"].shape == (1, first["input_ids"].shape[1])  # auto: flat for Qwen2.5-VL
 
 
@@ -795,3 +797,35 @@ def test_bridge_step_runs_on_static_packs(bridge_dataset, cpu_cuda, monkeypatch,
     with pytest.raises(ConfigError) as err:
         B.check_bridge_config(cfg, static, allow_demo_tokenizer=True)
     assert "task_encoder static_visual" in err.value.knob
+
+
+# ------------------------------------------------------------------------------ padded boundaries
+def _row(lengths, **layout):
+    from energon_pack.thd import ThdLayout, ThdSegment, build_thd_batch
+
+    segs = [
+        ThdSegment(input_ids=torch.arange(n) + 1, labels=torch.arange(n) + 2, loss_mask=torch.ones(n)) for n in lengths
+    ]
+    return build_thd_batch(segs, ThdLayout(**layout))
+
+
+def test_padded_boundaries_only_when_they_differ():
+    """Bridge's packing emits cu_seqlens_*_padded only when a physical span differs from its length (so TE keeps
+    its unpadded path); always on the static pad_cu_seqlens path; the GPT step's batch follows the same rule."""
+    from energon_pack.integrations.bridge_sft import to_gpt_batch
+
+    dense = _row([5, 7], seq_length=64)  # alignment 1, dynamic width: nothing padded
+    out = B.to_bridge_batch(dense)
+    assert "cu_seqlens_q_padded" not in out and "cu_seqlens_kv_padded" not in out
+    assert out["cu_seqlens_q"].tolist() == [0, 5, 12]
+    gpt = to_gpt_batch(dense)
+    assert "cu_seqlens_q_padded" not in gpt and gpt["cu_seqlens"].tolist() == [[0, 5, 12]]
+    aligned = B.to_bridge_batch(_row([5, 7], seq_length=64, pad_multiple=4))
+    assert aligned["cu_seqlens_q_padded"].tolist() == [0, 8, 16] and aligned["cu_seqlens_q"].tolist() == [0, 5, 12]
+    tail = to_gpt_batch(_row([5, 7], seq_length=16, pad_to_max_length=True))  # the last span absorbs the tail
+    assert tail["cu_seqlens_q_padded"].tolist() == [0, 5, 16] and tail["cu_seqlens_q"].tolist() == [0, 5, 12]
+    assert "cu_seqlens_q_padded" not in to_gpt_batch(_row([5, 7], seq_length=12, pad_to_max_length=True))  # full
+    static = _row([5, 7], seq_length=12, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=3)
+    kept = B.to_bridge_batch(static, static_cu=True)
+    assert torch.equal(kept["cu_seqlens_q_padded"], static["cu_seqlens_q_padded"])
+    assert "cu_seqlens_q_padded" in to_gpt_batch(static, static_cu=True)
