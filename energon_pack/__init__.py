@@ -75,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "PackingStatsTracker": "energon_pack.packing",
     "best_fit_decreasing": "energon_pack.packing",
     "first_fit_decreasing": "energon_pack.packing",
+    "PADDED_BOUNDARY_KEYS": "energon_pack.thd",
     "ThdLayout": "energon_pack.thd",
     "ThdSegment": "energon_pack.thd",
     "aligned_length": "energon_pack.thd",
@@ -146,6 +147,7 @@ if TYPE_CHECKING:  # static analysers see the real names
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
     from energon_pack.sft import InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler, inspect_jsonl
     from energon_pack.thd import (
+        PADDED_BOUNDARY_KEYS,
         ThdLayout,
         ThdSegment,
         aligned_length,
