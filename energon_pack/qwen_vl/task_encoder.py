@@ -40,6 +40,28 @@ from .presets import VisionPreset, get_preset
 from .static_visual import static_visual_rows
 from .video import VideoFile, check_sampling, plan_video
 
+#: the most bytes of static pixel rows one pack may hold: a pack is [max_patches_per_pack, patch_dim] of the pixel
+#: dtype, allocated whole (zero-padded) for every pack, and each loader worker holds several packs at once. 1 GiB is
+#: over 6x Qwen2.5-VL's 16384-visual-token limit in float32 (65,536 patches x 1,176 x 4 bytes = 308 MB).
+MAX_STATIC_PIXEL_BYTES = 1 << 30
+
+
+def check_static_pixel_memory(max_patches_per_pack: int, preset: VisionPreset) -> int:
+    """The bytes of one static pack's pixel rows; a ConfigError with the estimate when over
+    :data:`MAX_STATIC_PIXEL_BYTES` (a worker would die allocating it, with no word of why)."""
+    itemsize = torch.empty((), dtype=TORCH_DTYPES[preset.pixel_dtype]).element_size()
+    need = max_patches_per_pack * preset.patch_dim * itemsize
+    if need > MAX_STATIC_PIXEL_BYTES:
+        raise ConfigError(
+            "max_patches_per_pack",
+            f"is {max_patches_per_pack:,}: static packs would allocate {need / 2**30:.1f} GiB of pixel rows per pack "
+            f"({max_patches_per_pack:,} x {preset.patch_dim} x {preset.pixel_dtype}), in every loader worker, for "
+            f"each pack it holds; the most accepted is {MAX_STATIC_PIXEL_BYTES // 2**30} GiB "
+            f"({MAX_STATIC_PIXEL_BYTES // (preset.patch_dim * itemsize):,} patches)",
+            "lower max_patches_per_pack to what packs hold (`energon-pack bench --visual-budget` recommends one)",
+        )
+    return need
+
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL finetuning on ChatML WebDataset with online packing.
@@ -121,8 +143,13 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
                 f"got {config.max_patches_per_pack!r}",
                 "set max_patches_per_pack (e.g. the budget `energon-pack bench --visual-budget` recommends)",
             )
+        if self.static_visual:
+            check_static_pixel_memory(config.max_patches_per_pack, self.preset)
         if max_vision_frames is not None and (
-            not self.static_visual or not isinstance(max_vision_frames, int) or max_vision_frames < 1
+            not self.static_visual
+            or isinstance(max_vision_frames, bool)  # True is an int: it would be a budget of one frame
+            or not isinstance(max_vision_frames, int)
+            or max_vision_frames < 1
         ):
             raise ConfigError(
                 "max_vision_frames",

@@ -11,7 +11,7 @@ from test_integration_hf import shards  # noqa: F401  (the module fixture: image
 from _hf_helpers import NO_IMPLICIT_PREPARE, PRESETS, alone_forward, max_seg_diff, small_preset, split_pack, tiny_model
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import hf as H
-from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
 from energon_pack.qwen_vl.static_visual import STATIC_GRID_KEY, STATIC_PIXELS_KEY, pad_segments, static_segment_count
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
@@ -112,6 +112,27 @@ def test_static_visual_needs_a_patch_budget():
         QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256)
     with pytest.raises(ConfigError, match="multiple of 4"):
         QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=510)
+
+
+def test_static_budgets_are_checked_against_memory_and_type():
+    """A patch budget of 2^20 would allocate 4.6 GiB of float32 rows per pack in every worker (a worker died with
+    no word of why): refused with the estimate; the largest accepted budget still builds; True is not a frame count."""
+    with pytest.raises(ConfigError) as err:
+        QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=2**20)
+    assert err.value.knob == "max_patches_per_pack"
+    assert "4.6 GiB of pixel rows per pack (1,048,576 x 1176 x float32)" in str(err.value)
+    assert "(228,261 patches)" in str(err.value)  # 1 GiB / (1176 x 4 bytes)
+    QwenVLPackingTaskEncoder(tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=228_260)
+    bf16 = get_preset("qwen2.5-vl", pixel_dtype="bfloat16")  # half the bytes: twice the budget fits
+    QwenVLPackingTaskEncoder(
+        tokenizer="demo", preset=bf16, static_visual=True, seq_length=256, max_patches_per_pack=456_520
+    )
+    for bad in (True, 2.0, 0):
+        with pytest.raises(ConfigError) as err:
+            QwenVLPackingTaskEncoder(
+                tokenizer="demo", static_visual=True, seq_length=256, max_patches_per_pack=512, max_vision_frames=bad
+            )
+        assert err.value.knob == "max_vision_frames" and repr(bad) in str(err.value)
 
 
 def test_max_segments_and_the_frame_budget_bind_the_packer(shards):  # noqa: F811
