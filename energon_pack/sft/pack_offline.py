@@ -47,6 +47,7 @@ from .length_pass import (
     _worker_init,
     _worker_range,
 )
+from .staged_output import staged_output
 
 ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
 METADATA_VERSION = 1
@@ -256,18 +257,38 @@ class OfflinePackSummary:
         )
 
 
-def _write_metadata(path: Path, entry: dict[str, Any], split: str) -> None:
-    """Bridge's metadata list with this split's entry replaced (Bridge appends one dict per split)."""
+def read_metadata(path: Path) -> list[dict[str, Any]]:
+    """The packing-metadata list at ``path`` ([] when absent); anything else there is one clear error."""
     try:
         entries = json.loads(path.read_text())
-        if not isinstance(entries, list):
-            raise ConfigError("out", f"{path} is not a packing-metadata list", "use a fresh output folder")
     except FileNotFoundError:
-        entries = []
-    entries = [e for e in entries if not (isinstance(e, dict) and e.get("energon_pack", {}).get("split") == split)]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(entries + [entry], indent=1, sort_keys=True))
-    os.replace(tmp, path)
+        return []
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(
+            "out", f"{path} is not a packing-metadata file (not JSON: {err})", "remove it, or write to a fresh folder"
+        ) from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(
+            "out",
+            f"{path} is not a packing-metadata list (Bridge writes a list with one object per split)",
+            "remove it, or write to a fresh folder",
+        )
+    return entries
+
+
+def _split_of(entry: dict[str, Any]) -> str | None:
+    ours = entry.get("energon_pack")
+    return ours.get("split") if isinstance(ours, dict) else None
+
+
+def _refuse_finished(packs_path: Path, entries: list[dict[str, Any]], split: str, meta_path: Path) -> None:
+    """A finished output of this split is replaced only when asked (as ``convert`` refuses a written folder)."""
+    if packs_path.exists() or any(_split_of(e) == split for e in entries):
+        raise ConfigError(
+            "overwrite",
+            f"{packs_path.parent} already holds a finished {split} output ({packs_path.name}, {meta_path.name})",
+            "pass overwrite=True (`energon-pack pack-offline --overwrite`) to replace it, or write to another folder",
+        )
 
 
 def pack_offline(
@@ -288,6 +309,7 @@ def pack_offline(
     overlength: str = "skip",
     cache_dir: str | os.PathLike | None = None,
     row_group_size: int = ROW_GROUP_SIZE,
+    overwrite: bool = False,
     **format_kw: Any,
 ) -> OfflinePackSummary:
     """Pack a GPT-SFT JSONL into ``OUT/{split}_{seq_length}.idx.parquet`` + ``OUT/{seq_length}_metadata.jsonl``.
@@ -297,6 +319,11 @@ def pack_offline(
     (default: the usable cores; one below the length pass's 32 MiB threshold), each line once; the
     tokens wait in a temporary file beside the output (4 bytes a token) until their pack is written. A line
     that cannot be used is a counted skip (``summary.skips``).
+
+    The output is whole or absent (:func:`~energon_pack.sft.staged_output.staged_output`): one run at a time per
+    folder, everything written into a staging folder and swapped in at once, so a failed, killed or concurrent run
+    leaves the old output or the new one, never a mix. A folder that already holds this split's output is refused
+    unless ``overwrite``; other splits' files in it are kept.
     """
     try:
         import pyarrow.parquet as pq
@@ -341,9 +368,66 @@ def pack_offline(
             during="pack-offline",
         )
     packs_path, meta_path = output_paths(out_dir, seq_length, split)
-    packs_path.parent.mkdir(parents=True, exist_ok=True)
-    token_path = packs_path.with_name(f".{packs_path.name}.tokens.tmp")
-    tmp = packs_path.with_name(packs_path.name + ".tmp")
+    if not overwrite:  # checked before the work; checked again under the lock
+        _refuse_finished(packs_path, read_metadata(meta_path), split, meta_path)
+    with staged_output(packs_path.parent) as stage:
+        entries = read_metadata(meta_path)
+        if not overwrite:
+            _refuse_finished(packs_path, entries, split, meta_path)
+        summary = _pack_into(
+            stage, ds, pq, seq_length, split, multiple, seed, workers, row_group_size, eos, identity, t0
+        )
+        ours = {
+            "version": METADATA_VERSION,
+            "split": split,
+            "file": packs_path.name,
+            "source": file_fingerprint(ds.path),
+            "format": format,
+            "format_fingerprint": ds.format.fingerprint(),
+            "tokenizer": tokenizer_fingerprint(ds.format.tokenizer),
+            "eos_id": eos,
+            "seed": seed,
+            "seq_length": seq_length,
+            "pad_seq_to_mult": multiple,
+            "topology": {"cp": cp, "tp": tp, "sp": bool(sp), "alignment_multiple": rule},
+            "packer": "best_fit_decreasing",
+            "overlength": overlength,
+            **summary.pop("ours"),
+        }
+        topology = {  # the names integrations.bridge_sft.check_gpt_sft_config compares with the training config
+            "packed_sequence_size": seq_length,
+            "pad_seq_to_mult": multiple,
+            "context_parallel_size": cp,
+            "tensor_model_parallel_size": tp,
+            "sequence_parallel": bool(sp),
+        }
+        entry = {**summary["bridge_metadata"], **topology, "energon_pack": ours}
+        staged_meta = stage / meta_path.name
+        staged_meta.unlink(missing_ok=True)  # a hard link of the old file: write a new one, never into it
+        kept = [e for e in entries if _split_of(e) != split]
+        staged_meta.write_text(json.dumps(kept + [entry], indent=1, sort_keys=True))
+    return OfflinePackSummary(str(packs_path), str(meta_path), **summary)
+
+
+def _pack_into(
+    stage: Path,
+    ds: JsonlSFTDataset,
+    pq: Any,
+    seq_length: int,
+    split: str,
+    multiple: int,
+    seed: int,
+    workers: int,
+    row_group_size: int,
+    eos: int,
+    identity: Any,
+    t0: float,
+) -> dict[str, Any]:
+    """Tokenise, plan and write the packs Parquet into ``stage``: the summary's fields, and under ``"ours"`` the
+    counts the metadata records (``t0``: when the run started, for the length pass's seconds)."""
+    packs_path = stage / output_paths(stage, seq_length, split)[0].name
+    token_path = stage / f".{packs_path.name}.tokens.tmp"
+    tmp = stage / f".{packs_path.name}.tmp"
     try:
         lengths = token_pass(ds, workers, token_path)
         if file_identity(ds.path) != identity:
@@ -369,6 +453,7 @@ def pack_offline(
                     eos_dropped += rows["eos_dropped"]
         finally:
             tokens.close()
+        packs_path.unlink(missing_ok=True)  # a hard link of the old file: replaced, never written into
         os.replace(tmp, packs_path)
     finally:
         token_path.unlink(missing_ok=True)
@@ -387,20 +472,6 @@ def pack_offline(
         "min_packed_seqlen": min(packed),
     }
     ours = {
-        "version": METADATA_VERSION,
-        "split": split,
-        "file": packs_path.name,
-        "source": file_fingerprint(ds.path),
-        "format": format,
-        "format_fingerprint": ds.format.fingerprint(),
-        "tokenizer": tokenizer_fingerprint(ds.format.tokenizer),
-        "eos_id": eos,
-        "seed": seed,
-        "seq_length": seq_length,
-        "pad_seq_to_mult": multiple,
-        "topology": {"cp": cp, "tp": tp, "sp": bool(sp), "alignment_multiple": rule},
-        "packer": "best_fit_decreasing",
-        "overlength": overlength,
         "lines": len(lengths),
         "samples": samples,
         "packs": len(packs),
@@ -409,25 +480,16 @@ def pack_offline(
         "supervised_tokens": supervised,
         "supervised_eos_inputs": eos_dropped,  # Bridge's collate zeroes the loss where the input token is eos_id
     }
-    topology = {  # the names integrations.bridge_sft.check_gpt_sft_config compares with the training config
-        "packed_sequence_size": seq_length,
-        "pad_seq_to_mult": multiple,
-        "context_parallel_size": cp,
-        "tensor_model_parallel_size": tp,
-        "sequence_parallel": bool(sp),
-    }
-    _write_metadata(meta_path, {**bridge, **topology, "energon_pack": ours}, split)
-    return OfflinePackSummary(
-        str(packs_path),
-        str(meta_path),
-        len(lengths),
-        samples,
-        len(packs),
-        dict(ds.skips),
-        real,
-        supervised,
-        sum(packed) / (len(packs) * seq_length),
-        real / (len(packs) * seq_length),
-        {"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)},
-        bridge,
+    return dict(
+        lines=len(lengths),
+        samples=samples,
+        packs=len(packs),
+        skips=dict(ds.skips),
+        real_tokens=real,
+        supervised_tokens=supervised,
+        fill=sum(packed) / (len(packs) * seq_length),
+        real_fill=real / (len(packs) * seq_length),
+        seconds={"length_pass": round(t1 - t0, 3), "plan": round(t2 - t1, 3), "write": round(t3 - t2, 3)},
+        bridge_metadata=bridge,
+        ours=ours,
     )
