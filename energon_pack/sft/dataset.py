@@ -43,6 +43,30 @@ BYTE_BOUND_MIN_BYTES = 1 << 20
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 
 
+#: the prompt/completion field names read without flags, in order: ours (TRL's), then NeMo / Megatron-Bridge
+#: GPT-SFT's ``{"input", "output"}``
+FIELD_PAIRS = (("prompt", "completion"), ("input", "output"))
+#: how many leading records decide the field pair
+FIELD_SNIFF_LINES = 64
+
+
+def field_pair(index: Any) -> tuple[str, str]:
+    """The prompt/completion field names of a file: the first pair of :data:`FIELD_PAIRS` that the leading records
+    hold (``prompt``/``completion`` when none does, so the skips name the default)."""
+    seen: set[str] = set()
+    for i in range(min(len(index), FIELD_SNIFF_LINES)):
+        try:
+            record = decode_json_record(index.line(i))
+        except SampleSkipped:
+            continue
+        if isinstance(record, dict):
+            seen.update(record)
+    for pair in FIELD_PAIRS:
+        if set(pair) <= seen:
+            return pair
+    return FIELD_PAIRS[0]
+
+
 class JsonlSFTDataset:
     """GPT-SFT JSONL (prompt/completion or chat) as token ids + unshifted target masks.
 
@@ -61,7 +85,9 @@ class JsonlSFTDataset:
         length_workers: processes for the length pass; None (default): one per core for files of at least
             32 MiB, else 1; 1 inside a DataLoader worker.
         length_batch: tokenise the length pass by chunks of lines (default True; same results, faster).
-        format_kw: go to the format: ``prompt_field``, ``completion_field``, ``template``, ``separator``,
+        format_kw: go to the format: ``prompt_field``, ``completion_field`` (default: ``prompt``/``completion``, or
+            NeMo / Megatron-Bridge GPT-SFT's ``input``/``output`` when the file's leading records hold those and
+            not ours: :func:`field_pair`), ``template``, ``separator``,
             ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for prompt/completion;
             ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``,
             ``train_newline_after_im_end`` (Megatron-Bridge's loss rule) for chat.
@@ -105,6 +131,8 @@ class JsonlSFTDataset:
         self.length_batch = bool(length_batch)
         self.index = LineIndex(path, cache_dir)
         self.path = self.index.path
+        if format == "prompt_completion" and "prompt_field" not in format_kw and "completion_field" not in format_kw:
+            format_kw.update(zip(("prompt_field", "completion_field"), field_pair(self.index)))
         # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
         self.format = make_format(format, resolve_tokenizer(tokenizer, where="JsonlSFTDataset"), **format_kw)
         self.format_name = format
