@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,24 @@ def field_pair(index: Any) -> tuple[str, str]:
         if set(pair) <= seen:
             return pair
     return FIELD_PAIRS[0]
+
+
+def refuse_json_array(path: str | os.PathLike) -> None:
+    """A ConfigError with the fix when ``path`` holds one JSON array (``[{...}, ...]``) rather than JSONL: read as
+    lines, every line of it would be an ``invalid_json`` skip."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return  # the line index reports a missing or unreadable file
+    if head.startswith(b"["):
+        raise ConfigError(
+            "path",
+            f"{path} is one JSON array; GPT-SFT data is JSONL (one JSON object per line)",
+            "write it as JSONL: python -c "
+            '"import json,sys; [print(json.dumps(r)) for r in json.load(open(sys.argv[1]))]" '
+            f"{path} > {Path(path).with_suffix('.jsonl').name}",
+        )
 
 
 class JsonlSFTDataset:
@@ -129,6 +148,7 @@ class JsonlSFTDataset:
             )
         self.length_workers = length_workers
         self.length_batch = bool(length_batch)
+        refuse_json_array(path)
         self.index = LineIndex(path, cache_dir)
         self.path = self.index.path
         if format == "prompt_completion" and "prompt_field" not in format_kw and "completion_field" not in format_kw:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from energon_pack.sft import JsonlSFTDataset, inspect_jsonl
 from energon_pack.sft.dataset import field_pair
@@ -46,3 +47,27 @@ def test_explicit_fields_win_and_ours_come_first(tmp_path):
     ds = JsonlSFTDataset(neither, "demo", cache_dir=tmp_path / "c")
     assert ds.skips == {"missing_field": 3} and "no 'prompt' field" in ds.skip_example("missing_field")
     assert "'prompt' / 'completion'" in ds.mismatch_hint()
+
+
+def test_a_json_array_is_refused_with_the_fix(tmp_path):
+    """A JSON array read as lines would be all invalid_json skips: one error naming JSONL and the one-liner."""
+    from energon_pack.errors import ConfigError
+
+    records = [{"prompt": p, "completion": c} for p, c in PAIRS]
+    array = tmp_path / "data.json"
+    array.write_text(json.dumps(records, indent=1))
+    for build in (
+        lambda: JsonlSFTDataset(array, "demo", cache_dir=tmp_path / "c"),
+        lambda: inspect_jsonl(array, tokenizer="demo", seq_length=256, cache_dir=tmp_path / "c"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert err.value.knob == "path" and "is one JSON array; GPT-SFT data is JSONL" in str(err.value)
+    fix = str(err.value).split("Fix: write it as JSONL: ")[1].replace(" > data.jsonl", "")
+    import shlex
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable if a == "python" else a for a in shlex.split(fix)], capture_output=True)
+    (tmp_path / "data.jsonl").write_bytes(out.stdout)
+    assert len(JsonlSFTDataset(tmp_path / "data.jsonl", "demo", cache_dir=tmp_path / "c")) == 20
