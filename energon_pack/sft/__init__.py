@@ -2,7 +2,7 @@
 
 from .collate import InBatchPacker
 from .dataset import PADDING_INDEX, PADDING_KEY, JsonlSFTDataset
-from .formats import ChatFormat, Encoded, PlainTokenizer, PromptCompletionFormat, make_format
+from .formats import ChatFormat, Encoded, PlainTokenizer, PromptCompletionFormat, TextFormat, make_format
 from .index import LineIndex, load_line_index
 from .inspect import inspect_jsonl
 from .sampler import TokenBudgetBatchSampler
@@ -17,6 +17,7 @@ __all__ = [
     "LineIndex",
     "PlainTokenizer",
     "PromptCompletionFormat",
+    "TextFormat",
     "TokenBudgetBatchSampler",
     "inspect_jsonl",
     "load_line_index",

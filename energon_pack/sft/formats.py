@@ -1,4 +1,4 @@
-"""Record -> (token ids, per-token target mask) for the two GPT-SFT JSONL formats.
+"""Record -> (token ids, per-token target mask) for the GPT-SFT JSONL formats.
 
 * :class:`PromptCompletionFormat`: ``[bos] + tok(template(prompt)) + tok(separator + completion)
   + [eos]``; loss on separator + completion + EOS (``loss="completion"``) or everything
@@ -12,7 +12,10 @@
   default, no system prompt unless ``system_prompt`` is given (text chat follows no one model's
   template).
 
-Both raise :class:`SampleSkipped` with a reason code for unusable records; text (prompt,
+* :class:`TextFormat`: pretraining-style documents (``{"text": ...}``: LLaMA-Factory's ``c4_demo``, TRL's text
+  datasets): ``tok(text) + [eos]``, every token supervised, so documents packed together are separated by EOS.
+
+All raise :class:`SampleSkipped` with a reason code for unusable records; text (prompt,
 completion, message content) that tokenizes to a control token is ``control_token_in_text``
 and text with a lone surrogate ``invalid_text``. The target mask is
 *unshifted* (token ``i`` is supervised); the packer shifts it inside each segment.
@@ -31,7 +34,7 @@ from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, enco
 from ..chat.tokenizer import check_text, control_token_ids, reject_control_tokens
 from ..errors import ConfigError, SampleSkipped
 
-FORMATS = ("prompt_completion", "chat")
+FORMATS = ("prompt_completion", "chat", "text")
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,20 @@ def text_tokenizer(tokenizer: Any) -> Any:
         return PlainTokenizer(tokenizer)
 
 
+def ending_eos_id(tok: Any, what: str) -> int:
+    """The id that ends ``what`` (a completion, a document): the tokenizer's EOS, else ``<|endoftext|>``."""
+    eos = getattr(tok.inner, "eos_token_id", None)
+    eos = eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT)
+    if not isinstance(eos, int):
+        raise ConfigError(
+            "add_eos",
+            f"the tokenizer has no eos_token_id nor <|endoftext|> ({what} would end with no EOS, or with the "
+            "unknown token)",
+            f"pass eos_id=<the id that ends {what} for your model>, or add_eos=False",
+        )
+    return eos
+
+
 def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str:
     if field not in record:
         raise SampleSkipped("missing_field", f"no {field!r} field (has {sorted(record)[:8]})")
@@ -164,16 +181,7 @@ class PromptCompletionFormat:
         tok = text_tokenizer(self.tokenizer)
         object.__setattr__(self, "tokenizer", tok)
         if self.eos_id is None and self.add_eos:
-            eos = getattr(tok.inner, "eos_token_id", None)
-            eos = eos if isinstance(eos, int) else tok.token_to_id(ENDOFTEXT)
-            if not isinstance(eos, int):
-                raise ConfigError(
-                    "add_eos",
-                    "the tokenizer has no eos_token_id nor <|endoftext|> (a completion would "
-                    "end with no EOS, or with the unknown token)",
-                    "pass eos_id=<the id that ends a completion for your model>, or add_eos=False",
-                )
-            object.__setattr__(self, "eos_id", eos)
+            object.__setattr__(self, "eos_id", ending_eos_id(tok, "a completion"))
         if self.add_bos and self.bos_id is None:
             bos = getattr(tok.inner, "bos_token_id", None)
             if not isinstance(bos, int):
@@ -256,8 +264,37 @@ class ChatFormat:
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
 
+@dataclass(frozen=True)
+class TextFormat:
+    """Pretraining-style documents: ``text_field`` tokenised, EOS appended, every token supervised."""
+
+    tokenizer: Any
+    text_field: str = "text"
+    add_eos: bool = True
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        tok = text_tokenizer(self.tokenizer)
+        object.__setattr__(self, "tokenizer", tok)
+        if self.eos_id is None and self.add_eos:
+            object.__setattr__(self, "eos_id", ending_eos_id(tok, "a document"))
+
+    def encode(self, record: Any) -> Encoded:
+        if not isinstance(record, Mapping):
+            raise SampleSkipped("missing_field", f"record is {type(record).__name__}, not an object")
+        text = _text_field(record, self.text_field, "empty_text")
+        ids = np.asarray(self.tokenizer.encode_text(text) + ([self.eos_id] if self.add_eos else []), dtype=np.int64)
+        if len(ids) < 2:
+            raise SampleSkipped("no_trained_tokens", "fewer than 2 tokens: nothing to predict")
+        return Encoded(ids, np.ones(len(ids), dtype=bool))
+
+    def fingerprint(self) -> str:
+        knobs = (self.text_field, self.add_eos, self.eos_id, tokenizer_fingerprint(self.tokenizer))
+        return "text:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
+
+
 def make_format(format: str, tokenizer: Any, **kw: Any) -> SFTFormat:
-    """``"prompt_completion"`` or ``"chat"`` with its knobs (ConfigError for an unknown one).
+    """``"prompt_completion"``, ``"chat"`` or ``"text"`` with its knobs (ConfigError for an unknown one).
     ``tokenizer="demo"`` is the demo tokenizer; ``None`` is too, with a ``DemoTokenizerWarning``."""
     from ..chat.tokenizer import resolve_tokenizer
 
@@ -266,4 +303,6 @@ def make_format(format: str, tokenizer: Any, **kw: Any) -> SFTFormat:
         return PromptCompletionFormat(tokenizer, **kw)
     if format == "chat":
         return ChatFormat(tokenizer, **kw)
+    if format == "text":
+        return TextFormat(tokenizer, **kw)
     raise ConfigError("format", f"unknown format {format!r}", f"use one of {FORMATS}")

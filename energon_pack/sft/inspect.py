@@ -98,6 +98,8 @@ def _field_hint(
     if format != "chat" and any(f in fields for f in CHAT_FIELDS):
         chat = next(f for f in CHAT_FIELDS if f in fields)
         return f"{head}; {chat!r} holds chat turns: use {_knob(names, 'chat')}"
+    if format != "text" and "text" in fields and not any(f in fields for f in ("prompt", "input", *CHAT_FIELDS)):
+        return f"{head}; they are documents ('text'): use {_knob(names, 'text')} (pretraining-style, all supervised)"
     if format != "prompt_completion" and "prompt" in fields and "completion" in fields:
         return f"{head}; they are prompt/completion records: use {_knob(names, 'prompt_completion')}"
     if format == "prompt_completion":
@@ -119,6 +121,7 @@ def _field_hint(
 KNOBS = {
     "chat": 'format="chat"',
     "prompt_completion": 'format="prompt_completion"',
+    "text": 'format="text"',
     "fields": "prompt_field= / completion_field=",
     "width": "seq_length=",
 }
