@@ -20,6 +20,7 @@ same). The renderer decides what a template does with them (:func:`energon_pack.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import reprlib
@@ -47,6 +48,39 @@ CALL_ROLES = ("function_call",)
 #: The fields of a LLaMA-Factory alpaca record (:func:`alpaca_turns`).
 ALPACA_FIELDS = ("instruction", "input", "output", "system", "history")
 _PLACEHOLDER = re.compile(r"<image>|<video>")
+#: LLaMA-Factory's audio placeholder: a record holding one trains no audio here, so it is skipped, never trained as text
+_AUDIO_PLACEHOLDER = "<audio>"
+#: record fields of data that is not supervised finetuning, and content parts of modalities not trained here
+AUDIO_FIELDS = ("audios", "audio")
+PREFERENCE_FIELDS = ("chosen", "rejected")
+KTO_FIELDS = ("kto_tag", "label")
+AUDIO_PART_TYPES = ("audio", "input_audio", "audio_url")
+
+
+def not_sft_reason(record: Mapping) -> SampleSkipped | None:
+    """The skip for a record that is not plain SFT data of the modalities trained here, else None: audio (LLaMA-Factory
+    ``audios``), preference pairs (``chosen``/``rejected``: DPO/ORPO/reward data, LLaMA-Factory ``ranking``, TRL), or a
+    KTO example labelled undesirable (``kto_tag``/``label`` false). A KTO example labelled desirable is an SFT
+    example and trains as one."""
+    audio = next((k for k in AUDIO_FIELDS if record.get(k)), None)
+    if audio is not None:
+        return SampleSkipped(
+            "unsupported_audio", f"the record holds {audio!r}: audio is not trained here (images, videos and text are)"
+        )
+    if all(k in record for k in PREFERENCE_FIELDS):
+        return SampleSkipped(
+            "preference_data",
+            "chosen/rejected: preference (DPO/ORPO/reward-model) data, not SFT; train it with a preference trainer, "
+            "or keep only the chosen answer as an SFT record",
+        )
+    if isinstance(record.get("output"), list) and "instruction" in record:
+        return SampleSkipped(
+            "preference_data", "alpaca output is a list: LLaMA-Factory ranking (preference) data, not SFT"
+        )
+    tag = next((k for k in KTO_FIELDS if isinstance(record.get(k), bool)), None)
+    if tag is not None and record[tag] is False:
+        return SampleSkipped("kto_undesirable", f"KTO {tag} is false: an undesirable answer, never trained as SFT")
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,6 +89,9 @@ class Message:
     parts: tuple[tuple[str, str], ...]  # ("text", s) | ("image", "") | ("video", "")
     #: an assistant turn's tool calls as (function name, arguments JSON text), in order
     tool_calls: tuple[tuple[str, str], ...] = ()
+    #: the record's own choice for this turn (LLaMA-Factory v1 ``loss_weight``): True trained, False not, None: the
+    #: loss policy decides
+    trained: bool | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -165,6 +202,9 @@ def normalize_conversation(conversation: Any) -> Conversation:
             check_depth(conv)  # a deep object from a non-JSON source breaks repr/pickle later
         if not isinstance(conv, Mapping):
             break
+        skip = not_sft_reason(conv)
+        if skip is not None:
+            raise skip
         tools = _tools(conv.get("tools")) or tools
         key = next((k for k in ("messages", "conversations", "conversation") if k in conv), None)
         if key is None and "instruction" in conv:
@@ -203,7 +243,10 @@ def normalize_conversation(conversation: Any) -> Conversation:
             )
         if source.lower() in CALL_ROLES:
             calls, content = _function_calls(content, i), None
-        messages.append(Message(role, _parts(content, i), _tool_calls(calls, role, i)))
+        parts, part_calls = _parts(content, i)
+        if part_calls:  # LLaMA-Factory v1: {"type": "tool_call", "value": "{name, arguments}"} parts
+            calls = [*(calls or []), *part_calls]
+        messages.append(Message(role, parts, _tool_calls(calls, role, i), _loss_weight(turn, i)))
     if system not in (None, "") and (not messages or messages[0].role != "system"):
         if not isinstance(system, str):
             raise SampleSkipped("bad_conversation", f"system is {type(system).__name__}, not a string")
@@ -241,6 +284,8 @@ def alpaca_turns(record: Mapping) -> list[dict]:
 
 
 def _split_text(text: str) -> list[tuple[str, str]]:
+    if _AUDIO_PLACEHOLDER in text:
+        raise SampleSkipped("unsupported_audio", "an <audio> placeholder: audio is not trained here")
     parts: list[tuple[str, str]] = []
     pos = 0
     for m in _PLACEHOLDER.finditer(text):
@@ -253,29 +298,57 @@ def _split_text(text: str) -> list[tuple[str, str]]:
     return parts
 
 
-def _parts(content: Any, i: int) -> tuple[tuple[str, str], ...]:
+def _loss_weight(turn: Mapping, i: int) -> bool | None:
+    """LLaMA-Factory v1's per-message ``loss_weight`` as trained / not trained (None when absent); a weight other
+    than 0 or 1 cannot be honoured by a 0/1 loss mask, so it is a counted skip, never silently rounded."""
+    if "loss_weight" not in turn or turn["loss_weight"] is None:
+        return None
+    weight = turn["loss_weight"]
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight not in (0, 1):
+        raise SampleSkipped(
+            "unsupported_loss_weight", f"turn {i} loss_weight is {_short(weight)}; only 0 and 1 are honoured"
+        )
+    return bool(weight)
+
+
+def _text_of(part: Mapping, i: int) -> str:
+    """A typed text part's text: ``text`` (OpenAI/HF) or ``value`` (LLaMA-Factory v1)."""
+    text = part.get("text", part.get("value", ""))
+    if not isinstance(text, (str, int, float)) or isinstance(text, bool):
+        raise SampleSkipped("bad_conversation", f"turn {i} has a text part of type {type(text).__name__}")
+    return str(text)
+
+
+def _parts(content: Any, i: int) -> tuple[tuple[tuple[str, str], ...], list]:
+    """A turn's content -> its text/image/video parts and the tool calls of LLaMA-Factory v1 ``tool_call`` parts."""
     if content is None:
-        return ()
+        return (), []
     if isinstance(content, str):
-        return tuple(_split_text(content))
+        return tuple(_split_text(content)), []
     if isinstance(content, Sequence):
         parts: list[tuple[str, str]] = []
+        calls: list = []
         for part in content:
             if isinstance(part, str):
                 parts.extend(_split_text(part))
                 continue
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in AUDIO_PART_TYPES:
+                raise SampleSkipped("unsupported_audio", f"turn {i} has an {kind} part: audio is not trained here")
+            if kind == "reasoning":
+                raise SampleSkipped(
+                    "unsupported_reasoning",
+                    f"turn {i} has a reasoning part (LLaMA-Factory v1); the rendered templates have no thinking block",
+                )
+            if kind == "tool_call":
+                calls.extend(_function_calls(part.get("value", part.get("text")), i))
+                continue
             kind = _part_kind(part)
             if kind is None:
                 raise SampleSkipped("bad_conversation", f"turn {i} has an unsupported content part {_short(part)}")
-            if kind == "text":
-                # a typed text part is literal text, as in the official templates: "<image>" stays text
-                text = part.get("text", "")
-                if not isinstance(text, (str, int, float)) or isinstance(text, bool):
-                    raise SampleSkipped("bad_conversation", f"turn {i} has a text part of type {type(text).__name__}")
-                parts.append(("text", str(text)))
-            else:
-                parts.append((kind, ""))
-        return tuple(parts)
+            # a typed text part is literal text, as in the official templates: "<image>" stays text
+            parts.append(("text", _text_of(part, i)) if kind == "text" else (kind, ""))
+        return tuple(parts), calls
     raise SampleSkipped("bad_conversation", f"turn {i} content is {type(content).__name__}")
 
 
@@ -327,7 +400,7 @@ def place_media(messages: list[Message], num_images: int, num_videos: int) -> li
         return messages
     target = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
     out = Conversation(messages, conversation_tools(messages))
-    out[target] = Message(out[target].role, tuple(prepend) + out[target].parts, out[target].tool_calls)
+    out[target] = dataclasses.replace(out[target], parts=tuple(prepend) + out[target].parts)
     return out
 
 

@@ -172,12 +172,16 @@ MediaBlock = Callable[[ChatMLBuilder, str], None]
 
 
 def _turn_trained(messages: list[Message], policy: str) -> list[bool]:
+    """Which turns are supervised: the loss policy's choice, except where a turn carries its own
+    (:attr:`Message.trained`, LLaMA-Factory v1's ``loss_weight``)."""
     if policy == "all":
-        return [True] * len(messages)
-    if policy == "last_turn":
+        flags = [True] * len(messages)
+    elif policy == "last_turn":
         last = max(i for i, m in enumerate(messages) if m.role == "assistant")
-        return [i == last for i in range(len(messages))]
-    return [m.role == "assistant" for m in messages]
+        flags = [i == last for i in range(len(messages))]
+    else:
+        flags = [m.role == "assistant" for m in messages]
+    return [flag if getattr(m, "trained", None) is None else m.trained for flag, m in zip(flags, messages)]
 
 
 def render_chat(

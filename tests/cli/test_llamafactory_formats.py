@@ -187,7 +187,7 @@ def test_llamafactory_tool_calls_normalise_to_the_openai_shape():
         (UNKNOWN_ROLE, "unknown_role", "turn 1 has role 'bot'"),
         (UNKNOWN_ROLE_MSG, "unknown_role", "turn 1 has role 'function'"),
         ({"instruction": "a", "output": "b", "history": [["only one"]]}, "bad_conversation", "alpaca history item 0"),
-        ({"instruction": "a", "output": ["b", "c"]}, "bad_conversation", "alpaca output is list"),
+        ({"instruction": "a", "output": ["b", "c"]}, "preference_data", "alpaca output is a list: LLaMA-Factory ranking"),
     ],
 )
 def test_bad_llamafactory_records_are_counted_skips(record, reason, detail):
