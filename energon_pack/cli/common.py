@@ -70,6 +70,21 @@ def raw_sources(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in RAW_SUFFIXES)
 
 
+def convert_command(path: Path) -> str:
+    """The ``energon-pack convert ... OUT`` command that accepts the raw data at ``path``: the file itself,
+    a folder of Parquet files as it is, else one JSON/JSONL file of the folder (convert reads one such file)."""
+    src = raw_sources(path)
+    if len(src) == 1:
+        return f"`energon-pack convert {src[0]} OUT`"
+    json_files = [p for p in src if p.suffix.lower() != ".parquet"]
+    if not json_files:
+        return f"`energon-pack convert {path} OUT`"
+    return (
+        f"`energon-pack convert {json_files[0]} OUT` (convert reads one JSON/JSONL file, or a folder of Parquet "
+        f"files: convert each of the {len(src)} files into its own OUT, or join JSONL files into one first)"
+    )
+
+
 def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
     """``path`` if it is a prepared Energon dataset (an ``msc://`` one as the string); otherwise a
     :class:`CliError` naming the command that fixes it. Never writes anything."""
@@ -98,14 +113,10 @@ def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
             f"run `energon-pack prepare {path}` first"
         )
     if kind in ("raw", "prepared_jsonl"):
-        src = raw_sources(path)
-        name = src[0] if len(src) == 1 else path
         what = (
             "a JSONL file prepared for the text encoder" if kind == "prepared_jsonl" else "raw JSON/JSONL/Parquet data"
         )
-        raise CliError(
-            f"{path} is {what}, not an Energon WebDataset: run `energon-pack convert {name} OUT` and pass --data OUT"
-        )
+        raise CliError(f"{path} is {what}, not an Energon WebDataset: run {convert_command(path)} and pass --data OUT")
     if kind == "empty":
         raise CliError(
             f"{path} is an empty folder: convert your data into it with "
@@ -115,6 +126,14 @@ def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
     raise CliError(
         f"{path} holds no Energon dataset, *.tar shards or JSON/JSONL/Parquet data: point --data at a "
         f"folder prepared with `energon-pack convert` or `energon-pack prepare`"
+    )
+
+
+def index_files(shards: int) -> str:
+    """The files preparing ``shards`` *.tar shards writes (Energon's index), for the line that announces them."""
+    return (
+        ".nv-meta/ (dataset.yaml, split.yaml, .info.json, index.sqlite, index.uuid) and a .tar.idx beside "
+        f"each of the {shards} shard(s)"
     )
 
 

@@ -68,6 +68,7 @@ def show(path: str | os.PathLike, *, json_out: str | os.PathLike | None = None, 
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=2))
+        print(f"wrote the report to {json_out}")
     return 0 if report["usable"] else 1
 
 

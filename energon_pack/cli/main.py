@@ -67,6 +67,11 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each command's subparser by name."""
     parser = Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"energon-pack {_version()}")
     parser.add_argument(
@@ -77,7 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
         if module is make_demo:
             sub.add_parser("convert", add_help=False, help=CONVERT_HELP)
-    return parser
+    return parser, sub.choices
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, an unknown option refused by the command's own parser (so the one error line
+    names the command: ``energon-pack bench: error: unrecognized arguments: --dat``)."""
+    parser, commands = _build()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         from energon_pack.cli.convert.command import main as convert_main
 
         return interruptible("energon-pack convert", lambda: convert_main(argv[1:]))
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     prog = f"energon-pack {args.command}"
     command = BY_NAME[args.command]
     with contextlib.ExitStack() as scope, one_line_warnings(prog, command.KNOB_FLAGS):

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import CliError, refuse_remote_output
+from .common import CliError, index_files, refuse_remote_output
 from .options import add_command, positive_int
 
 NAME = "make-demo"
@@ -42,5 +42,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{', ...' if len(foreign) > 3 else ''}): demo data goes into a new or empty folder"
             )
     make_demo_shards(root, args.samples, seed=args.seed)
-    print(f"wrote {args.samples} samples to {root}")
+    shards = sorted(p.name for p in root.glob("demo-*.tar"))
+    print(f"wrote {args.samples} samples to {root}: {len(shards)} shard(s) {shards[0]} .. {shards[-1]}")
+    print(f"wrote {root}/{index_files(len(shards))}")
     return 0

@@ -55,7 +55,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage block) and exit status 2."""
+    """argparse with a one-line error (no usage block) and exit status 2, and no abbreviated options
+    (``--dat`` is not ``--data``: a flag means what it says, and a new option never changes what an old
+    command line does). Every command's subparser is built from this class, so they all inherit both."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kw: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kw)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -141,19 +146,33 @@ def jsonl_options(p: argparse.ArgumentParser) -> None:
         "--max-length", type=positive_int, default=None, help="skip samples longer than this (default: no limit)"
     )
     p.add_argument(
-        "--prompt-field", default=None, help="prompt field name (default: the format's own, e.g. prompt/input)"
+        "--prompt-field",
+        default=None,
+        help="the field holding the prompt, --format prompt_completion only (default: prompt)",
     )
     p.add_argument(
         "--completion-field",
         default=None,
-        help="completion field name (default: the format's own, e.g. completion/output)",
+        help="the field holding the completion, --format prompt_completion only (default: completion)",
     )
 
 
 def field_kw(args: argparse.Namespace) -> dict[str, Any]:
-    """``--prompt-field`` / ``--completion-field`` as dataset keywords (only those given)."""
+    """``--prompt-field`` / ``--completion-field`` as dataset keywords (only those given); a :class:`CliError`
+    for a format that has no such fields (chat records are read by their ``messages`` / ``conversations``)."""
+    from .common import CliError
+
     fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
-    return {k: v for k, v in fields.items() if v}
+    given = {k: v for k, v in fields.items() if v}
+    fmt = getattr(args, "format", "prompt_completion")
+    if given and fmt != "prompt_completion":
+        flags = " / ".join("--" + k.replace("_", "-") for k in given)
+        verb = "applies" if len(given) == 1 else "apply"
+        raise CliError(
+            f"{flags} {verb} to --format prompt_completion only; --format {fmt} reads the messages / "
+            f"conversations of each record: drop {flags}"
+        )
+    return given
 
 
 #: the knobs the JSONL options set (for wording library messages)

@@ -59,8 +59,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="the id Bridge's tokenizer reports as eos_id (alignment padding; default: the tokenizer's EOS)",
     )
-    p.add_argument("--prompt-field", default=None, help="prompt field name (default: prompt)")
-    p.add_argument("--completion-field", default=None, help="completion field name (default: completion)")
+    p.add_argument(
+        "--prompt-field", default=None, help="the prompt's field, --format prompt_completion only (default: prompt)"
+    )
+    p.add_argument(
+        "--completion-field",
+        default=None,
+        help="the completion's field, --format prompt_completion only (default: completion)",
+    )
     p.add_argument("--json-out", default=None, help="also write the summary as JSON to this path")
     return p
 
@@ -121,4 +127,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(summary.to_json(), indent=2))
+        print(f"wrote the summary to {args.json_out}")
     return 0

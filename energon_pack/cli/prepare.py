@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import REMOTE_KIND, CliError, dataset_kind, raw_sources
+from .common import REMOTE_KIND, CliError, convert_command, dataset_kind, index_files, raw_sources
 from .options import add_command
 
 NAME = "prepare"
@@ -58,17 +58,19 @@ def run(args: argparse.Namespace) -> int:
             f"`energon-pack convert {path} OUT` (it prepares OUT)"
         )
     if path.is_dir() and kind not in ("shards", "prepared"):
-        src = raw_sources(path)
         hint = (
-            f"convert it with `energon-pack convert {src[0] if len(src) == 1 else path} OUT`"
-            if src
+            f"convert it with {convert_command(path)}"
+            if raw_sources(path)
             else "write shards with `energon-pack convert SOURCE OUT` or `energon-pack make-demo DIR`"
         )
         raise CliError(f"{path} holds no *.tar shards: {hint}")
     count = prepare(path, **({} if path.is_file() else {"split": tuple(args.split)}))
     print(f"prepared {path}: {count} samples")
     if path.is_dir():
+        print(f"wrote {path}/{index_files(_shard_count(path))}")
         _report_splits(path, args.split)
+    else:
+        print(f"wrote {path}.idx (Energon's line index)")
     return 0
 
 
@@ -87,8 +89,18 @@ def _prepare_remote(url: str, split: tuple[float, float, float]) -> int:
         raise CliError(f"{url} {REMOTE_KIND[kind]}: {fix}")
     count = prepare_webdataset(url, split=tuple(split))
     print(f"prepared {url}: {count} samples")
+    print(f"wrote {url.rstrip('/')}/{index_files(_shard_count(url))}")
     _report_splits(url, split)
     return 0
+
+
+def _shard_count(path: str | Path) -> int:
+    """How many shards a prepared folder or prefix indexes (its ``.nv-meta/.info.json``)."""
+    import json
+
+    from energon_pack.storage import epath
+
+    return len(json.loads((epath(path) / ".nv-meta" / ".info.json").read_text())["shard_counts"])
 
 
 def _report_splits(path: str | Path, split: tuple[float, float, float]) -> None:

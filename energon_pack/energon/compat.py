@@ -27,12 +27,10 @@ import megatron.energon
 from megatron.energon.savable_loader import SavableDataLoader, SavableDatasetCheckpoint, SavableDatasetWrapper
 
 from .checkpoint import check_restore, find_guard, save_unhung
+from .releases import TESTED_ENERGON_VERSIONS
 
 log = logging.getLogger("energon_pack")
 
-#: Releases whose ``savable_loader.py`` the patches were read against and tested on: 7.4.1 (the main
-#: environment) and 7.4.0 (the lowest ``pyproject.toml`` allows, ``scripts/compat_envs.py``).
-TESTED_ENERGON_VERSIONS = ("7.4.0", "7.4.1")
 #: The installed release, as the gate reads it (tests monkeypatch it).
 ENERGON_VERSION = str(getattr(megatron.energon, "__version__", "unknown"))
 

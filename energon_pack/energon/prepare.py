@@ -71,12 +71,15 @@ def prepare_webdataset(
 ) -> int:
     """Index the ``*.tar`` shards under ``root`` for Energon and declare them a CrudeWebdataset.
 
-    Writes ``.nv-meta/{split.yaml,.info.json,index.sqlite,dataset.yaml}`` and one ``.tar.idx``
+    Writes ``.nv-meta/{split.yaml,.info.json,index.sqlite,index.uuid,dataset.yaml}`` and one ``.tar.idx``
     per shard. ``split`` is the (train, val, test) ratio of shards. Returns the sample count.
-    ``root`` may be in object storage (``msc://...``): Energon reads each shard once and writes the
-    index there (the sqlite index is built in a temporary local file first).
+    A local folder on a tested Energon release is indexed in pure Python
+    (:func:`~energon_pack.energon.index_writer.write_webdataset_index`: the same files, without importing
+    torch or Energon, one shard after the other); otherwise Energon's ``prepare_dataset`` runs on
+    ``workers`` processes. ``root`` may be in object storage (``msc://...``): Energon reads each shard
+    once and writes the index there (the sqlite index is built in a temporary local file first).
     """
-    from megatron.energon import BaseWebdatasetFactory
+    from .index_writer import index_writer_matches_energon, write_webdataset_index
 
     shards = [name for name in list_names(root) if name.endswith(".tar")]
     if not shards:
@@ -84,14 +87,15 @@ def prepare_webdataset(
             f"no *.tar shards under {root}: for JSON/JSONL/Parquet VLM data run "
             f"`energon-pack convert SOURCE OUT` (it writes and prepares the shards)"
         )
+    ratio = [("train", split[0]), ("val", split[1]), ("test", split[2])]
+    if not is_remote(root) and index_writer_matches_energon() and not any("{" in name for name in shards):
+        counts = write_webdataset_index(root, shards, split_parts_ratio=ratio)
+        (Path(root) / ".nv-meta" / "dataset.yaml").write_text(DATASET_YAML)
+        return sum(counts.values())
+    from megatron.energon import BaseWebdatasetFactory
+
     where = epath(root)
-    BaseWebdatasetFactory.prepare_dataset(
-        where,
-        shards,
-        split_parts_ratio=[("train", split[0]), ("val", split[1]), ("test", split[2])],
-        shuffle_seed=None,
-        workers=workers,
-    )
+    BaseWebdatasetFactory.prepare_dataset(where, shards, split_parts_ratio=ratio, shuffle_seed=None, workers=workers)
     meta = where / ".nv-meta"
     (meta / "dataset.yaml").write_text(DATASET_YAML)
     return sum(json.loads((meta / ".info.json").read_text())["shard_counts"].values())

@@ -720,3 +720,100 @@ def test_inspect_shows_a_progress_bar_for_a_large_file_and_names_flags_in_hints(
     assert len(hint) == 1 and "--prompt-field / --completion-field" in hint[0] and "prompt_field=" not in hint[0]
     again = energon_pack("inspect", str(path), "--tokenizer", "demo")  # cached: nothing to measure, no bar
     assert "length pass:" not in again.stderr and "(reused;" in again.stdout
+
+
+# ----------------------------------------------------------------------------- issue 32 item 6: CLI habits
+@pytest.mark.parametrize(
+    "args,command,needle",
+    [
+        (["bench", "--dat", "x"], "bench", "unrecognized arguments: --dat x"),  # accepted as --data before
+        (["inspect", "f.jsonl", "--tok", "demo"], "inspect", "unrecognized arguments: --tok demo"),
+        (["convert", "a.json", "out", "--overw"], "convert", "unrecognized arguments: --overw"),
+        (["convert", "a.json", "out", "--samples-per", "5"], "convert", "unrecognized arguments: --samples-per 5"),
+    ],
+)
+def test_abbreviated_flags_are_one_line_errors(capsys, args, command, needle):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    line = one_error_line(capsys.readouterr().err, command)
+    assert needle in line and f"energon-pack {command} --help" in line
+
+
+def test_every_parser_refuses_abbreviations():
+    from energon_pack.cli.convert.command import build_parser as convert_parser
+
+    parsers = [build_parser(), convert_parser(), *_subparsers(build_parser()).values()]
+    assert all(p.allow_abbrev is False for p in parsers)
+
+
+def _chat_record(i: int) -> dict:
+    return {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}
+
+
+def test_hints_for_a_folder_of_json_files_name_a_command_that_accepts_it(tmp_path, capsys):
+    """Several JSON/JSONL files: the hint names one of them (convert refuses the folder), and that command works."""
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps([_chat_record(i) for i in range(3)]))
+    (folder / "b.jsonl").write_text("".join(json.dumps(_chat_record(i)) + "\n" for i in range(2)))
+    assert main(["bench", "--data", str(folder), "--out-dir", str(tmp_path / "o")]) == 2
+    bench_line = one_error_line(capsys.readouterr().err, "bench")
+    assert main(["prepare", str(folder)]) == 2
+    prepare_line = one_error_line(capsys.readouterr().err, "prepare")
+    assert main(["convert", str(folder), str(tmp_path / "o1")]) == 2
+    convert_line = one_error_line(capsys.readouterr().err, "convert")
+    for line in (bench_line, prepare_line, convert_line):
+        assert f"`energon-pack convert {folder / 'a.json'} OUT`" in line, line
+    assert main(["convert", str(folder / "a.json"), str(tmp_path / "o2"), "--no-progress"]) == 0
+    assert "written 3" in capsys.readouterr().out
+
+
+def test_a_folder_of_parquet_files_is_named_as_it_is(tmp_path, capsys):
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for name in ("train-0.parquet", "train-1.parquet"):
+        (folder / name).write_bytes(b"PAR1 fake")
+    assert main(["prepare", str(folder)]) == 2
+    assert f"`energon-pack convert {folder} OUT`" in one_error_line(capsys.readouterr().err, "prepare")
+
+
+def test_field_flags_say_what_they_apply_to(tmp_path, capsys):
+    """``--prompt-field`` / ``--completion-field``: their help names the one format that has fields and
+    the default it really has; with --format chat they are one line (a TypeError before)."""
+    inspect_help = _subparsers(build_parser())["inspect"].format_help()
+    assert "prompt/input" not in inspect_help and "completion/output" not in inspect_help
+    from energon_pack.sft.formats import PromptCompletionFormat
+
+    defaults = (PromptCompletionFormat.prompt_field, PromptCompletionFormat.completion_field)
+    assert defaults == ("prompt", "completion")
+    flat = " ".join(inspect_help.split())
+    assert "prompt_completion only (default: prompt)" in flat and "prompt_completion only (default: completion)" in flat
+    data = tmp_path / "c.jsonl"
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    )
+    assert main(["inspect", str(data), "--format", "chat", "--tokenizer", "demo", "--prompt-field", "q"]) == 2
+    line = one_error_line(capsys.readouterr().err, "inspect")
+    assert "--prompt-field applies to --format prompt_completion only" in line and "TypeError" not in line
+
+
+def test_commands_announce_every_file_they_write(tmp_path, capsys):
+    """make-demo, prepare and convert name what they wrote (convert: its summary and manifest too)."""
+    assert main(["make-demo", str(tmp_path / "demo"), "--samples", "150"]) == 0
+    out = capsys.readouterr().out
+    assert "demo-000000.tar .. demo-000001.tar" in out and ".nv-meta/ (dataset.yaml, split.yaml" in out
+    assert "a .tar.idx beside each of the 2 shard(s)" in out
+    write_unprepared_shards(tmp_path / "shards")
+    assert main(["prepare", str(tmp_path / "shards")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'shards'}/.nv-meta/ (dataset.yaml, split.yaml, .info.json, index.sqlite" in out
+    written = {p.name for p in (tmp_path / "shards" / ".nv-meta").iterdir()}
+    assert all(name in out for name in written) and (tmp_path / "shards" / "part-000.tar.idx").is_file()
+    src = tmp_path / "d.json"
+    src.write_text(json.dumps([_chat_record(i) for i in range(3)]))
+    assert main(["convert", str(src), str(tmp_path / "conv"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    top = {p.name for p in (tmp_path / "conv").iterdir()} - {"data-000000.tar.idx"}
+    assert top == {".nv-meta", "data-000000.tar", "convert_summary.json", ".convert_manifest.json"}
+    assert all(name in out for name in top) and ".tar.idx" in out

@@ -38,8 +38,9 @@ named ``mp4`` (MP4/MOV), ``mkv`` (Matroska/WebM) or ``avi`` by their container. 
 Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
 included), only from regular files up to ``max_media_mb``, and only past an image header.
 
-Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards, so
-``get_train_dataset(out_dir, ...)`` works at once. Every unusable record is a counted skip
+Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards (in pure Python, the files
+``energon prepare`` writes: :mod:`energon_pack.energon.index_writer`), so ``get_train_dataset(out_dir, ...)``
+works at once. Every unusable record is a counted skip
 with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``. Each written
 record has passed the loader's own structural checks on the very JSON written
 (:func:`~energon_pack.chat.conversation.check_conversation`: turns, roles, tool calls, an assistant

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from energon_pack.cli.options import Parser
 from energon_pack.errors import ConfigError
 
 from .options import DEFAULT_MAX_MEDIA_MB, FORMATS, LAYOUTS, VERIFY_MODES
@@ -25,7 +26,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 
 def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """convert's own parser (one-line errors, no abbreviated options: :class:`~energon_pack.cli.options.Parser`)."""
+    p = Parser(
         prog=prog,
         formatter_class=_HelpFormatter,
         description="Convert LLaVA / ShareGPT JSON(L), OpenAI-messages JSONL, LLaMA-Factory files (alpaca; ShareGPT\n"

@@ -51,10 +51,13 @@ def _open_source(path: Path, format: str) -> _Source:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
         if not files:
+            json_files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in (".json", ".jsonl"))
             raise ConfigError(
                 "source",
-                f"folder {path} holds no *.parquet files",
-                "pass a JSON/JSONL file, a .parquet file, or a folder of .parquet files",
+                f"folder {path} holds no *.parquet files (a folder is read as Parquet files only)",
+                f"pass one JSON/JSONL file: `energon-pack convert {json_files[0]} OUT`, one output folder per file"
+                if json_files
+                else "pass a JSON/JSONL file, a .parquet file, or a folder of .parquet files",
             )
         return _open_parquet(files, format)
     try:

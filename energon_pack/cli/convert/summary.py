@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from energon_pack.cli.common import index_files
+
+from .outdir import MANIFEST_FILE, SUMMARY_FILE
+
+#: the shards' names, in source order
+SHARD_NAME = "data-%06d.tar"
+
 #: What each skip reason means (the README table is generated from the same words).
 SKIP_REASONS = {
     "invalid_json": "a JSONL line that is not valid JSON (or nested deeper than 64 levels)",
@@ -93,8 +100,14 @@ class ConvertSummary:
             + " (original bytes)",
             f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
             f"get_train_dataset({self.out_dir!r}, ...)",
+            f"  wrote    {self.out_dir.rstrip('/')}/: {self._shard_names()}, {index_files(self.shards)}, "
+            f"{SUMMARY_FILE} (this summary) and {MANIFEST_FILE} (every name written: what --overwrite deletes)",
         ]
         return "\n".join(lines)
+
+    def _shard_names(self) -> str:
+        first, last = SHARD_NAME % 0, SHARD_NAME % max(0, self.shards - 1)
+        return first if self.shards <= 1 else f"{first} .. {last}"
 
 
 def _mb(n: int) -> str:
