@@ -21,6 +21,7 @@ KNOB_FLAGS = {**JSONL_FLAGS, "pad_multiple": "--pad-multiple"}
 HINT_NAMES = {
     "chat": "--format chat",
     "prompt_completion": "--format prompt_completion",
+    "text": "--format text",
     "fields": "--prompt-field / --completion-field",
     "width": "--width ",
 }

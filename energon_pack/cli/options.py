@@ -134,12 +134,18 @@ TOKENIZER_HELP = (
 
 #: the record formats of ``energon_pack.sft.formats.FORMATS``, named here so that building the parser
 #: (``--help``) does not import the GPT-SFT package and torch (a test keeps the two equal)
-JSONL_FORMATS = ("prompt_completion", "chat")
+JSONL_FORMATS = ("prompt_completion", "chat", "text")
+
+
+FORMAT_HELP = (
+    "record format: prompt_completion ({prompt, completion} or NeMo's {input, output}), chat (messages / "
+    "conversations), text ({text} documents, all supervised, EOS-separated)"
+)
 
 
 def jsonl_options(p: argparse.ArgumentParser) -> None:
     """How a GPT-SFT JSONL file is read: format, tokenizer, width, length limit, field names."""
-    p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help="record format")
+    p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help=FORMAT_HELP)
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: qwen2.5-vl")
     p.add_argument("--width", type=positive_int, default=4096, help="pack width in tokens")
     p.add_argument(

@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from .common import jsonl_file, resolve_tokenizer
-from .options import JSONL_FORMATS, add_command, field_kw, positive_int
+from .options import FORMAT_HELP, JSONL_FORMATS, add_command, field_kw, positive_int
 
 NAME = "pack-offline"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"seq_length": "--width", "prompt_field": "--prompt-field", "completion_field": "--completion-field"}
+KNOB_FLAGS = {
+    "seq_length": "--width",
+    "prompt_field": "--prompt-field",
+    "completion_field": "--completion-field",
+    "overwrite": "--overwrite",
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,7 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("path", help="a prompt/completion or chat JSONL file (only read)")
     p.add_argument("out", help="output folder (Bridge's packed_train_data_path / packed_metadata_path go there)")
-    p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help="record format")
+    p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help=FORMAT_HELP)
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -67,6 +72,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="the completion's field, --format prompt_completion only (default: completion)",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace this split's finished output in OUT (default: refuse it; other splits are kept)",
+    )
     p.add_argument("--json-out", default=None, help="also write the summary as JSON to this path")
     return p
 
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         split=args.split,
         eos_id=args.eos_id,
+        overwrite=args.overwrite,
         **field_kw(args),
     )
     print(summary.describe())

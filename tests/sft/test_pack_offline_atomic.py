@@ -190,3 +190,16 @@ def test_the_current_folder_and_a_folder_with_folders_are_refused(tmp_path, monk
     with pytest.raises(ConfigError, match="holds the folder sub"):
         _run(src, tmp_path / "packs", tmp_path)
     assert [p.name for p in (tmp_path / "packs").iterdir()] == ["sub"]
+
+
+def test_the_command_refuses_a_finished_output_and_overwrites_when_asked(tmp_path):
+    src, out = tmp_path / "data.jsonl", tmp_path / "packs"
+    _write_pc(src, 20)
+    assert _cli(src, out, tmp_path).returncode == 0
+    before = _digest(out)
+    again = _cli(src, out, tmp_path, "--seed", "5")
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
+    assert "already holds a finished training output" in again.stderr and "--overwrite" in again.stderr
+    assert _digest(out) == before
+    assert _cli(src, out, tmp_path, "--seed", "5", "--overwrite").returncode == 0
+    assert json.loads((out / "256_metadata.jsonl").read_text())[0]["energon_pack"]["seed"] == 5
