@@ -187,7 +187,11 @@ def test_llamafactory_tool_calls_normalise_to_the_openai_shape():
         (UNKNOWN_ROLE, "unknown_role", "turn 1 has role 'bot'"),
         (UNKNOWN_ROLE_MSG, "unknown_role", "turn 1 has role 'function'"),
         ({"instruction": "a", "output": "b", "history": [["only one"]]}, "bad_conversation", "alpaca history item 0"),
-        ({"instruction": "a", "output": ["b", "c"]}, "preference_data", "alpaca output is a list: LLaMA-Factory ranking"),
+        (
+            {"instruction": "a", "output": ["b", "c"]},
+            "preference_data",
+            "alpaca output is a list: LLaMA-Factory ranking",
+        ),
     ],
 )
 def test_bad_llamafactory_records_are_counted_skips(record, reason, detail):
@@ -264,3 +268,33 @@ def test_inspect_cli_reads_alpaca_with_format_chat(tmp_path):
     out = json.loads(report.read_text())
     assert out["lines"] == 4 and out["usable"] == 3
     assert {k: v["count"] for k, v in out["skips"].items()} == {"unknown_role": 1}
+
+
+def test_convert_refuses_what_it_cannot_train_by_name_and_notes_tool_calls(tmp_path):
+    """LLaMA-Factory's audio, KTO and preference demo shapes: counted skips naming them (never written as SFT
+    text); v1 typed parts convert; tool-call records are written with a note naming the preset that trains them."""
+    from energon_pack.cli.convert import convert
+
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    records = [
+        {"messages": [{"role": "user", "content": "<audio>What's that sound?"}, turns[1]], "audios": ["a.wav"]},
+        {"messages": turns, "kto_tag": False},
+        {"messages": turns, "kto_tag": True},
+        {"conversations": [{"from": "human", "value": "q"}], "chosen": {"from": "gpt", "value": "a"}, "rejected": {}},
+        {"messages": [{"role": "user", "content": [{"type": "text", "value": "hi"}], "loss_weight": 0.0}, turns[1]]},
+        {
+            "conversations": [
+                {"from": "human", "value": "call it"},
+                {"from": "function_call", "value": '{"name": "f", "arguments": {}}'},
+                {"from": "observation", "value": "ok"},
+                {"from": "gpt", "value": "done"},
+            ],
+            "tools": '[{"name": "f", "parameters": {}}]',
+        },
+    ]
+    src = tmp_path / "lf.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = convert(src, tmp_path / "out", workers=1, progress=False)
+    assert s.skipped == {"unsupported_audio": 1, "kto_undesirable": 1, "preference_data": 1} and s.written == 3
+    assert s.tool_records == 1
+    assert "1 of 3 written record(s) hold tool calls or tools: only the qwen3-vl preset trains them" in s.format_text()

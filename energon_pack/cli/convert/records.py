@@ -104,9 +104,9 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int, int]:
-    """One record -> (webdataset fields, image count, image bytes, video count, video bytes);
-    SampleSkipped when unusable."""
+def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int, int, bool]:
+    """One record -> (webdataset fields, image count, image bytes, video count, video bytes, whether it holds tool
+    calls or tools); SampleSkipped when unusable."""
     if not isinstance(rec, dict):
         raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
     check_depth(rec)
@@ -148,7 +148,8 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
             fields[f"{i}.{ext}"] = data
         for i, (data, ext) in enumerate(videos):
             fields[f"{i}.{ext}"] = data
-    return fields, len(images), sum(len(d) for d, _ in images), len(videos), sum(len(d) for d, _ in videos)
+    n_image_bytes, n_video_bytes = sum(len(d) for d, _ in images), sum(len(d) for d, _ in videos)
+    return fields, len(images), n_image_bytes, len(videos), n_video_bytes, messages.uses_tools
 
 
 _BLANK = object()

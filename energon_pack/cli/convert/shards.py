@@ -55,6 +55,7 @@ class _ChunkResult:
     image_bytes: int = 0
     videos: int = 0
     video_bytes: int = 0
+    tool_records: int = 0  # written records with tool calls or tools (only some presets' templates train them)
     missing_relative: int = 0  # missing_image skips of a relative path
     tar: str | None = None
     tar_bytes: int = 0
@@ -71,7 +72,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 if isinstance(payload, SampleSkipped):
                     raise payload
                 rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
-                fields, nimages, nbytes, nvideos, nvbytes = build_sample(rec, f"{rec_index:09d}", ctx)
+                fields, nimages, nbytes, nvideos, nvbytes, tools = build_sample(rec, f"{rec_index:09d}", ctx)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
                 skip = (
                     exc
@@ -90,6 +91,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
             res.image_bytes += nbytes
             res.videos += nvideos
             res.video_bytes += nvbytes
+            res.tool_records += tools
     if res.written:
         res.tar, res.tar_bytes = str(path), path.stat().st_size
     else:
@@ -222,6 +224,7 @@ def convert(
             summary.image_bytes += res.image_bytes
             summary.videos += res.videos
             summary.video_bytes += res.video_bytes
+            summary.tool_records += res.tool_records
             skipped.update(res.skipped)
             for reason, ex in res.examples.items():
                 examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])

@@ -50,6 +50,19 @@ SKIP_REASONS = {
 MAX_EXAMPLES = 3
 
 
+def tool_records_note(tool_records: int, written: int) -> str:
+    """What a user must know of written records with tool calls: only the presets whose template renders tools
+    train them; the others skip them as ``tool_calls_unsupported`` at load time."""
+    from energon_pack.chat.templates import TEMPLATE_TOOL_SUPPORT
+
+    trains = ", ".join(name for name, ok in TEMPLATE_TOOL_SUPPORT.items() if ok)
+    skips = " / ".join(name for name, ok in TEMPLATE_TOOL_SUPPORT.items() if not ok)
+    return (
+        f"{tool_records} of {written} written record(s) hold tool calls or tools: only the {trains} preset trains "
+        f"them (the {skips} templates have no tool handling: those records skip as tool_calls_unsupported there)"
+    )
+
+
 @dataclass
 class ConvertSummary:
     """What a conversion did: counts, skips by reason (with examples), shards, bytes, time."""
@@ -69,6 +82,7 @@ class ConvertSummary:
     image_bytes: int = 0
     videos: int = 0
     video_bytes: int = 0
+    tool_records: int = 0  # written records with tool calls or tools
     bytes: int = 0  # size of the written shards
     seconds: float = 0.0
     workers: int = 1
@@ -94,6 +108,8 @@ class ConvertSummary:
             lines.append(f"  skipped  {reason}: {count}")
             lines.extend(f"             e.g. {ex}" for ex in self.examples.get(reason, []))
         lines.extend(f"  hint     {h}" for h in self.hints)
+        if self.tool_records:
+            lines.append(f"  note     {tool_records_note(self.tool_records, self.written)}")
         lines += [
             f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)}"
             + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "")
