@@ -65,6 +65,8 @@ _EXPORTS: dict[str, str] = {
     "hf_forward_kwargs": "energon_pack.integrations.hf",
     "packed_forward": "energon_pack.integrations.hf",
     "packed_loss": "energon_pack.integrations.hf",
+    "packed_loss_from_hidden": "energon_pack.integrations.hf",
+    "packed_hidden_states": "energon_pack.integrations.hf",
     "normalize_by_global_tokens": "energon_pack.integrations.hf",
     "use_varlen_attention": "energon_pack.integrations.hf",
     # the packing core (no torch, no Energon) and the THD batch
@@ -129,7 +131,9 @@ if TYPE_CHECKING:  # static analysers see the real names
         hf_forward_kwargs,
         normalize_by_global_tokens,
         packed_forward,
+        packed_hidden_states,
         packed_loss,
+        packed_loss_from_hidden,
         prepare_model,
         use_varlen_attention,
     )

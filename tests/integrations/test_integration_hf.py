@@ -290,18 +290,33 @@ def test_vision_towers_take_the_varlen_path(setup):
         assert sum(c[2] for c in vision) == 2 * (n_img_patches + n_vid_patches)  # 2 blocks, every patch once
 
 
-def test_varlen_attention_block_mask_matches_per_segment_sdpa():
+def test_varlen_attention_per_segment_equals_the_block_diagonal_mask_values_and_grads():
+    """The fallback (CPU / fp32) runs SDPA per cu segment; it equals one SDPA under the dense block-diagonal
+    mask it replaced (and each segment alone), outputs and input gradients, GQA and an empty segment included."""
     torch.manual_seed(0)
     cu = torch.tensor([0, 5, 5, 12, 16], dtype=torch.int32)  # includes an empty segment
-    q, k, v = torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    segment = torch.repeat_interleave(torch.arange(4), (cu[1:] - cu[:-1]).long())
 
     class M(torch.nn.Module):
         is_causal = True
 
     for causal in (True, False):
+        q, k, v = (torch.randn(1, h, 16, 8, requires_grad=True) for h in (4, 2, 2))
         out, _ = H.varlen_attention_forward(
             M().eval(), q, k, v, None, scaling=0.3, is_causal=causal, cu_seq_lens_q=cu, cu_seq_lens_k=cu
         )
+        assert out.shape == (1, 16, 4, 8)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (q, k, v))
+        mask = segment[:, None] == segment[None, :]
+        if causal:
+            mask = mask & torch.ones(16, 16, dtype=torch.bool).tril()
+        dense = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=0.3
+        ).transpose(1, 2)
+        dense_grads = torch.autograd.grad((dense * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (q, k, v))
+        assert (out - dense).abs().max() <= 1e-6
+        for g, g_dense in zip(grads, dense_grads):
+            assert (g - g_dense).abs().max() <= 1e-5
         for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
             if e == s:
                 continue
@@ -313,7 +328,103 @@ def test_varlen_attention_block_mask_matches_per_segment_sdpa():
                 scale=0.3,
             ).transpose(1, 2)
             assert torch.allclose(out[:, s:e], ref, atol=1e-6)
+    # without cu_seqlens the segments come from the restarting positions, else the row is one segment
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    by_positions, _ = H.varlen_attention_forward(M(), q, k, v, None, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
+    by_cu, _ = H.varlen_attention_forward(M(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32))
+    whole, _ = H.varlen_attention_forward(M(), q, k, v, None)
+    assert torch.equal(by_positions, by_cu) and not torch.allclose(whole[:, 3:], by_cu[:, 3:])
+    assert torch.allclose(
+        whole, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    )
     assert H.register_varlen_attention() == H.register_varlen_attention() == H.VARLEN_ATTENTION
+
+
+def _loss_case(seed, tokens=37, width=8, vocab=29, bias=False):
+    torch.manual_seed(seed)
+    hidden = torch.randn(1, tokens, width, requires_grad=True)
+    head = torch.nn.Linear(width, vocab, bias=bias)
+    labels = torch.randint(0, vocab, (1, tokens))
+    labels[0, ::4] = -100
+    loss_mask = (labels != -100).float() * torch.rand(1, tokens).round()  # some supervised tokens weigh 0
+    loss_mask[0, 1] = 0.5  # loss_mask is a weight
+    labels[0, 3] = -100  # an ignored label under a non-zero mask is still ignored
+    return hidden, head, {"labels": labels, "loss_mask": loss_mask}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_loss_from_hidden_equals_packed_loss_on_full_logits_values_and_grads(bias):
+    hidden, head, batch = _loss_case(0, bias=bias)
+    params = [hidden, *head.parameters()]
+    full, full_count = H.packed_loss(head(hidden), batch)
+    full_grads = torch.autograd.grad(full, params)
+    for chunk in (1, 3, 16, 1000):
+        loss, count = H.packed_loss_from_hidden(hidden, head, batch, chunk_tokens=chunk)
+        grads = torch.autograd.grad(loss, params)
+        assert count == full_count and float(count) == float(batch["loss_mask"][0][batch["labels"][0] != -100].sum())
+        assert torch.allclose(loss, full, rtol=1e-6, atol=1e-6), (chunk, float(loss), float(full))
+        for g, g_full in zip(grads, full_grads):
+            assert torch.allclose(g, g_full, rtol=1e-5, atol=1e-6), (chunk, float((g - g_full).abs().max()))
+    if not bias:  # the head as its weight tensor, and the normalised form
+        mean, _ = H.packed_loss_from_hidden(hidden, head.weight, batch, num_supervised_tokens=7)
+        assert torch.allclose(mean, full / 7, rtol=1e-6)
+
+
+def test_chunked_loss_keeps_one_chunk_of_logits_and_handles_an_unsupervised_row():
+    hidden, head, batch = _loss_case(1, tokens=64, vocab=1000, bias=True)
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = H.packed_loss_from_hidden(hidden, head, batch, chunk_tokens=4)
+    loss.backward()
+    assert max(sizes) < 64 * 1000  # nothing of the row's logits is kept for the backward (chunks are recomputed)
+    full = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: full.append(t.numel()) or t, lambda t: t):
+        H.packed_loss(head(hidden), batch)
+    assert max(full) >= 64 * 1000  # while the full-logits loss keeps them
+    none = {"labels": batch["labels"], "loss_mask": torch.zeros_like(batch["loss_mask"])}
+    loss, count = H.packed_loss_from_hidden(hidden, head, none)
+    grads = torch.autograd.grad(loss, [hidden, head.weight, head.bias])
+    assert float(loss.detach()) == 0.0 and float(count) == 0.0 and all(float(g.abs().sum()) == 0.0 for g in grads)
+    with pytest.raises(ConfigError, match="hidden"):
+        H.packed_loss_from_hidden(hidden[:, :-1], head, batch)
+    with pytest.raises(ConfigError, match="chunk_tokens"):
+        H.packed_loss_from_hidden(hidden, head, batch, chunk_tokens=0)
+
+
+def test_hidden_states_path_equals_the_full_logits_path_on_real_packs(setup):
+    """packed_hidden_states + packed_loss_from_hidden give packed_forward + packed_loss's loss and every gradient,
+    on every supported release (4.57's output_hidden_states would not: see packed_hidden_states), and the LM head
+    is back to normal afterwards."""
+    name, tok, packs, te, ref, packed = setup
+    batch = max(packs, key=lambda b: b["supervised_tokens"])
+    packed.zero_grad(set_to_none=True)
+    out = H.packed_forward(packed, batch)
+    loss, count = H.packed_loss(out.logits, batch)
+    loss.backward()
+    want = {n: p.grad.clone() for n, p in packed.named_parameters() if p.grad is not None}
+    packed.zero_grad(set_to_none=True)
+    hidden = H.packed_hidden_states(packed, batch)
+    assert hidden.shape == (1, batch["input_ids"].shape[1], packed.config.text_config.hidden_size)
+    assert "forward" not in packed.lm_head.__dict__  # the head is restored
+    assert torch.allclose(packed.lm_head(hidden), out.logits, atol=1e-6)
+    chunked, chunked_count = H.packed_loss_from_hidden(hidden, packed, batch, chunk_tokens=5)
+    chunked.backward()
+    assert chunked_count == count == batch["supervised_tokens"]
+    assert torch.allclose(chunked, loss, rtol=1e-6, atol=1e-5), (float(chunked), float(loss))
+    got = {n: p.grad for n, p in packed.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys() and len(got) > 20
+    for n, g in got.items():
+        assert torch.allclose(g, want[n], rtol=1e-5, atol=1e-5), (
+            f"{name}: grad of {n}: {float((g - want[n]).abs().max())}"
+        )
+    packed.zero_grad(set_to_none=True)
+    with pytest.raises(ConfigError, match="model"):
+        H.packed_hidden_states(torch.nn.Linear(2, 2), batch)
 
 
 def test_misuse_raises_config_error(shards):

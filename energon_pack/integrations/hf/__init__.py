@@ -8,6 +8,12 @@ packed-vs-per-sample parity tests on 4.57.6, 5.12.1, 5.17.0 and 5.24.0). A train
     loss_sum, n_tokens = packed_loss(out.logits, batch)
     loss = normalize_by_global_tokens(loss_sum, n_tokens)
 
+Without the ``T x vocab`` logits (5 GB in fp32 at 8192 tokens; chunked over the supervised tokens, each chunk
+recomputed in the backward)::
+
+    hidden = packed_hidden_states(model, batch)   # packed_forward with the LM head skipped
+    loss_sum, n_tokens = packed_loss_from_hidden(hidden, model, batch)
+
 One module per concern:
 
 * :mod:`.model`: :func:`prepare_model`, the one call that installs on a model what our packs need.
@@ -17,7 +23,8 @@ One module per concern:
   (:func:`register_varlen_attention`, :func:`use_varlen_attention`) and :func:`guard_vision_towers`.
 * :mod:`.static_visual`: static-visual packs (one shape per pack width: :func:`static_vision_kwargs`,
   :func:`place_visual_rows`, :func:`use_static_visual`).
-* :mod:`.loss`: :func:`packed_loss` on our pre-shifted labels and :func:`normalize_by_global_tokens`.
+* :mod:`.loss`: :func:`packed_loss` on our pre-shifted labels, :func:`packed_loss_from_hidden` (the same from the
+  final hidden states of :func:`packed_hidden_states`, chunked) and :func:`normalize_by_global_tokens`.
 * :mod:`.version`: :func:`check_transformers_version` and what the installed release's towers read.
 
 Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`~energon_pack.errors.ConfigError` from our entry
@@ -41,7 +48,14 @@ from energon_pack.integrations.hf.batch import (
     packed_forward,
     vision_precomputed_kwargs,
 )
-from energon_pack.integrations.hf.loss import global_token_count, normalize_by_global_tokens, packed_loss
+from energon_pack.integrations.hf.loss import (
+    LOSS_CHUNK_TOKENS,
+    global_token_count,
+    normalize_by_global_tokens,
+    packed_hidden_states,
+    packed_loss,
+    packed_loss_from_hidden,
+)
 from energon_pack.integrations.hf.model import prepare_model
 from energon_pack.integrations.hf.static_visual import place_visual_rows, static_vision_kwargs, use_static_visual
 from energon_pack.integrations.hf.version import (
@@ -51,6 +65,7 @@ from energon_pack.integrations.hf.version import (
 )
 
 __all__ = [
+    "LOSS_CHUNK_TOKENS",
     "SUPPORTED_TRANSFORMERS",
     "VARLEN_ATTENTION",
     "check_transformers_version",
@@ -62,7 +77,9 @@ __all__ = [
     "mrope_conventions",
     "normalize_by_global_tokens",
     "packed_forward",
+    "packed_hidden_states",
     "packed_loss",
+    "packed_loss_from_hidden",
     "place_visual_rows",
     "prepare_model",
     "register_varlen_attention",

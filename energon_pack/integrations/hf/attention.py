@@ -1,12 +1,13 @@
 """The varlen attention: attention inside each cu_seqlens segment of one packed row, for HF's ``AttentionInterface``.
 
-:func:`varlen_attention_forward` runs PyTorch's ``varlen_attn`` (flash) on CUDA in fp16/bf16 and SDPA with a
-block-diagonal mask otherwise. Its registered name (:data:`VARLEN_ATTENTION`) contains "flash", so the vision
-towers hand it their own (window/full) cu_seqlens instead of looping over images: where they call
-``is_flash_attention_requested`` (5.x) any "flash" name gets them in one call; where they test
-``== "flash_attention_2"`` (4.57) they call it once per image (or window) without cu_seqlens, which it takes as one
-segment (the same numbers, more calls). :func:`guard_vision_towers` keeps the text model's varlen kwargs away from
-the towers on releases whose VL forward hands its ``**kwargs`` on to them (a TypeError otherwise).
+:func:`varlen_attention_forward` runs PyTorch's ``varlen_attn`` (flash) on CUDA in fp16/bf16 and otherwise SDPA
+on each segment's own slice (memory O(longest segment^2), not O(T^2): a CPU step at width 8192 stays small).
+Its registered name (:data:`VARLEN_ATTENTION`) contains "flash", so the vision towers hand it their own
+(window/full) cu_seqlens instead of looping over images: where they call ``is_flash_attention_requested`` (5.x)
+any "flash" name gets them in one call; where they test ``== "flash_attention_2"`` (4.57) they call it once per
+image (or window) without cu_seqlens, which it takes as one segment (the same numbers, more calls).
+:func:`guard_vision_towers` keeps the text model's varlen kwargs away from the towers on releases whose VL forward
+hands its ``**kwargs`` on to them (a TypeError otherwise).
 """
 
 from __future__ import annotations
@@ -74,14 +75,35 @@ def _segments_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([starts, starts.new_tensor([pos.numel()])]).to(torch.int32)
 
 
-def _block_mask(cu: torch.Tensor, total: int, causal: bool, device: torch.device) -> torch.Tensor:
-    """bool [T, T]: True where query i may attend key j (same cu segment, and j <= i if causal)."""
-    lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.int64)
-    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
-    mask = segment[:, None] == segment[None, :]
-    if causal:
-        mask = mask & torch.ones(total, total, dtype=torch.bool, device=device).tril()
-    return mask
+def _per_segment_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    *,
+    causal: bool,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """SDPA on each cu segment's own slice, concatenated: ``(1, T, heads, head_dim)``.
+
+    The same numbers as one SDPA under the block-diagonal mask, but memory O(longest segment^2)
+    instead of O(T^2) (a dense T x T mask at width 8192 is 64 M entries per call, plus SDPA's own
+    T x T scores) and no work on the masked-out blocks. Segments without tokens are skipped.
+    """
+    bounds = cu.tolist()  # one host read per call (the fallback path: CPU, or CUDA in fp32)
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    gqa = query.shape[1] != key.shape[1]
+    # split, not slices: its backward is one cat of the segments' gradients (a slice's is a zero-filled
+    # copy of the whole row per segment: O(segments x T) work, slow for the vision towers' many windows)
+    outs = [
+        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scaling, enable_gqa=gqa)
+        for q, k, v, n in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), lengths)
+        if n > 0
+    ]
+    if len(outs) == 1:
+        return outs[0].transpose(1, 2).contiguous()
+    return torch.cat([o.transpose(1, 2) for o in outs or [query[:, :, :0]]], dim=1)  # one copy, contiguous
 
 
 _VARLEN_FN: Any = False  # not looked up yet
@@ -211,17 +233,16 @@ def varlen_attention_forward(
         cu_dev = cu_q if on_device else cu_q.to(query.device, torch.int32)
         out = varlen_attn(q, k, v, cu_dev, cu_dev, max_q, max_q, scale=scaling, **extra)
         return out.unsqueeze(0), None
-    mask = _block_mask(cu_q, total, causal, query.device)
-    out = F.scaled_dot_product_attention(
+    out = _per_segment_attention(
         query,
         key,
         value,
-        attn_mask=mask,
-        dropout_p=dropout if module.training else 0.0,
-        scale=scaling,
-        enable_gqa=heads_q != heads_k,
+        cu_q,
+        causal=causal,
+        dropout=dropout if module.training else 0.0,
+        scaling=scaling,
     )
-    return out.transpose(1, 2).contiguous(), None
+    return out, None
 
 
 def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
