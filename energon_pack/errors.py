@@ -238,7 +238,15 @@ def skip_counts_text(skips: Mapping[str, int]) -> str:
 #: skip reasons whose fix does not depend on the encoder
 REASON_FIXES = {
     "tool_calls_unsupported": "the Qwen2-VL / Qwen2.5-VL templates have no tool handling: use the "
-    'qwen3-vl preset (--preset qwen3-vl; preset="qwen3-vl") for tool-call data'
+    'qwen3-vl preset (--preset qwen3-vl; preset="qwen3-vl") for tool-call data',
+    "unsupported_audio": "audio is not trained here (images, videos and text are): drop the audio records, or "
+    "train them with an audio-capable pipeline",
+    "preference_data": "chosen/rejected records are preference data (DPO/ORPO/reward models), not SFT: train them "
+    "with a preference trainer, or write the chosen answers as SFT records",
+    "kto_undesirable": "KTO examples labelled false are undesirable answers, never SFT: keep the true ones, or train "
+    "with a KTO trainer",
+    "video_too_large": "the videos' frames exceed the pixel caps: raise energon_pack.video.probe.MAX_FRAME_PIXELS / "
+    "MAX_SAMPLE_PIXELS before the loader starts, or downscale the videos",
 }
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from .. import pixels
 from ..errors import ConfigError, SampleSkipped
 from ..video import decode as video_decode
+from ..video import probe as video_probe
 from ..video.probe import VideoHeader
 from ..video.sampling import FrameSampling, sample_frame_indices, smart_nframes
 from . import vision as V
@@ -118,6 +119,14 @@ def plan_video(header: VideoHeader, preset: VisionPreset, sampling: FrameSamplin
     sampling = check_sampling(sampling or FrameSampling(), preset)
     nframes = smart_nframes(header.num_frames, header.fps, sampling)
     indices = sample_frame_indices(header.num_frames, nframes)
+    decoded = len(indices) * header.width * header.height
+    if decoded > video_probe.MAX_SAMPLE_PIXELS:
+        raise SampleSkipped(
+            "video_too_large",
+            f"{len(indices)} sampled {header.width}x{header.height} frames ({decoded:,} pixels to decode) exceed "
+            f"energon_pack.video.probe.MAX_SAMPLE_PIXELS ({video_probe.MAX_SAMPLE_PIXELS:,}); raise it, or sample "
+            "fewer frames (video_sampling max_frames / fps)",
+        )
     try:
         rh, rw = qwen_vl_utils_resize(
             header.height,

@@ -18,6 +18,14 @@ from ..errors import SampleSkipped
 
 #: sample members (``KEY.0.mp4``, ...) read as video files
 VIDEO_EXTENSIONS = ("mp4", "m4v", "mov", "webm", "mkv", "avi")
+#: the most pixels one video frame may have, checked from the header before anything is decoded (the spirit of PIL's
+#: ``Image.MAX_IMAGE_PIXELS``): 8K UHD (7680 x 4320). A 25 KB file can declare 16000 x 16000 frames, and each decoded
+#: frame then costs gigabytes. Raise it (``energon_pack.video.probe.MAX_FRAME_PIXELS = ...``, before the loader
+#: starts its workers) to train larger frames.
+MAX_FRAME_PIXELS = 7680 * 4320
+#: the most source pixels the sampled frames of one video may have together (decoded one at a time, each costs its
+#: decode): 2^31, e.g. 1,000 full-HD frames. Raise it like :data:`MAX_FRAME_PIXELS`.
+MAX_SAMPLE_PIXELS = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -68,4 +76,10 @@ def probe_video(data: bytes) -> VideoHeader:
         raise SampleSkipped("corrupt_video", "the video stream has no frames")
     if width <= 0 or height <= 0:
         raise SampleSkipped("corrupt_video", f"the video stream has no size ({width}x{height})")
+    if width * height > MAX_FRAME_PIXELS:
+        raise SampleSkipped(
+            "video_too_large",
+            f"{width}x{height} frames ({width * height:,} pixels) exceed energon_pack.video.probe.MAX_FRAME_PIXELS "
+            f"({MAX_FRAME_PIXELS:,}); raise it to decode such frames",
+        )
     return VideoHeader(num_frames=num_frames, fps=float(rate), width=width, height=height, duration=duration)

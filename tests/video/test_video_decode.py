@@ -83,3 +83,29 @@ def test_encode_chat_takes_a_video_file(tmp_path):
     assert enc.video_grid_thw.tolist() == [[t, h, w]] and media.video_grid_thw.tolist() == [[t, h, w]]
     assert enc.video_token_counts == [t * h * w // 4] and media.pixel_values_videos.shape == (t * h * w, 1176)
     assert media.second_per_grid_ts == [2 / plan.sampled_fps] == enc.second_per_grid_ts
+
+
+def test_frame_and_sample_pixel_caps_are_checked_from_the_header(tmp_path, monkeypatch):
+    """A file may declare huge frames (two 16000x16000 PNGs as KEY.0.mp4 decoded at 3.77 GB): refused from the
+    header before a frame is decoded, per frame and per sample, with the knob named; raising the knob lets it in."""
+    from energon_pack.qwen_vl import get_preset
+    from energon_pack.qwen_vl.video import plan_video
+    from energon_pack.video import probe as video_probe
+
+    data = video_bytes(12, 24, 64, 48, tmp_path)
+    header = probe_video(data)
+    assert video_probe.MAX_FRAME_PIXELS == 7680 * 4320 and video_probe.MAX_SAMPLE_PIXELS == 2**31
+    monkeypatch.setattr(video_probe, "MAX_FRAME_PIXELS", 64 * 48 - 1)
+    decoded = []
+    monkeypatch.setattr(video_decode, "decode_frames", lambda *a, **k: decoded.append(a) or iter(()))
+    with pytest.raises(SampleSkipped) as err:
+        probe_video(data)
+    assert err.value.reason == "video_too_large" and "64x48 frames (3,072 pixels)" in err.value.detail
+    assert "energon_pack.video.probe.MAX_FRAME_PIXELS (3,071)" in err.value.detail and not decoded
+    monkeypatch.setattr(video_probe, "MAX_FRAME_PIXELS", 64 * 48)
+    assert probe_video(data) == header
+    plan = plan_video(header, get_preset("qwen2.5-vl"))
+    monkeypatch.setattr(video_probe, "MAX_SAMPLE_PIXELS", plan.num_frames * 64 * 48 - 1)
+    with pytest.raises(SampleSkipped) as err:
+        plan_video(header, get_preset("qwen2.5-vl"))
+    assert err.value.reason == "video_too_large" and f"{plan.num_frames} sampled 64x48 frames" in err.value.detail
