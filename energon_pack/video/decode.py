@@ -4,9 +4,9 @@ Frame ``i`` is the i-th frame in presentation order, i.e. the i-th smallest pack
 decord, qwen-vl-utils' reader, indexes frames). The packet timestamps and keyframes are read first
 (demux, no decode); then, for each wanted frame whose nearest keyframe lies past what was decoded
 so far, the decoder seeks to that keyframe, so a long video with sparse samples decodes about one
-GOP per sampled frame instead of every frame. Streams without packet timestamps are decoded from
-the start. Each wanted frame is handed over as an RGB PIL image before the next one is decoded:
-memory is one source frame plus the caller's output.
+GOP per sampled frame instead of every frame. Streams without packet timestamps, or whose frames share
+timestamps, are decoded from the start. Each wanted frame is handed over as an RGB PIL image before
+the next one is decoded: memory is one source frame plus the caller's output.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def decode_frames(data: bytes, indices: Sequence[int]) -> Iterator[Image.Image]:
     with open_container(data) as container:
         stream = container.streams.video[0]
         try:
-            if timeline is None:
+            if timeline is None or len(set(timeline[0])) < len(timeline[0]):
+                # no timestamps, or frames that share one (an MKV at 1e6 fps has millisecond timestamps): a seek
+                # cannot tell those frames apart, so decode in order and count
                 yield from _sequential(container, stream, indices)
             else:
                 yield from _seeking(container, stream, [timeline[0][i] for i in indices], timeline[1])

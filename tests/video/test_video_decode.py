@@ -109,3 +109,15 @@ def test_frame_and_sample_pixel_caps_are_checked_from_the_header(tmp_path, monke
     with pytest.raises(SampleSkipped) as err:
         plan_video(header, get_preset("qwen2.5-vl"))
     assert err.value.reason == "video_too_large" and f"{plan.num_frames} sampled 64x48 frames" in err.value.detail
+
+
+def test_frames_that_share_timestamps_decode_in_order(tmp_path):
+    """An MKV of 30 frames at a declared 1e6 fps: Matroska's millisecond timestamps give most frames the same one,
+    and a seek by timestamp returned the wrong frames (max pixel difference 245); they now decode in order."""
+    data = video_bytes(30, 1_000_000, 64, 48, tmp_path, ext="mkv")
+    pts, _ = video_decode.packet_timeline(data)
+    assert len(set(pts)) < len(pts)  # the shared timestamps this test is about
+    full = _all_frames(data)
+    wanted = [0, 3, 3, 11, 17, 29]
+    got = [np.asarray(im) for im in decode_frames(data, wanted)]
+    assert all(np.array_equal(g, full[i]) for g, i in zip(got, wanted))
