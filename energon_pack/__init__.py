@@ -12,8 +12,9 @@ Subpackages stay importable for what is not listed here; the documented ones are
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from energon_pack.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -90,18 +91,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use and keep it as a module attribute."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'energon_pack' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # static analysers see the real names

@@ -7,8 +7,9 @@ checks records with) loads without torch or a tokenizer."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from energon_pack.lazy_exports import lazy_exports
 
 #: public name -> the submodule that defines it
 _EXPORTS: dict[str, str] = {
@@ -91,18 +92,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use and keep it as a module attribute."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # static analysers see the real names(``X``: re-exported)
