@@ -9,17 +9,29 @@ miss into exit 1).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .loader_bench import CellResult, _wait_for_workers_to_exit, cells_to_json, format_cells, run_cell
+from .loader_bench import (
+    CellResult,
+    _wait_for_workers_to_exit,
+    cells_to_json,
+    format_cells,
+    repeat_note,
+    run_cell,
+    warm_up,
+)
+from .outputs import RunFiles
 from .targets import check, format_target
 
 DEFAULT_BUFFERS = (1, 4, 8, 16, 32, 64, 128, 256)
 MODES = ("carry", "rounds")
+#: the plots of :func:`figures`, written as ``buffer_{name}.png``
+PLOTS = ("fill", "rss", "latency", "throughput")
+#: every file a sweep writes into its folder (an earlier sweep's set is kept aside, :class:`RunFiles`)
+FILES = ("buffer_sizes.json", "buffer_sizes.md", *(f"buffer_{name}.png" for name in PLOTS))
 
 
 #: the fill reference line in the plots: the project's benchmark goal (>= 99% at K=64)
@@ -34,15 +46,26 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def estimate_seconds(first: CellResult, took: float, rest: Sequence[int]) -> float:
-    """Wall time of cells at the buffer sizes ``rest``, from the first cell (``took`` seconds): its
-    start-up and streaming time each, plus filling the larger buffer (K - K1 samples per worker at
-    the measured samples/s)."""
-    rate = first.samples_per_s if first.samples_per_s == first.samples_per_s and first.samples_per_s > 0 else None
-    streaming = (first.packs - 1) / first.packs_per_s if first.packs > 1 and first.packs_per_s > 0 else 0.0
-    startup = max(took - streaming, 0.0)
-    fill = (lambda k: max(k - first.buffer, 0) * max(first.workers, 1) / rate) if rate else (lambda k: 0.0)
-    return sum(startup + streaming + fill(k) for k in rest)
+def plan_cells(modes: Sequence[str], buffers: Sequence[int]) -> list[tuple[str, int]]:
+    """Every (mode, K) in the order a sweep runs them: the modes next to each other at each K, their
+    order reversed from one K to the next (ABBA), so neither mode is always measured first."""
+    return [(m, k) for i, k in enumerate(buffers) for m in (modes if i % 2 == 0 else list(reversed(modes)))]
+
+
+def estimate_left(done: Sequence[tuple[int, float]], rest: Sequence[int]) -> tuple[float, bool]:
+    """(seconds, fitted): the wall time of cells at the buffer sizes ``rest``, from the (K, seconds) of
+    the cells ``done``. A cell costs about a + b*K (start-up and streaming, plus filling K samples per
+    worker): a and b are fitted by least squares to every cell done (``fitted``) once two K differ;
+    before that each cell is taken to cost the mean of the cells done (a floor when larger K follow)."""
+    ks = [k for k, _ in done]
+    ts = [t for _, t in done]
+    mean_k, mean_t = sum(ks) / len(ks), sum(ts) / len(ts)
+    spread = sum((k - mean_k) ** 2 for k in ks)
+    if spread == 0:
+        return mean_t * len(rest), False
+    b = max(sum((k - mean_k) * (t - mean_t) for k, t in done) / spread, 0.0)
+    a = mean_t - b * mean_k
+    return sum(max(a + b * k, 0.0) for k in rest), True
 
 
 def sweep(
@@ -58,43 +81,59 @@ def sweep(
     tokenizer: Any = None,
     on_cell: Callable[[list[CellResult]], None] | None = None,
 ) -> list[CellResult]:
-    """Every (mode, K) cell; ``on_cell(cells so far)`` after each; the time left is estimated from
-    the first cell's measured rate (:func:`estimate_seconds`) and printed after each cell."""
-    plan = [(mode, k) for mode in modes for k in buffers]
+    """Every (mode, K) cell after an untimed :func:`~.loader_bench.warm_up`, in :func:`plan_cells`
+    order; returned (and passed to ``on_cell`` after each cell) sorted by mode, then K. After each cell
+    it prints the time it took and the time left (:func:`estimate_left`); after the first, a line when
+    a cell reads more samples than the dataset holds (:func:`~.loader_bench.repeat_note`)."""
+    plan = plan_cells(modes, buffers)
     print(
         f"sweep: {len(plan)} cells ({len(modes)} modes x {len(buffers)} K) x "
         + (f"{packs} packs" if packs is not None else "one full epoch each")
-        + ("; the time left is estimated from the first cell" if len(plan) > 1 else ""),
+        + ", after an untimed warm-up"
+        + ("; at each K the modes run next to each other, their order alternating" if len(modes) > 1 else ""),
         flush=True,
     )
+    took = warm_up(path, modes=modes, buffer=min(buffers), seq_length=seq_length, preset=preset, tokenizer=tokenizer)
+    print(f"warm-up (untimed): {_minutes(took)}", flush=True)
+    order = {m: i for i, m in enumerate(modes)}
     cells: list[CellResult] = []
-    first_took = 0.0
+    done: list[tuple[int, float]] = []
+    last = time.perf_counter()
     for i, (mode, k) in enumerate(plan):
-        start = time.perf_counter()
-        cells.append(
-            run_cell(
-                path,
-                mode=mode,
-                buffer=k,
-                workers=workers,
-                packs=packs,
-                seq_length=seq_length,
-                preset=preset,
-                progress=progress,
-                tokenizer=tokenizer,
-            )
+        cell = run_cell(
+            path,
+            mode=mode,
+            buffer=k,
+            workers=workers,
+            packs=packs,
+            seq_length=seq_length,
+            preset=preset,
+            progress=progress,
+            tokenizer=tokenizer,
         )
+        cells.append(cell)
+        cells.sort(key=lambda c: (order[c.mode], c.buffer))
         if on_cell is not None:
-            on_cell(cells)
+            on_cell(list(cells))
+        if i == 0:
+            note = repeat_note(cell.dataset_samples, cell.samples_read, f"cell 1 ({mode} K={k})")
+            if note:
+                print(note, flush=True)
         if i + 1 < len(plan):
-            if i == 0:
-                _wait_for_workers_to_exit()  # part of every later cell's cost
-                first_took = time.perf_counter() - start
-            left = estimate_seconds(cells[0], first_took, [k for _, k in plan[i + 1 :]])
+            _wait_for_workers_to_exit()  # part of every cell's cost
+            now = time.perf_counter()
+            done.append((k, now - last))
+            last = now
+            rest = [k2 for _, k2 in plan[i + 1 :]]
+            left, fitted = estimate_left(done, rest)
+            how = (
+                f"a + b*K fitted to the {len(done)} cells done"
+                if fitted
+                else ("at least: larger K take longer" if max(rest) > k else "the cells done took as long")
+            )
             print(
-                f"cell {i + 1}/{len(plan)} done"
-                + (f" in {_minutes(first_took)}" if i == 0 else "")
-                + f": about {_minutes(left)} left (from the first cell's measured rate)",
+                f"cell {i + 1}/{len(plan)} ({mode} K={k}) took {_minutes(done[-1][1])}: "
+                f"about {_minutes(left)} left ({how})",
                 flush=True,
             )
     return cells
@@ -279,33 +318,28 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
     return out
 
 
-def plot(cells: list[CellResult], out_dir: Path, context: dict[str, Any] | None = None) -> list[Path]:
-    """PNG plots ``buffer_{fill,rss,latency,throughput}.png`` of :func:`figures`."""
+def plot(cells: list[CellResult], out: str | Path | RunFiles, context: dict[str, Any] | None = None) -> list[Path]:
+    """PNG plots ``buffer_{fill,rss,latency,throughput}.png`` of :func:`figures` into ``out`` (a folder, or
+    the run's :class:`RunFiles`)."""
     import matplotlib.pyplot as plt
 
+    files = out if isinstance(out, RunFiles) else RunFiles(out, FILES)
     written = []
     for name, fig in figures(cells, context).items():
-        path = Path(out_dir) / f"buffer_{name}.png"
+        path = files.path(f"buffer_{name}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
 
 
-def _write_json(path: Path, result: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
-
-
 def main(
     path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer_name: str | None = None, **kw: Any
 ) -> dict[str, Any]:
-    """The sweep, its report and files; ``buffer_sizes.json`` is rewritten after every cell
-    (``"complete": false`` until the sweep ends), so an interrupted sweep keeps its finished cells."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "buffer_sizes.json"
+    """The sweep, its report and files (:data:`FILES` in ``out_dir``, created at the first write);
+    ``buffer_sizes.json`` is rewritten after every cell (``"complete": false`` until the sweep ends), so
+    an interrupted sweep keeps its finished cells."""
+    files = RunFiles(out_dir, FILES)
     context = {
         "dataset": str(path),
         "seq_length": kw.get("seq_length", 8192),
@@ -315,7 +349,11 @@ def main(
         "tokenizer": tokenizer_name,
     }
     partial = {"dataset": str(path), "context": context, "complete": False}
-    cells = sweep(path, on_cell=lambda done: _write_json(json_path, {**partial, "cells": cells_to_json(done)}), **kw)
+    cells = sweep(
+        path,
+        on_cell=lambda done: files.write_json("buffer_sizes.json", {**partial, "cells": cells_to_json(done)}),
+        **kw,
+    )
     rec, why = recommendation(cells)
     result = {
         "dataset": str(path),
@@ -334,11 +372,10 @@ def main(
         print(format_target(t))
     if plots:
         try:
-            result["plots"] = [str(p) for p in plot(cells, out_dir, context)]
+            result["plots"] = [str(p) for p in plot(cells, files, context)]
         except ImportError:
-            plots = False
             print("matplotlib is not installed: no plots (pip install 'energon-pack[examples]')")
-    _write_json(json_path, result)
-    (out_dir / "buffer_sizes.md").write_text(markdown_table(cells) + "\n")
-    print(f"\nwrote {out_dir}/buffer_sizes.json, buffer_sizes.md" + (", buffer_*.png" if plots else ""))
+    files.write_json("buffer_sizes.json", result)
+    files.write_text("buffer_sizes.md", markdown_table(cells) + "\n")
+    print("\n" + files.announce())
     return result

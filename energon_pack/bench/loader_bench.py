@@ -6,6 +6,11 @@ packs/s, source
 samples/s and real (non-pad) tokens/s, first-batch latency, peak RSS summed over all worker processes, and skips by
 reason. ``energon-pack demo`` runs two cells (carry vs rounds); ``energon-pack bench`` and
 ``examples/compare_buffer_sizes.py`` sweep K.
+
+Side-by-side speed figures are only comparable when no mode pays what the run pays once (the
+tokenizer's first use, numba's compile or cache load, imports, the page cache): :func:`warm_up`
+streams a few untimed packs of every mode first, and :func:`interleaved` runs the modes in ABBA
+order (the later runs in reverse order), so a drift during the run is shared alike.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import gc
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +78,16 @@ class CellResult:
     peak_worker_rss_mb: float
     skips: dict = field(default_factory=dict)
     real_tokens_per_s: float = float("nan")
+    #: timed runs merged into this cell (:func:`merge_runs`: counts summed, rates and latency the median)
+    runs: int = 1
+    #: source samples in the dataset (one pass of the split), None when the dataset cannot tell
+    dataset_samples: int | None = None
+
+    @property
+    def samples_read(self) -> int:
+        """Source samples this cell took from the dataset: packed ones and skipped ones (the few left in
+        the buffers when it stopped are not counted)."""
+        return self.samples + sum(self.skips.values())
 
 
 def _wait_for_workers_to_exit(timeout: float = 10.0) -> None:
@@ -122,6 +138,7 @@ def run_cell(
         packing_buffer_size=buffer,
         repeat=packs is not None,
     )
+    dataset_samples = _dataset_samples(dataset)
     samples = real = emitted = real_first = 0
     stats: dict[tuple, dict] = {}
     bar = None
@@ -151,6 +168,7 @@ def run_cell(
             if emitted == packs:
                 break
         elapsed_after_first = time.perf_counter() - after_first
+        _stop_workers(iterator, loader)
         del iterator, loader
     if bar is not None:
         bar.close()
@@ -176,6 +194,128 @@ def run_cell(
         peak_worker_rss_mb=(rss.peak_workers if workers else rss.peak_self) / 2**20,
         skips=dict(sorted(skips.items())),
         real_tokens_per_s=per_s(real - real_first),
+        dataset_samples=dataset_samples,
+    )
+
+
+def _stop_workers(iterator: Any, loader: Any) -> None:
+    """End the loader's epoch and stop its worker processes now: left to the garbage collector, torch's
+    persistent workers of a loader dropped mid-epoch linger about 10 s, which every next cell waited for."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+    workers = getattr(loader, "_iterator", None)  # torch's persistent _MultiProcessingDataLoaderIter
+    if workers is not None and hasattr(workers, "_shutdown_workers"):
+        workers._shutdown_workers()
+
+
+def _dataset_samples(dataset: Any) -> int | None:
+    try:
+        return int(len(dataset))
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+
+
+#: the warm-up's packing_buffer_size at most: what it pays for does not depend on K
+WARM_UP_BUFFER = 8
+
+
+def warm_up(path: str | Path, *, modes: Sequence[str], buffer: int, packs: int = 1, **kw: Any) -> float:
+    """Stream ``packs`` untimed packs of every mode in this process (no workers, K at most
+    :data:`WARM_UP_BUFFER`) and return the seconds it took: it pays the one-time costs (numba's compile
+    or cache load, imports, the tokenizer's first use, the first reads of the shards) that would
+    otherwise slow whichever mode is measured first. The worker processes of later cells are forked
+    from this one and inherit what it loaded."""
+    start = time.perf_counter()
+    for mode in modes:
+        run_cell(path, mode=mode, buffer=min(buffer, WARM_UP_BUFFER), workers=0, packs=packs, **kw)
+    return time.perf_counter() - start
+
+
+def abba(modes: Sequence[str], runs: int) -> list[tuple[int, str]]:
+    """(run index, mode) in ABBA order: ``modes`` in the even runs, reversed in the odd ones."""
+    return [(r, m) for r in range(runs) for m in (modes if r % 2 == 0 else list(reversed(modes)))]
+
+
+def split_packs(packs: int, runs: int) -> list[int]:
+    """``packs`` over ``runs`` runs, the first ones taking the remainder (``split_packs(5, 2) == [3, 2]``);
+    fewer runs when a run would get fewer than 2 packs (a rate needs two)."""
+    runs = max(1, min(runs, packs // 2))
+    return [packs // runs + (1 if r < packs % runs else 0) for r in range(runs)]
+
+
+def interleaved(
+    path: str | Path, *, modes: Sequence[str], packs: int, runs: int = 2, **kw: Any
+) -> tuple[list[CellResult], list[tuple[int, CellResult]]]:
+    """(one merged cell per mode in ``modes`` order, every timed run as (run index, cell) in the order
+    they ran): ``runs`` timed runs per mode, ``packs`` packs in all per mode, in :func:`abba` order.
+    Run ``r`` uses seed ``seed + r`` for every mode, so the modes see the same samples and the runs of
+    one mode different orders of them."""
+    seed = kw.pop("seed", 0)
+    split = split_packs(packs, runs)
+    timed = [(r, run_cell(path, mode=mode, packs=split[r], seed=seed + r, **kw)) for r, mode in abba(modes, len(split))]
+    return [merge_runs([c for _, c in timed if c.mode == m]) for m in modes], timed
+
+
+def paired_ratios(timed: Sequence[tuple[int, CellResult]], a: str, b: str, attr: str) -> list[float]:
+    """``attr`` of mode ``a`` over mode ``b`` in each run of :func:`interleaved` (the two ran next to each
+    other, so a load that comes and goes during the whole run cancels out of each ratio)."""
+    by = {(r, c.mode): getattr(c, attr) for r, c in timed}
+    runs = sorted({r for r, _ in timed})
+    return [by[r, a] / by[r, b] for r in runs if by.get((r, a), 0) > 0 and by.get((r, b), 0) > 0]
+
+
+def merge_runs(cells: Sequence[CellResult]) -> CellResult:
+    """The runs of one (mode, K) as one cell: packs, samples, tokens, slots and skips summed (fill from
+    the sums), the rates and the first-batch latency the median of the runs, the peak RSS the largest."""
+    first = cells[0]
+    skips: dict[str, int] = {}
+    for c in cells:
+        for reason, n in c.skips.items():
+            skips[reason] = skips.get(reason, 0) + n
+    packs = sum(c.packs for c in cells)
+    samples = sum(c.samples for c in cells)
+    real = sum(c.real_tokens for c in cells)
+    slots = sum(c.slots for c in cells)
+    return replace(
+        first,
+        packs=packs,
+        samples=samples,
+        real_tokens=real,
+        slots=slots,
+        fill=real / slots,
+        samples_per_pack=samples / packs,
+        packs_per_s=finite_median([c.packs_per_s for c in cells]),
+        samples_per_s=finite_median([c.samples_per_s for c in cells]),
+        real_tokens_per_s=finite_median([c.real_tokens_per_s for c in cells]),
+        first_batch_s=finite_median([c.first_batch_s for c in cells]),
+        peak_worker_rss_mb=max(c.peak_worker_rss_mb for c in cells),
+        skips=dict(sorted(skips.items())),
+        runs=sum(c.runs for c in cells),
+    )
+
+
+def finite_median(values: Sequence[float]) -> float:
+    """The median of the finite values (NaN: a run of one pack has no rate); NaN when none is."""
+    finite = sorted(v for v in values if v == v)
+    if not finite:
+        return float("nan")
+    mid = len(finite) // 2
+    return finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2
+
+
+def _times(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:,.0f}"
+
+
+def repeat_note(dataset_samples: int | None, reads: int, who: str) -> str | None:
+    """One line when ``who`` (e.g. "each cell") reads more samples than the dataset holds (it then
+    repeats the dataset), naming both numbers; None otherwise."""
+    if not dataset_samples or reads <= dataset_samples:
+        return None
+    return (
+        f"dataset holds {dataset_samples:,} samples; {who} reads {reads:,} "
+        f"(it repeats the dataset {_times(reads / dataset_samples)} times)"
     )
 
 
@@ -197,4 +337,4 @@ def format_cells(cells: list[CellResult]) -> str:
 
 
 def cells_to_json(cells: list[CellResult]) -> list[dict]:
-    return [asdict(c) for c in cells]
+    return [{**asdict(c), "samples_read": c.samples_read} for c in cells]

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .outputs import OUT_HELP, write_report
 from .targets import check, format_target
 
 ALGORITHMS = ("first_fit_shuffle", "first_fit_decreasing")
@@ -367,7 +368,7 @@ def main(
 ) -> dict[str, Any]:
     """Generate the files (a prompt/completion file of ``size_mb``, a chat file of ``chat_size_mb``;
     0 skips one), or take ``data`` = (your JSONL, its format), compare, print, write JSON."""
-    from .sft_bench import _write, write_unique_jsonl
+    from .sft_bench import write_unique_jsonl
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -415,8 +416,7 @@ def main(
     }
     for t in report["targets"]:
         print(format_target(t))
-    _write(out, report)
-    print(f"wrote {out}")
+    print(write_report(out, report))
     return report
 
 
@@ -479,7 +479,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="pin every side to these cores (e.g. 0,1 or 4-7): 2-core numbers on a large host",
     )
     p.add_argument("--workdir", default=None, help="folder for the generated files (default: the system temp folder)")
-    p.add_argument("--out", default="bench_results/offline_pack.json", help="JSON report path")
+    p.add_argument("--out", default="bench_results/offline_pack.json", help=OUT_HELP)
     p.add_argument(
         "--check", action="store_true", help="exit 1 when a target is missed (printed for information otherwise)"
     )

@@ -8,7 +8,6 @@ noisy machine.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.bench.mixes import MIXES
+from energon_pack.bench.outputs import write_report
 from energon_pack.bench.targets import check, format_target
 from energon_pack.packing import OnlinePacker, first_fit_decreasing
 
@@ -129,8 +129,5 @@ def format_table(result: dict[str, Any]) -> str:
 def main(out: str | Path, **kw: Any) -> dict[str, Any]:
     result = bench_packing(**kw)
     print(format_table(result))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    print("\n" + write_report(out, result))
     return result

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from energon_pack import pixels
+from energon_pack.bench.outputs import write_report
 from energon_pack.env import environ_set
 from energon_pack.pixels import PIXEL_KERNELS_ENV, PIXEL_SIMD_ENV
 from energon_pack.qwen_vl import get_preset, load_demo_tokenizer
@@ -474,8 +475,7 @@ def main(
     for t in targets:
         value = f"{t['value']:.2f}" if t["value"] is not None else "n/a"
         print(f"{t['name']:<34}{value:>8}{t['target']:>8}  {'yes' if t['met'] else 'NO'}")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2))
+    print(write_report(out, result))
     return result
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.bench.mixes import lognormal_text
+from energon_pack.bench.outputs import write_report
 from energon_pack.chat.qwen_vocab import describe_qwen_version, load_qwen_tokenizer_raw
 from energon_pack.chat.tokenizer import QwenTokenizer
 from energon_pack.env import environ_set
@@ -376,7 +377,7 @@ def main(
                 f"note: {d['fill']['oversize']} of {lp['usable']} usable samples are longer than the width "
                 f"{width}, so the fill covers only those that fit: `energon-pack inspect {data}` suggests a width"
             )
-        _write(out, result)
+        print(write_report(out, result))
         return result
     print(
         f"tokenizer: {describe_qwen_version(TOKENIZER)}; synthetic prompt/completion "
@@ -441,13 +442,8 @@ def main(
         print(f"{'target':<30} {'value':>12} {'goal':>10}  met")
         for t in targets:
             print(f"{t['name']:<30} {t['value']:>12.3f} {t['target']:>10}  {'yes' if t['met'] else 'missed'}")
-    _write(out, result)
+    print(write_report(out, result))
     return result
-
-
-def _write(out: str | Path, result: dict[str, Any]) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

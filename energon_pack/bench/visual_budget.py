@@ -14,10 +14,17 @@ import numpy as np
 
 from energon_pack.packing import OnlinePacker
 
+from .outputs import RunFiles
+
 #: a recommended budget keeps fill within this of the packs without a patch budget
 RECOMMEND_WITHIN = 0.005
 
 __all__ = ["RECOMMEND_WITHIN", "candidate_costs", "fill_with_budget", "recommend_patch_budget"]
+
+
+#: the reader's patch budget: above any sample's patches (16,384 visual tokens = 65,536 patches, the chat limit), and
+#: within the static packs' memory check (its packs are never built)
+READ_ALL_PATCHES = 1 << 17
 
 
 def candidate_costs(
@@ -50,9 +57,9 @@ def candidate_costs(
         tokenizer=tokenizer,
         preset=preset,
         seq_length=width,
-        max_patches_per_pack=2**40,
+        max_patches_per_pack=READ_ALL_PATCHES,
         static_visual=True,
-        max_vision_frames=2**40,
+        max_vision_frames=READ_ALL_PATCHES,
         **packing,
     )
     dataset = get_train_dataset(
@@ -186,9 +193,6 @@ def main(
 ) -> dict:
     """Read the costs of ``path``, print and return the recommended patch budget (``visual_budget.json`` in
     ``out_dir`` when given)."""
-    import json
-    from pathlib import Path
-
     costs = candidate_costs(path, width=width, preset=preset, tokenizer=tokenizer)
     result = recommend_patch_budget(costs, width, buffer=buffer, within=within)
     print(
@@ -200,8 +204,9 @@ def main(
         flush=True,
     )
     if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "visual_budget.json").write_text(json.dumps(result, indent=1))
+        files = RunFiles(out_dir, ["visual_budget.json"])
+        files.write_json("visual_budget.json", result)
+        print(files.announce())
     return result
 
 

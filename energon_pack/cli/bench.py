@@ -43,7 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--width", type=positive_int, default=8192, help="pack width in tokens (seq_length)")
     p.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: the --preset's real tokenizer")
-    p.add_argument("--out-dir", default="bench_results", help="folder for buffer_sizes.json/.md and buffer_*.png")
+    p.add_argument(
+        "--out-dir",
+        default="bench_results",
+        help="folder for buffer_sizes.json/.md and buffer_*.png (visual_budget.json with --visual-budget), "
+        "created at the first write; an earlier run's files there are kept, renamed with their time",
+    )
     p.add_argument(
         "--visual-budget",
         action="store_true",

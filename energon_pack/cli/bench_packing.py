@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from energon_pack.bench.outputs import OUT_HELP
+
 from .common import targets_exit
 from .options import add_command, ints, positive_int
 
@@ -18,7 +20,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--buffers", type=ints, default=None, help="comma-separated buffer sizes K (default: 1,2,4,...,256)")
     p.add_argument("--widths", type=ints, default=None, help="comma-separated pack widths (default: 4096,8192)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic mixes")
-    p.add_argument("--out", default="bench_results/packing.json", help="JSON report path")
+    p.add_argument("--out", default="bench_results/packing.json", help=OUT_HELP)
     p.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
     return p
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from energon_pack.bench.outputs import OUT_HELP
+
 from .common import targets_exit
 from .options import add_command, positive_int
 
@@ -24,7 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds (best round counts)")
     p.add_argument("--loader-packs", type=int, default=24, help="packs per dtype through the real loader (0: skip)")
     p.add_argument("--no-draft", action="store_true", help="skip the jpeg_draft comparison on large photos")
-    p.add_argument("--out", default="bench_results/pixel.json", help="JSON report path")
+    p.add_argument("--out", default="bench_results/pixel.json", help=OUT_HELP)
     p.add_argument("--check", action="store_true", help="exit 1 when a benchmark target is missed")
     return p
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from energon_pack.bench.outputs import OUT_HELP
+
 from .common import CliError, jsonl_file, resolve_tokenizer, targets_exit
 from .options import JSONL_FLAGS, add_command, field_kw, jsonl_options, positive_int
 
@@ -31,7 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1024,
         help="size of the generated JSONL for the index benchmark (without --data)",
     )
-    p.add_argument("--out", default="bench_results/sft.json", help="JSON report path")
+    p.add_argument("--out", default="bench_results/sft.json", help=OUT_HELP)
     p.add_argument(
         "--check",
         action="store_true",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
+
+from energon_pack.bench.outputs import OUT_HELP
 
 from .common import DEMO_DIR, demo_dataset, resolve_tokenizer
 from .options import add_command, non_negative_int, object_read_options, positive_int
@@ -13,6 +13,8 @@ from .options import add_command, non_negative_int, object_read_options, positiv
 NAME = "demo"
 #: the knobs this command's flags set (library messages name these flags)
 KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffer"}
+#: timed runs per mode (``--packs`` split between them), in ABBA order after an untimed warm-up
+TIMED_RUNS = 4
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,38 +28,63 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--samples", type=positive_int, default=1200, help="demo samples to write when creating it")
     p.add_argument("--buffer", type=positive_int, default=64, help="packing_buffer_size K (samples per worker)")
     p.add_argument("--workers", type=non_negative_int, default=2, help="loader worker processes (0: in this process)")
-    p.add_argument("--packs", type=positive_int, default=150, help="packs to stream per mode (at least 1)")
+    p.add_argument(
+        "--packs",
+        type=positive_int,
+        default=150,
+        help="packs to stream per mode (at least 1), split between 4 timed runs per mode in ABBA order",
+    )
     p.add_argument("--width", type=positive_int, default=8192, help="pack width in tokens (seq_length)")
-    p.add_argument("--out", default="bench_results/demo.json", help="JSON report path")
+    p.add_argument("--out", default="bench_results/demo.json", help=OUT_HELP)
     object_read_options(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from energon_pack.bench.loader_bench import cells_to_json, format_cells, run_cell
+    return run_demo(args)
 
+
+def run_demo(args: argparse.Namespace, order: tuple[str, str] = ("carry", "rounds"), runs: int = TIMED_RUNS) -> int:
+    """The demo: an untimed warm-up, then ``runs`` timed runs per mode in ABBA order starting with
+    ``order[0]`` (tests flip it to check that the order does not change the side-by-side figures); the
+    table lists carry first either way."""
+    from energon_pack.bench.loader_bench import (
+        abba,
+        cells_to_json,
+        finite_median,
+        format_cells,
+        interleaved,
+        paired_ratios,
+        repeat_note,
+        warm_up,
+    )
+    from energon_pack.bench.outputs import RunFiles
+
+    files, name = RunFiles.for_file(args.out)
     data = demo_dataset(args.data, args.samples)
     tokenizer, described = resolve_tokenizer(None, default="qwen2.5-vl")
     print(f"tokenizer: {described}; preset qwen2.5-vl", flush=True)
-    cells = [
-        run_cell(
-            data,
-            mode=mode,
-            buffer=args.buffer,
-            workers=args.workers,
-            packs=args.packs,
-            seq_length=args.width,
-            progress=True,
-            tokenizer=tokenizer,
-        )
-        for mode in ("carry", "rounds")
-    ]
+    common = {"buffer": args.buffer, "seq_length": args.width, "tokenizer": tokenizer}
+    took = warm_up(data, modes=order, **common)
+    print(f"warm-up (untimed, {' and '.join(order)}): {took:.1f} s", flush=True)
+    merged, timed = interleaved(
+        data, modes=order, packs=args.packs, runs=runs, workers=args.workers, progress=True, **common
+    )
+    by_mode = dict(zip(order, merged))
+    carry, rounds = by_mode["carry"], by_mode["rounds"]
+    cells = [carry, rounds]
+    runs = carry.runs
     print(
         f"\nQwen2.5-VL packing on {data} (width {args.width}, packing_buffer_size {args.buffer}, "
-        f"{args.workers} workers, {args.packs} packs per mode)\n"
+        f"{args.workers} workers, {args.packs} packs per mode"
+        + (
+            f" in {runs} timed runs each, order {'-'.join(m for _, m in abba(order, runs))}, "
+            f"after an untimed warm-up; speed and latency: the median of the runs)\n"
+            if runs > 1
+            else ", after an untimed warm-up)\n"
+        )
     )
     print(format_cells(cells))
-    carry, rounds = cells
     print(
         f"\ncarry (ours): {carry.fill * 100:.2f}% fill, {carry.samples_per_pack:.1f} samples/pack, "
         f"{carry.slots - carry.real_tokens} pad tokens in {carry.packs} packs\n"
@@ -65,8 +92,26 @@ def run(args: argparse.Namespace) -> int:
         f"{rounds.samples_per_pack:.1f} samples/pack, {rounds.slots - rounds.real_tokens} pad tokens in "
         f"{rounds.packs} packs"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"dataset": str(data), "cells": cells_to_json(cells)}, indent=2))
-    print(f"wrote {out}")
+    ratios = {attr: paired_ratios(timed, "carry", "rounds", attr) for attr in ("samples_per_s", "real_tokens_per_s")}
+    if all(ratios.values()):  # none when a run held one pack (no rate)
+        print(
+            f"carry / rounds: {finite_median(ratios['samples_per_s']):.2f}x samples/s, "
+            f"{finite_median(ratios['real_tokens_per_s']):.2f}x real tokens/s (the median over the runs of the "
+            f"ratio of the two modes' runs next to each other: "
+            + ", ".join(f"{x:.2f}" for x in ratios["samples_per_s"])
+            + ")"
+        )
+    most_read = max(c.samples_read for _, c in timed)
+    note = repeat_note(carry.dataset_samples, most_read, "each timed run")
+    if note:
+        print(note)
+    report = {
+        "dataset": str(data),
+        "order": list(order),
+        "cells": cells_to_json(cells),
+        "timed_runs": [{"run": r, **row} for (r, _), row in zip(timed, cells_to_json([c for _, c in timed]))],
+        "carry_over_rounds": {attr: finite_median(v) if v else None for attr, v in ratios.items()},
+    }
+    files.write_json(name, report)
+    print(files.announce())
     return 0

@@ -36,10 +36,14 @@ def test_demo_reports_both_modes(tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "carry (ours)" in printed and "rounds (Energon's PackingDataset + FFD)" in printed
+    assert "4 packs per mode in 2 timed runs each, order carry-rounds-rounds-carry, after an untimed warm-up" in printed
+    assert "carry / rounds: " in printed and f"wrote {out}" in printed
+    assert "repeats the dataset" not in printed  # 2 packs per run read fewer than its 120 samples
     cells = json.loads(out.read_text())["cells"]
     assert [c["mode"] for c in cells] == ["carry", "rounds"]
     for c in cells:
-        assert c["packs"] == 4 and c["buffer"] == 16 and 0 < c["fill"] <= 1
+        assert c["packs"] == 4 and c["runs"] == 2 and c["dataset_samples"] == 120
+        assert c["buffer"] == 16 and 0 < c["fill"] <= 1
         assert c["real_tokens"] + (c["slots"] - c["real_tokens"]) == 4 * 4096
         assert c["first_batch_s"] > 0 and c["peak_worker_rss_mb"] > 0
     assert (tmp_path / "data" / ".nv-meta" / "dataset.yaml").exists()
@@ -51,7 +55,7 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
     data = make_demo_shards(tmp_path / "data", samples=80, per_shard=40)
     listing_before = sorted(p.name for p in data.iterdir())
     out = tmp_path / "out"
-    subprocess.run(
+    run = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "compare_buffer_sizes.py"),
@@ -92,10 +96,19 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
         "peak_worker_rss_mb",
         "skips",
         "real_tokens_per_s",
+        "runs",
+        "dataset_samples",
+        "samples_read",
     }
     for c in cells:
         assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
-        assert c["real_tokens_per_s"] > 0
+        assert c["real_tokens_per_s"] > 0 and c["runs"] == 1 and c["dataset_samples"] == 80
+        assert c["samples_read"] == c["samples"] + sum(c["skips"].values())
+    assert "sweep: 4 cells (2 modes x 2 K) x 3 packs, after an untimed warm-up" in run.stdout
+    assert (
+        f"wrote {out}/buffer_sizes.json, buffer_fill.png, buffer_rss.png, buffer_latency.png, "
+        "buffer_throughput.png, buffer_sizes.md" in run.stdout
+    )
     assert {t["target"] for t in result["targets"]} == {
         "carry fill >= rounds fill at K=4",
         "carry fill >= rounds fill at K=16",
