@@ -304,11 +304,13 @@ def test_missing_image_root_is_called_out_at_the_cli(tmp_path):
 
 
 def test_readme_llamafactory_blocks_run_as_written(tmp_path):
-    """The README's LLaMA-Factory commands and streaming snippet, on our files under LLaMA-Factory's names."""
-    readme = (HERE.parent / "README.md").read_text()
-    section = readme[readme.index("<!-- tested: tests/cli/test_convert_loader_agree.py") :]
-    bash = section[section.index("```bash\n") + 8 : section.index("```\n", section.index("```bash\n") + 8)]
-    python = section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
+    """The data guide's LLaMA-Factory commands and streaming snippet (docs/guides/your_data.md), on our files
+    under LLaMA-Factory's names."""
+    from _docs import block_after_marker
+
+    marker = "<!-- tested: tests/cli/test_convert_loader_agree.py"
+    bash = block_after_marker("docs/guides/your_data.md", marker, "bash")
+    python = block_after_marker("docs/guides/your_data.md", marker, "python")
     shutil.copy(LF / "alpaca_demo.json", tmp_path / "alpaca_en_demo.json")
     shutil.copy(LF / "glaive_toolcall_demo.json", tmp_path / "glaive_toolcall_en_demo.json")
     shutil.copytree(LF / "mllm_demo_data", tmp_path / "mllm_demo_data")

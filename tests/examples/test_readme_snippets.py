@@ -1,6 +1,7 @@
-"""Every README Python block marked ``<!-- runnable -->`` runs as written (against a small demo
-dataset in ``demo_data/``, as after ``energon-pack demo``); the batch contract table names every
-key the real batches carry. README rule: unmarked blocks are illustrative (GPUs, Bridge, a model)."""
+"""Every Python block of the README and the docs pages marked ``<!-- runnable -->`` runs as written
+(against a small demo dataset in ``demo_data/``, as after ``energon-pack demo``); the batch contract
+table names every key the real batches carry. The docs' rule: unmarked blocks are illustrative (GPUs,
+Bridge, a model)."""
 
 import re
 import subprocess
@@ -9,26 +10,33 @@ from pathlib import Path
 
 import pytest
 
+from _docs import doc_section, fenced_blocks, markdown_pages
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 MARK = "<!-- runnable -->"
+CONTRACT = "docs/concepts/batch_contract.md"
 
 
-def python_blocks() -> list[tuple[bool, str]]:
-    """(runnable, code) for every ```python block, runnable when the line before is the marker."""
-    out = []
-    for m in re.finditer(r"(?m)^([^\n]*)\n```python\n(.*?)^```", README, re.S):
-        out.append((m.group(1).strip() == MARK, m.group(2)))
-    return out
+def python_blocks() -> list[tuple[str, bool, str]]:
+    """(page, runnable, code) for every ```python block of the README and the docs pages, runnable when
+    the line before is the marker."""
+    return [
+        (page.relative_to(ROOT).as_posix(), before == MARK, code)
+        for page in markdown_pages()
+        for before, code in fenced_blocks(page.read_text(), "python")
+    ]
 
 
-RUNNABLE = [code for runnable, code in python_blocks() if runnable]
+#: each runnable block once (the README repeats some of the guides' blocks verbatim), with where it is
+RUNNABLE = list({code: page for page, runnable, code in python_blocks() if runnable}.items())
 
 
 def test_the_rule_marks_the_energon_snippet_runnable():
     assert MARK in README and "tests/examples/test_readme_snippets.py" in README
-    assert any("QwenVLPackingTaskEncoder(" in code for code in RUNNABLE)
-    assert not any("my_qwen_tokenizer" in code for code in RUNNABLE)
+    assert any("QwenVLPackingTaskEncoder(" in code for code, _ in RUNNABLE)
+    assert any(page.startswith("docs/") for _, page in RUNNABLE)
+    assert not any("my_qwen_tokenizer" in code for code, _ in RUNNABLE)
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +48,16 @@ def demo_cwd(tmp_path_factory):
     return cwd
 
 
-@pytest.mark.parametrize("index", range(len(RUNNABLE)))
+@pytest.mark.parametrize("index", range(len(RUNNABLE)), ids=[f"{page}-{i}" for i, (_, page) in enumerate(RUNNABLE)])
 def test_runnable_block_runs_as_written(demo_cwd, index):
     script = demo_cwd / f"snippet_{index}.py"
-    script.write_text(RUNNABLE[index])
+    script.write_text(RUNNABLE[index][0])
     proc = subprocess.run([sys.executable, str(script)], cwd=demo_cwd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def contract_keys() -> set[str]:
-    section = README[README.index("## The batch contract") :]
-    section = section[: section.index("\n## ", 5)]
+    section = doc_section(CONTRACT, "Keys")
     keys = set()
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -93,10 +100,10 @@ def test_contract_names_every_key_of_real_batches(demo_shards):
 
 def test_docstrings_and_readme_cite_only_files_in_the_repository():
     """The project's docs stand alone: no citation of the planning notes outside the repository."""
-    outside = re.compile(r"CONTRACT\.md|ARCHITECTURE\.md|shared/reference|\.\./shared")
+    outside = re.compile(r"CONTRACT\.md|ARCHITECTURE\.md|shared/reference|\.\./shared|/work/notes")
     hits = []
     for path in [
-        ROOT / "README.md",
+        *markdown_pages(),
         *sorted((ROOT / "energon_pack").rglob("*.py")),
         *sorted((ROOT / "examples").glob("*.py")),
     ]:

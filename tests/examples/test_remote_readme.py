@@ -1,21 +1,21 @@
-"""README's MSC config for S3, as written (its endpoint pointed at the test server), read by a fresh
-process with the credentials only in the environment: it lists and reads the uploaded dataset."""
+"""The object-storage guide's MSC config for S3 (docs/guides/object_storage.md), as written (its endpoint
+pointed at the test server), read by a fresh process with the credentials only in the environment: it lists and
+reads the uploaded dataset."""
 
 import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from _docs import block_after_marker
+
+GUIDE = "docs/guides/object_storage.md"
 
 
 def readme_config() -> str:
-    """The YAML block after the ``tests/examples/test_remote_readme.py`` marker."""
-    text = README.read_text()
-    marker = text.index("<!-- tested: tests/examples/test_remote_readme.py")
-    return re.search(r"```yaml\n(.*?)```", text[marker:], re.S).group(1)
+    """The YAML block after the ``tests/examples/test_remote_readme.py`` marker of the guide."""
+    return block_after_marker(GUIDE, "<!-- tested: tests/examples/test_remote_readme.py", "yaml")
 
 
 def test_readme_config_reads_the_bucket(s3_store, remote_demo, demo_shards, tmp_path):

@@ -1,5 +1,5 @@
-"""The Megatron-Bridge paths as a user runs them: README's "Train with Megatron-Bridge" block,
-read from README.md and executed as written, and ``examples/bridge_recipe.py`` in both modes and
+"""The Megatron-Bridge paths as a user runs them: the Bridge guide's (and the README's) VLM block,
+read from docs/guides/megatron_bridge.md and executed as written, and ``examples/bridge_recipe.py`` in both modes and
 on both Bridge import routes.
 
 What is substituted, and why: Bridge's recipe ``qwen25_vl_7b_sft_config()`` cannot be built on
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 import subprocess
 import sys
 import types
@@ -42,6 +41,7 @@ from _bridge_light import (  # noqa: E402
     qwen25_vl_7b_sft_stand_in,
     tiny_tokenizer,
 )
+from _docs import doc_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "bridge_recipe.py"
@@ -52,12 +52,12 @@ REAL_TOKENIZER = "qwen2.5-vl"
 PARALLEL_KNOBS = {"model.context_parallel_size", "model.tensor_model_parallel_size", "model.sequence_parallel"}
 
 
+GUIDE = "docs/guides/megatron_bridge.md"  # the README's "Megatron-Bridge" road repeats it verbatim (test_docs.py)
+
+
 def bridge_block() -> str:
-    """The first python block under README's "### Train with Megatron-Bridge" heading, as written."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Train with Megatron-Bridge\n") :]
-    section = section[: re.search(r"\n#{2,3} ", section[4:]).start() + 4]
-    return re.search(r"(?ms)^```python\n(.*?)^```", section).group(1)
+    """The python block of the Megatron-Bridge guide's "Qwen-VL packs through Bridge's VLM step", as written."""
+    return doc_block(GUIDE, "Qwen-VL packs through Bridge's VLM step")
 
 
 BLOCK = bridge_block()
@@ -101,7 +101,7 @@ def use_tokenizer(monkeypatch, make):
 
 def run(code: str) -> dict:
     namespace = {"__name__": "readme_bridge_block"}
-    exec(compile(code, "README.md (Train with Megatron-Bridge)", "exec"), namespace)
+    exec(compile(code, f"{GUIDE} (Qwen-VL packs through Bridge's VLM step)", "exec"), namespace)
     return namespace
 
 
