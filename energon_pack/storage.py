@@ -49,7 +49,8 @@ def epath(path: Any) -> Any:
         raise ConfigError(
             "path",
             f"{path}: the MSC profile could not be set up ({' '.join(str(exc).split())})",
-            "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; README 'Object storage')",
+            "check the profile name and the MSC config ($MSC_CONFIG or ~/.msc_config.yaml; "
+            "docs/guides/object_storage.md)",
         ) from None
 
 
@@ -65,7 +66,7 @@ def store_errors(url: Any) -> Iterator[None]:
         raise ConfigError(
             "object storage",
             f"a request for {url} failed ({type(exc).__name__}: {' '.join(str(exc).split())})",
-            "check the MSC profile's endpoint, bucket and credentials (README 'Object storage')",
+            "check the MSC profile's endpoint, bucket and credentials (docs/guides/object_storage.md)",
         ) from None
 
 

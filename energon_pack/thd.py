@@ -1,4 +1,4 @@
-"""Megatron-Core THD batch layout: alignment rules and the packed-row builder (see README.md, "The batch contract").
+"""Megatron-Core THD batch layout: alignment rules and the packed-row builder (see docs/concepts/batch_contract.md).
 
 One packed row holds n segments (source samples) back to back. Each segment occupies its
 *aligned* span (real length rounded up to the CP/SP multiple); the rest of the span is a gap
@@ -381,7 +381,7 @@ def _concat_visual(segments: Sequence[ThdSegment]) -> dict[str, torch.Tensor | N
 
 
 def build_thd_batch(segments: Sequence[ThdSegment], layout: ThdLayout) -> dict:
-    """Pack ``segments`` into one THD row (MBS=1) with exactly the keys of README.md, "The batch contract".
+    """Pack ``segments`` into one THD row (MBS=1) with exactly the keys of docs/concepts/batch_contract.md.
 
     Each segment is followed by its alignment gap (pad id, label ``ignore_index``, loss 0,
     positions continuing); with a fixed width the last segment's span absorbs the tail. Labels

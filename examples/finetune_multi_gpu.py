@@ -27,7 +27,8 @@ Several nodes (the same command on every node; c10d rendezvous on the first node
 Every rank builds its own Energon savable loader (``WorkerConfig.default_worker_config`` reads rank
 and world size from ``torch.distributed``, so ranks read disjoint shard ranges) with
 ``QwenVLPackingTaskEncoder``. The model: ``prepare_model`` (our varlen attention, torch's flash ``varlen_attn``
-on CUDA in bf16 for the LLM and the vision tower, block-diagonal SDPA on CPU; the hooks static packs need). Loss:
+on CUDA in bf16 for the LLM and the vision tower, SDPA on each cu_seqlens segment on CPU; the hooks static packs
+need). Loss:
 ``packed_loss`` summed over ``loss_mask``, divided by the supervised tokens of all ranks
 (``normalize_by_global_tokens``, x world size because DDP averages gradients).
 

@@ -63,7 +63,7 @@ class ChatConfig:
         max_visual_tokens: visual tokens per sample (default 16384); more is a counted
             ``SampleSkipped("too_many_visual_tokens")``.
         train_newline_after_im_end: also supervise the "\\n" after each supervised ``<|im_end|>``
-            (Megatron-Bridge's loss rule, README "Loss rule"); default False (ours).
+            (Megatron-Bridge's loss rule, docs/guides/energon_vlm.md, "Loss rule"); default False (ours).
     """
 
     system_prompt: str | None = TEMPLATE_DEFAULT  # type: ignore[assignment]
@@ -71,7 +71,7 @@ class ChatConfig:
     max_num_images: int = 10  # more -> SampleSkipped("too_many_images")
     max_num_frames: int = 60  # longer videos are truncated to their first frames (Bridge)
     max_visual_tokens: int = 16384  # more -> SampleSkipped("too_many_visual_tokens")
-    # Megatron-Bridge's rule: also train the "\n" after each supervised <|im_end|> (README, "Loss rule")
+    # Megatron-Bridge's rule: also train the "\n" after each supervised <|im_end|> (docs/guides/energon_vlm.md)
     train_newline_after_im_end: bool = False
 
     def __post_init__(self) -> None:

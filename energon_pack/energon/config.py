@@ -26,7 +26,7 @@ class PackingConfig:
         seq_length: the pack width in tokens (token slots of one THD row, Megatron's ``seq_length``): the
             first budget of every pack. Must be a multiple of the alignment multiple of ``cp``/``tp``/
             ``sp``/``eval_cp``. Default 8192: several times a typical SFT sample (about 21 demo samples per
-            pack with the real Qwen2.5-VL tokenizer), the width README's examples and benchmarks use.
+            pack with the real Qwen2.5-VL tokenizer), the width the docs' examples and benchmarks use.
         cp: the context-parallel size the packs are trained with (1 = off). Each segment is padded to a
             multiple of ``2 * cp`` when ``cp > 1``. Default 1: no context parallelism, no alignment.
             Must equal the model's (``check_bridge_config`` checks it).

@@ -289,7 +289,7 @@ class CarryOverPackingMixin:
 
     @stateless
     def batch(self, samples: list[Any]) -> dict:
-        """One THD row (README.md, "The batch contract") from the members of the micro-batch's pack(s)."""
+        """One THD row (docs/concepts/batch_contract.md) from the members of the micro-batch's pack(s)."""
         members = pack_members(samples)
         batch = build_thd_batch([m.segment for m in members], self.layout)
         stats = [s.packing_stats for s in samples if getattr(s, "packing_stats", None) is not None]

@@ -138,7 +138,7 @@ def bridge_visual_inputs_class() -> type:
 def to_bridge_batch(
     batch: dict, *, position_ids: str = "mrope", visual_inputs_cls: type | None = None, static_cu: bool = False
 ) -> dict:
-    """Our THD row (README "The batch contract") -> the dict Bridge's VLM step reads.
+    """Our THD row (docs/concepts/batch_contract.md) -> the dict Bridge's VLM step reads.
 
     Keys: :data:`BRIDGE_BATCH_KEYS` plus the Energon/statistics :data:`METADATA_KEYS` present in
     ``batch``. Tensors are not copied. ``position_ids``: ``"mrope"`` passes
@@ -147,7 +147,7 @@ def to_bridge_batch(
     model). ``visual_inputs`` is always an object; fields no segment has are None.
 
     Args:
-        batch: one packed THD row of our encoders (README "The batch contract"): ``input_ids`` [1, T],
+        batch: one packed THD row of our encoders (docs/concepts/batch_contract.md): ``input_ids`` [1, T],
             ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens_q``, ... and the flat visual keys. A
             static-visual row or uint8 pixels are refused (ConfigError): Bridge's vision models cannot read them.
         position_ids: which positions become Bridge's ``position_ids``: ``"mrope"`` (our
@@ -787,7 +787,7 @@ def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing
             keyword here), and it is the encoder :func:`check_bridge_config` finds in ``cfg.dataset``.
         packing_buffer_size: K, the samples the packer holds per loader worker (Energon's
             ``packing_buffer_size``). Default 64: on the demo data carry fill is 99.8% at K=64 (99.4% at 32)
-            at little memory, since the buffer holds encoded bytes; README "Choosing width and buffer size".
+            at little memory, since the buffer holds encoded bytes; docs/guides/width_and_buffer.md.
         **kwargs: fields of the provider, each with its default: ``shuffle_buffer_size`` (100 samples, the
             shuffle buffer per worker), ``max_samples_per_sequence`` (None: no limit, Energon's default),
             ``num_workers`` (2, loader workers per rank, Bridge's ``DatasetProvider`` default),

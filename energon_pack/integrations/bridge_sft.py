@@ -85,7 +85,7 @@ ROUTES = ("in_batch", "offline")
 
 # ---------------------------------------------------------------------------------- the batch
 def to_gpt_batch(batch: dict, *, legacy_keys: bool = True, static_cu: bool = False) -> dict:
-    """Our THD row (README "The batch contract") -> the dict Bridge's GPT step reads (tensors not copied).
+    """Our THD row (docs/concepts/batch_contract.md) -> the dict Bridge's GPT step reads (tensors not copied).
 
     ``legacy_keys`` adds :data:`LEGACY_KEYS`, what Bridge <= 0.5 reads (``cu_seqlens`` physical and
     ``cu_seqlens_unpadded`` logical [1, n+1] with their host ``_argmin`` lengths, ``max_seqlen``);

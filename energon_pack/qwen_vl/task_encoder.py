@@ -6,7 +6,7 @@
   encoded image / video bytes, never decoded pixels.
 * ``postencode_sample`` (only for members of an emitted pack): tokenize, decode + patchify
   the media, and compute M-RoPE positions -> one :class:`ThdSegment`.
-* ``batch``: the THD row of README.md, "The batch contract" (with ``mrope_position_ids``) as a dict,
+* ``batch``: the THD row of docs/concepts/batch_contract.md (with ``mrope_position_ids``) as a dict,
   plus ``vision_preset``: the record of the preset that built it (checked against HF models).
 
 Costs are (aligned tokens[, ViT patches][, media items]) (see :class:`PackingConfig`). Bad
@@ -78,7 +78,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         preset: the model version's vision settings (patch, merge and temporal patch sizes, min/max pixels,
             pixel dtype, M-RoPE style): a name of :data:`~energon_pack.qwen_vl.presets.PRESETS` or a
             :class:`VisionPreset` (e.g. ``get_preset("qwen2.5-vl", max_pixels=...)``). Default
-            ``"qwen2.5-vl"``: the model of README's examples and of the Bridge recipe it shows.
+            ``"qwen2.5-vl"``: the model of the docs' examples and of the Bridge recipe it shows.
         chat: how conversations are rendered and limited (system prompt, loss policy, images per sample,
             frames per video, visual tokens per sample). Default None: ``ChatConfig()``, the official chat
             template's system prompt, loss on every assistant turn, and Megatron-Bridge's limits (10 images,

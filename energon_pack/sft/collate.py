@@ -2,7 +2,7 @@
 
 The micro-batch is whatever the sampler grouped (with :class:`TokenBudgetBatchSampler`, a set
 that fits the width). Each sample becomes a :class:`ThdSegment` (labels shifted inside it) and
-:func:`build_thd_batch` lays the row out per README.md, "The batch contract": alignment gaps, optional fixed width,
+:func:`build_thd_batch` lays the row out per docs/concepts/batch_contract.md: alignment gaps, optional fixed width,
 static cu_seqlens. Synthetic padding samples (key :data:`PADDING_KEY`) always get an all-zero
 loss mask, whatever their target mask says; ``padding_segments`` counts them and
 ``real_tokens`` excludes them.

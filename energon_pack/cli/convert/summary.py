@@ -12,7 +12,7 @@ from .outdir import MANIFEST_FILE, SUMMARY_FILE
 #: the shards' names, in source order
 SHARD_NAME = "data-%06d.tar"
 
-#: What each skip reason means (the README table is generated from the same words).
+#: What each skip reason means (docs/guides/your_data.md's table says the same words (a test compares them)).
 SKIP_REASONS = {
     "invalid_json": "a JSONL line that is not valid JSON (or nested deeper than 64 levels)",
     "invalid_utf8": "a JSONL line that is not UTF-8",
