@@ -128,6 +128,7 @@ class VisionPreset:
         return self
 
 
+#: the built-in vision presets by name: Qwen2-VL, Qwen2.5-VL and Qwen3-VL as their released processors configure them
 PRESETS: dict[str, VisionPreset] = {
     "qwen2-vl": VisionPreset(
         name="qwen2-vl",
