@@ -1,7 +1,8 @@
 """The varlen attention: attention inside each cu_seqlens segment of one packed row, for HF's ``AttentionInterface``.
 
 :func:`varlen_attention_forward` runs PyTorch's ``varlen_attn`` (flash) on CUDA in fp16/bf16 and otherwise SDPA
-on each segment's own slice (memory O(longest segment^2), not O(T^2): a CPU step at width 8192 stays small).
+on each segment's own slice (memory O(longest segment^2), not O(T^2): a CPU step at width 8192 stays small); under
+``torch.compile`` one SDPA under a block-diagonal mask, whose shapes do not depend on the segments.
 Its registered name (:data:`VARLEN_ATTENTION`) contains "flash", so the vision towers hand it their own
 (window/full) cu_seqlens instead of looping over images: where they call ``is_flash_attention_requested`` (5.x)
 any "flash" name gets them in one call; where they test ``== "flash_attention_2"`` (4.57) they call it once per
@@ -104,6 +105,16 @@ def _per_segment_attention(
     if len(outs) == 1:
         return outs[0].transpose(1, 2).contiguous()
     return torch.cat([o.transpose(1, 2) for o in outs or [query[:, :, :0]]], dim=1)  # one copy, contiguous
+
+
+def _block_mask(cu: torch.Tensor, total: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """bool [T, T]: True where query i may attend key j (same cu segment, and j <= i if causal)."""
+    lengths = (cu[1:] - cu[:-1]).to(device=device, dtype=torch.int64)
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+    mask = segment[:, None] == segment[None, :]
+    if causal:
+        mask = mask & torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    return mask
 
 
 _VARLEN_FN: Any = False  # not looked up yet
@@ -233,16 +244,16 @@ def varlen_attention_forward(
         cu_dev = cu_q if on_device else cu_q.to(query.device, torch.int32)
         out = varlen_attn(q, k, v, cu_dev, cu_dev, max_q, max_q, scale=scaling, **extra)
         return out.unsqueeze(0), None
-    out = _per_segment_attention(
-        query,
-        key,
-        value,
-        cu_q,
-        causal=causal,
-        dropout=dropout if module.training else 0.0,
-        scaling=scaling,
-    )
-    return out, None
+    dropout = dropout if module.training else 0.0
+    if torch.compiler.is_compiling():
+        # under torch.compile: one SDPA under the block-diagonal mask, whose shapes do not depend on the segments
+        # (per-segment slices would make a graph per segment layout; static packs must compile once)
+        mask = _block_mask(cu_q, total, causal, query.device)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=heads_q != heads_k
+        )
+        return out.transpose(1, 2).contiguous(), None
+    return _per_segment_attention(query, key, value, cu_q, causal=causal, dropout=dropout, scaling=scaling), None
 
 
 def register_varlen_attention(name: str = VARLEN_ATTENTION) -> str:
