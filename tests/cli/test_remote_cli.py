@@ -179,7 +179,8 @@ def test_bench_read_ahead_flags_same_cells_fewer_requests(demo_shards, remote_de
         ]
     assert cells["remote"] == cells["local"]
     assert ranged and all(ranged)  # every shard GET was a range read
-    assert len(ranged) <= 6  # one 1 MiB request per shard opened (6 shards)
+    # one 1 MiB request per shard opened (6 shards), by the untimed warm-up pack and again by the timed cell
+    assert len(ranged) <= 12
     assert (ObjectFile.__init__, ObjectFile._open_large_file) == before
 
 
