@@ -194,6 +194,11 @@ WDS_CASES: list[tuple[str, str, Callable[[random.Random], dict]]] = [
     (
         "json_part_unsupported",
         "bad_conversation",
+        lambda r: {"json": _js(_chat([{"type": "hologram", "hologram": "x"}], rng=r))},
+    ),
+    (
+        "json_part_audio",
+        "unsupported_audio",
         lambda r: {"json": _js(_chat([{"type": "audio", "audio": "x"}], rng=r))},
     ),
     (
