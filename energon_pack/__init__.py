@@ -47,6 +47,8 @@ _EXPORTS: dict[str, str] = {
     "restore_state_rank": "energon_pack.energon",
     "split_changed_dataset": "energon_pack.energon",
     "configure_object_reads": "energon_pack.object_reads",
+    "configure_object_waits": "energon_pack.object_waits",
+    "ObjectStoreTimeout": "energon_pack.object_waits",
     # GPT-SFT JSONL
     "InBatchPacker": "energon_pack.sft",
     "JsonlSFTDataset": "energon_pack.sft",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # static analysers see the real names
         use_varlen_attention,
     )
     from energon_pack.object_reads import configure_object_reads
+    from energon_pack.object_waits import ObjectStoreTimeout, configure_object_waits
     from energon_pack.packing import (
         BinPacking,
         OnlinePacker,

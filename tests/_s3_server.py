@@ -24,6 +24,10 @@ from typing import Any
 
 PROFILE = "energon-s3"
 PROFILE_DOWN = "energon-s3-down"
+#: the same bucket behind a front that accepts a whole-object GET of a shard under :data:`STALL_PREFIX`
+#: and never answers it (ranged reads, HEADs and listings pass): a store that hangs mid-run
+PROFILE_STALL = "energon-s3-stall"
+STALL_PREFIX = "stall/"
 BUCKET = "energon-pack-test"
 #: what the tests set in the environment while the server runs (moto accepts any key)
 ENV = {
@@ -41,8 +45,8 @@ class S3Store:
     config_path: Path
     client: Any  # a boto3 S3 client
 
-    def url(self, key: str = "") -> str:
-        return f"msc://{PROFILE}/{BUCKET}/{key}".rstrip("/")
+    def url(self, key: str = "", profile: str = PROFILE) -> str:
+        return f"msc://{profile}/{BUCKET}/{key}".rstrip("/")
 
     def upload(self, folder: str | Path, prefix: str) -> str:
         """Every file under ``folder`` (hidden ones included) to ``prefix``, with boto3 directly (not through the
@@ -74,6 +78,47 @@ threading.Thread(target=watch, daemon=True).start()
 from moto.server import main
 main(["-H", "127.0.0.1", "-p", sys.argv[2]])
 """
+#: the stalling front: forwards GET and HEAD to moto, except a GET without a Range header of a ``.tar``
+#: object under the stall prefix, which it reads and never answers (the connection stays open)
+_FRONT = """
+import http.client, os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+test_pid, port, upstream, prefix = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def watch():
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(test_pid, 0)
+        except OSError:
+            os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+class Front(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args):
+        pass
+    def forward(self):
+        path = self.path.split("?")[0]
+        if (self.command == "GET" and "Range" not in self.headers and path.endswith(".tar")
+                and path.split("/", 2)[-1].startswith(prefix)):
+            while True:
+                time.sleep(3600)
+        conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=60)
+        conn.request(self.command, self.path, headers=dict(self.headers))
+        reply = conn.getresponse()
+        body = reply.read()
+        self.send_response(reply.status)
+        for key, value in reply.getheaders():
+            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)) if self.command == "GET" else
+                         reply.getheader("Content-Length", "0"))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+    do_GET = do_HEAD = forward
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", port), Front).serve_forever()
+"""
 #: starts the server in its own session and prints its pid: the server is not a child of the test
 #: process, whose benchmarks wait for and measure their own children (the loader workers)
 _LAUNCH = """
@@ -82,6 +127,14 @@ proc = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], star
                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print(proc.pid)
 """
+
+
+def _launch(script: str, *args: str) -> int:
+    """Run ``script`` in a session of its own (see :data:`_LAUNCH`); its pid."""
+    launched = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, script, *args], capture_output=True, text=True, check=True
+    )
+    return int(launched.stdout)
 
 
 def _alive(pid: int) -> bool:
@@ -110,11 +163,11 @@ def _wait_listening(port: int, pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not _alive(pid):
-            raise RuntimeError("moto server exited before listening")
+            raise RuntimeError(f"the server (pid {pid}) exited before listening")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"moto server not listening on 127.0.0.1:{port} after {timeout:.0f} s")
+    raise RuntimeError(f"the server not listening on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
 @contextlib.contextmanager
@@ -124,17 +177,13 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
     undone and the server stopped on exit."""
     import boto3
 
-    port = _free_port()
-    launched = subprocess.run(
-        [sys.executable, "-c", _LAUNCH, _SERVER, str(os.getpid()), str(port)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pid = int(launched.stdout)
+    port, front_port = _free_port(), _free_port()
+    pid = _launch(_SERVER, str(os.getpid()), str(port))
+    front_pid = _launch(_FRONT, str(os.getpid()), str(front_port), str(port), STALL_PREFIX)
     saved = {k: os.environ.get(k) for k in (*ENV, "MSC_CONFIG")}
     try:
         _wait_listening(port, pid)
+        _wait_listening(front_port, front_pid)
         endpoint = f"http://127.0.0.1:{port}"
         config = Path(workdir) / "msc_config.json"
 
@@ -156,6 +205,7 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
                 {
                     "profiles": {
                         PROFILE: profile(endpoint),
+                        PROFILE_STALL: profile(f"http://127.0.0.1:{front_port}"),
                         # nothing listens there: a store that cannot be reached, tried once
                         PROFILE_DOWN: {
                             **profile(f"http://127.0.0.1:{_free_port()}", retries={"max_attempts": 1}),
@@ -175,4 +225,5 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        _stop(front_pid)
         _stop(pid)

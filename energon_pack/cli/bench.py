@@ -7,11 +7,19 @@ import argparse
 from typing import Any
 
 from .common import DEMO_DIR, PRESET_NAMES, require_prepared, resolve_tokenizer, targets_exit
-from .options import TOKENIZER_HELP, add_command, ints, non_negative_int, object_read_options, positive_int
+from .options import (
+    OBJECT_WAIT_FLAGS,
+    TOKENIZER_HELP,
+    add_command,
+    ints,
+    non_negative_int,
+    object_read_options,
+    positive_int,
+)
 
 NAME = "bench"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffers"}
+KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffers", **OBJECT_WAIT_FLAGS}
 
 
 def _modes(text: str) -> tuple[str, ...]:

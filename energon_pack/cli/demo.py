@@ -8,11 +8,11 @@ from typing import Any
 from energon_pack.bench.outputs import OUT_HELP
 
 from .common import DEMO_DIR, demo_dataset, resolve_tokenizer
-from .options import add_command, non_negative_int, object_read_options, positive_int
+from .options import OBJECT_WAIT_FLAGS, add_command, non_negative_int, object_read_options, positive_int
 
 NAME = "demo"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffer"}
+KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffer", **OBJECT_WAIT_FLAGS}
 #: timed runs per mode (``--packs`` split between them), in ABBA order after an untimed warm-up
 TIMED_RUNS = 4
 

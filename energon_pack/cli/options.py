@@ -8,6 +8,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from energon_pack.object_waits import DEFAULT_READ_TIMEOUT, DEFAULT_WAIT_BUDGET
+
 
 def int_at_least(minimum: int):
     """An argparse type: a whole number >= ``minimum``, with a one-line message otherwise."""
@@ -27,6 +29,17 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0 (seconds), with a one-line message otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0")
+    return value
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -108,21 +121,60 @@ def object_read_options(p: argparse.ArgumentParser) -> None:
         help="bytes each range read of an msc:// shard asks for at least (e.g. 1048576: a sample and its "
         "neighbours in one request; 0: one request per read, multi-storage-client's own)",
     )
+    object_wait_options(p)
+
+
+#: how the object-wait knobs read on the command line (each command's KNOB_FLAGS holds them)
+OBJECT_WAIT_FLAGS = {"wait_budget": "--object-wait-budget"}
+
+
+def object_wait_options(p: argparse.ArgumentParser) -> None:
+    """How long a read from object storage may wait (``energon_pack.object_waits``; msc:// paths only)."""
+    p.add_argument(
+        "--object-timeout",
+        type=positive_float,
+        default=DEFAULT_READ_TIMEOUT,
+        help="seconds to connect to the store and to wait for each read of its answer, for MSC profiles that "
+        "set no connect_timeout / read_timeout",
+    )
+    p.add_argument(
+        "--object-wait-budget",
+        type=positive_float,
+        default=DEFAULT_WAIT_BUDGET,
+        help="seconds one msc:// object may take across retries before the run fails naming it",
+    )
 
 
 @contextlib.contextmanager
 def object_reads(args: argparse.Namespace) -> Iterator[None]:
-    """``--whole-object-limit`` / ``--read-ahead`` while the command runs (MSC's own reads again after)."""
-    if getattr(args, "whole_object_limit", None) is None and not getattr(args, "read_ahead", 0):
-        yield
-        return
-    from energon_pack.object_reads import configure_object_reads
+    """While the command runs: bounded waits on object storage when it names an ``msc://`` path
+    (``--object-timeout`` / ``--object-wait-budget``), and ``--whole-object-limit`` / ``--read-ahead``;
+    MSC's own behaviour again after."""
+    with contextlib.ExitStack() as scope:
+        if _names_object_storage(args):
+            from energon_pack.object_waits import configure_object_waits
 
-    configure_object_reads(whole_object_limit=args.whole_object_limit, read_ahead=args.read_ahead)
-    try:
+            timeout = getattr(args, "object_timeout", DEFAULT_READ_TIMEOUT)
+            configure_object_waits(
+                connect_timeout=timeout,
+                read_timeout=timeout,
+                wait_budget=getattr(args, "object_wait_budget", DEFAULT_WAIT_BUDGET),
+            )
+            scope.callback(configure_object_waits, wait_budget=None)
+        if getattr(args, "whole_object_limit", None) is not None or getattr(args, "read_ahead", 0):
+            from energon_pack.object_reads import configure_object_reads
+
+            configure_object_reads(whole_object_limit=args.whole_object_limit, read_ahead=args.read_ahead)
+            scope.callback(configure_object_reads)
         yield
-    finally:
-        configure_object_reads()
+
+
+def _names_object_storage(args: argparse.Namespace) -> bool:
+    """Whether any argument of the command is an ``msc://`` (or other ``scheme://``) path."""
+    from energon_pack.storage import is_remote
+
+    values = [v for value in vars(args).values() for v in (value if isinstance(value, list) else [value])]
+    return any(isinstance(v, str) and is_remote(v) for v in values)
 
 
 #: the ``--tokenizer`` help of the commands that read JSONL

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from .common import REMOTE_KIND, CliError, convert_command, dataset_kind, index_files, raw_sources
-from .options import add_command
+from .options import OBJECT_WAIT_FLAGS, add_command, object_wait_options
 
 NAME = "prepare"
-KNOB_FLAGS: dict[str, str] = {}
+KNOB_FLAGS: dict[str, str] = dict(OBJECT_WAIT_FLAGS)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train,val,test ratio of *shards* (missing parts are 0); the default puts everything in "
         "train, so get_val_dataset yields nothing: e.g. 0.9,0.1 for a val split (needs several shards)",
     )
+    object_wait_options(p)
     return p
 
 

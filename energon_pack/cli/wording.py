@@ -27,12 +27,58 @@ def name_flags(text: str, flags: Mapping[str, str]) -> str:
     return text
 
 
+#: how torch marks an error re-raised from a DataLoader worker ("Caught X in DataLoader worker process N.")
+_WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+#: a traceback's last line for one of our errors: ``energon_pack.module.ClassName: message``
+_OUR_ERROR_LINE = re.compile(r"^(energon_pack(?:\.\w+)*)\.(\w+): (.*)$")
+
+
+def worker_user_error(exc: BaseException) -> tuple[type, str] | None:
+    """For an error re-raised from a DataLoader worker whose chain holds one of our user errors (a
+    ConfigError, an AllSkippedError: possibly wrapped, e.g. in MSC's OSError, or turned into a
+    RuntimeError by torch), that error's class and message; None otherwise."""
+    from energon_pack.errors import AllSkippedError, ConfigError
+
+    text = str(exc)
+    if _WORKER_TRACEBACK not in text:
+        return None
+    for line in text.splitlines():  # causes come first in a chained traceback: the first of ours is the cause
+        match = _OUR_ERROR_LINE.match(line)
+        if not match:
+            continue
+        module = sys.modules.get(match.group(1))
+        cls = getattr(module, match.group(2), None) if module is not None else None
+        if isinstance(cls, type) and issubclass(cls, (ConfigError, AllSkippedError)):
+            return cls, match.group(3)
+    return None
+
+
+def reported(exc: BaseException) -> BaseException:
+    """The error to report for ``exc``: the first of our user errors (ConfigError, AllSkippedError) in
+    its chain of causes, which a wrapper would hide (MSC raises OSError from a failed download), else
+    ``exc``."""
+    from energon_pack.errors import AllSkippedError, ConfigError
+
+    seen: BaseException | None = exc
+    for _ in range(32):
+        if seen is None:
+            break
+        if isinstance(seen, (ConfigError, AllSkippedError)):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return exc
+
+
 def original_message(exc: BaseException) -> str:
     """The message of ``exc``; for an error re-raised from a DataLoader worker (torch wraps it as
-    "Caught X in DataLoader worker process N. Original Traceback ..."), the worker's own message."""
+    "Caught X in DataLoader worker process N. Original Traceback ..."), the worker's own message:
+    ours where one of our user errors is in its chain, else the re-raised error's."""
     text = str(exc)
-    if "Original Traceback (most recent call last):" not in text:
+    if _WORKER_TRACEBACK not in text:
         return text
+    ours = worker_user_error(exc)
+    if ours is not None:
+        return ours[1]
     name = type(exc).__name__
     lines = text.splitlines()
     for i in range(len(lines) - 1, -1, -1):
@@ -59,6 +105,7 @@ def message(exc: BaseException, flags: Mapping[str, str] | None) -> str:
 
 def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:
     """A user-facing line for ``exc``, with the next step where we know it."""
+    exc = reported(exc)
     text = " ".join(message(exc, flags).split()) or type(exc).__name__
     if text.startswith("Invalid dataset at"):
         return (
@@ -72,7 +119,7 @@ def one_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:
         )
     from energon_pack.errors import AllSkippedError, ConfigError
 
-    if isinstance(exc, (CliError, ConfigError, AllSkippedError)):
+    if isinstance(exc, (CliError, ConfigError, AllSkippedError)) or worker_user_error(exc) is not None:
         return text
     return f"{type(exc).__name__}: {text} (run again with --debug for the traceback)"
 
@@ -81,7 +128,9 @@ def exit_status(exc: BaseException) -> int:
     """2 for a user error (a bad path, number, configuration or dataset), 1 for a bug."""
     from energon_pack.errors import AllSkippedError, ConfigError
 
+    exc = reported(exc)
     user_error = isinstance(exc, (CliError, ConfigError, AllSkippedError, FileNotFoundError, ValueError, OSError))
+    user_error = user_error or worker_user_error(exc) is not None
     return 2 if user_error or type(exc).__name__ == "EmptyDatasetError" else 1
 
 
