@@ -12,6 +12,7 @@ from test_convert import shard_members
 
 from _video_files import video_bytes
 from energon_pack.cli.convert import convert
+from energon_pack.errors import ConfigError
 from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
@@ -157,34 +158,44 @@ def test_parquet_video_bytes(tmp_path):
     assert shard_members(tmp_path / "out")["000000000.0.mp4"] == clip
 
 
-def test_bridge_layout_writes_the_sampled_frames(tmp_path):
-    """``--layout bridge``: each video becomes the frame list qwen-vl-utils' default sampling takes
-    (JPEG, within a few levels of the decoded frames), which the loader then packs as a video."""
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_bridge_layout_writes_the_sampled_frames(tmp_path, preset):
+    """``--layout bridge``: each video becomes the frame list qwen-vl-utils' default sampling takes, each
+    frame at the size the preset's frame-list rule trains it at (JPEG, within a few levels of PIL's resize of
+    the decoded frame), so the loader packs it with the grid of the full-size frames."""
     import pickle
 
     import numpy as np
     from PIL import Image
 
-    from energon_pack.video import FrameSampling, decode_frames, sample_frame_indices, smart_nframes
+    from energon_pack.qwen_vl.vision import RESAMPLE, video_grid_thw
+    from energon_pack.video import decode_frames
 
-    clip = video_bytes(50, 10, 64, 48, tmp_path)  # 5 s at 10 fps: 10 frames at 2 per second
+    clip = video_bytes(50, 10, 1280, 720, tmp_path)  # 5 s at 10 fps: 10 frames at 2 per second
     (tmp_path / "c.mp4").write_bytes(clip)
     rec = {
         "video": "c.mp4",
         "conversations": [{"from": "human", "value": "<video>\nWhat?"}, {"from": "gpt", "value": "Bars."}],
     }
     (tmp_path / "set.json").write_text(json.dumps([rec]))
-    summary = convert(tmp_path / "set.json", tmp_path / "bridge", progress=False, workers=1, layout="bridge")
+    summary = convert(
+        tmp_path / "set.json", tmp_path / "bridge", progress=False, workers=1, layout="bridge", preset=preset
+    )
     assert (summary.written, summary.videos, summary.skipped) == (1, 1, {})
     members = shard_members(tmp_path / "bridge")
     (frames,) = pickle.loads(members["000000000.videos"])
-    header = probe_video(clip)
-    indices = sample_frame_indices(header.num_frames, smart_nframes(header.num_frames, header.fps, FrameSampling()))
-    assert len(frames) == len(indices) == 10 and pickle.loads(members["000000000.jpgs"]) == []
-    for jpeg, image in zip(frames, decode_frames(clip, indices)):
-        diff = np.abs(np.asarray(Image.open(io.BytesIO(jpeg)), np.int16) - np.asarray(image, np.int16))
+    vision = get_preset(preset)
+    plan = plan_video(probe_video(clip), vision)
+    # Qwen2.5-VL: 768 merged patches per frame; Qwen3-VL: 768 for the whole clip (its budget covers all frames)
+    size = {"qwen2.5-vl": (1008, 560), "qwen3-vl": (352, 192)}[preset]
+    assert len(frames) == plan.num_frames == 10 and pickle.loads(members["000000000.jpgs"]) == []
+    for jpeg, image in zip(frames, decode_frames(clip, plan.frame_indices)):
+        stored = Image.open(io.BytesIO(jpeg))
+        assert stored.size == size  # not the source's 1280x720
+        resized = image.resize(size, resample=RESAMPLE[vision.resample])
+        diff = np.abs(np.asarray(stored, np.int16) - np.asarray(resized, np.int16))
         assert diff.mean() < 2.0, diff.mean()
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=PRESET, seq_length=1024)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=vision, seq_length=4096)
     ds = get_train_dataset(
         str(tmp_path / "bridge"),
         batch_size=1,
@@ -196,4 +207,12 @@ def test_bridge_layout_writes_the_sampled_frames(tmp_path):
         repeat=False,
     )
     (batch,) = list(get_loader(ds))
-    assert batch["video_grid_thw"][:, 0].tolist() == [5]  # 10 frames, 2 per temporal step
+    assert batch["video_grid_thw"].tolist() == [list(video_grid_thw(10, 720, 1280, vision))]  # as full frames
+
+
+def test_preset_only_with_the_bridge_layout(tmp_path):
+    (tmp_path / "set.json").write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "x"}]}]))
+    for layout, preset, problem in (("ours", "qwen3-vl", "only --layout bridge"), ("bridge", "qwen9", "unknown")):
+        with pytest.raises(ConfigError, match=problem):
+            convert(tmp_path / "set.json", tmp_path / "out", progress=False, workers=1, layout=layout, preset=preset)
+    assert not (tmp_path / "out").exists()

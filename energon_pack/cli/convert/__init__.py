@@ -32,8 +32,9 @@ named ``mp4`` (MP4/MOV), ``mkv`` (Matroska/WebM) or ``avi`` by their container. 
   pickles are there for Bridge's own reader; ours loads them without running code
   (:func:`~energon_pack.energon.chatml.unpickle_media`), and ``ours`` needs no pickle at all.
   A video becomes a frame list there: the frames qwen-vl-utils' default sampling takes (2 per
-  second, 4 to 768, :mod:`energon_pack.video.sampling`), decoded and stored as JPEG (quality 95, 4:4:4)
-  in ``KEY.videos``; the frame rate of the file is not kept (readers assume 2 frames per second).
+  second, 4 to 768, :mod:`energon_pack.video.sampling`), decoded, resized to the size ``preset``'s
+  frame-list rule trains them at (default qwen2.5-vl) and stored as JPEG (quality 95, 4:4:4) in
+  ``KEY.videos``; the frame rate of the file is not kept (readers assume 2 frames per second).
 
 Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
 included), only from regular files up to ``max_media_mb``, and only past an image header.

@@ -8,10 +8,11 @@ import json
 import os
 import sys
 
+from energon_pack.cli.common import PRESET_NAMES
 from energon_pack.cli.options import Parser
 from energon_pack.errors import ConfigError
 
-from .options import DEFAULT_MAX_MEDIA_MB, FORMATS, LAYOUTS, VERIFY_MODES
+from .options import DEFAULT_BRIDGE_PRESET, DEFAULT_MAX_MEDIA_MB, FORMATS, LAYOUTS, VERIFY_MODES
 from .shards import convert
 from .summary import SKIP_REASONS
 
@@ -59,6 +60,13 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         choices=LAYOUTS,
         default="ours",
         help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=PRESET_NAMES,
+        default=None,
+        help=f"--layout bridge only: the Qwen-VL preset whose video budget sizes the stored frames "
+        f"(default {DEFAULT_BRIDGE_PRESET})",
     )
     p.add_argument(
         "--format",
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             verify=args.verify,
             allow_outside_paths=args.allow_outside_paths,
             max_media_mb=args.max_media_mb,
+            preset=args.preset,
         )
     except ConfigError as exc:
         if args.debug:

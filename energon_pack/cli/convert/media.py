@@ -183,21 +183,38 @@ def _sniff_video(data: bytes, what: str) -> str:
 BRIDGE_FRAME_QUALITY = 95
 
 
-def sampled_jpeg_frames(data: bytes, what: str) -> list[bytes]:
+def sampled_jpeg_frames(data: bytes, what: str, preset: str) -> list[bytes]:
     """The frames qwen-vl-utils' default sampling takes from a video file, as JPEG bytes (Bridge's
-    frame-list layout); SampleSkipped ``corrupt_video`` when decoding fails."""
-    from energon_pack.video import FrameSampling, decode_frames, probe_video, sample_frame_indices, smart_nframes
+    frame-list layout), each at the size ``preset``'s frame-list rule trains it at (PIL's resize with the
+    preset's filter, as the loader does): the loader's own resize is then the identity, and a shard holds
+    no pixel it would not train. SampleSkipped when decoding fails or the plan refuses the video (too
+    large for the pixel caps, too few frames, an extreme aspect ratio)."""
 
-    header = probe_video(data)
-    indices = sample_frame_indices(header.num_frames, smart_nframes(header.num_frames, header.fps, FrameSampling()))
-    frames = []
+    from energon_pack.qwen_vl import get_preset
+    from energon_pack.qwen_vl.video import plan_video
+    from energon_pack.qwen_vl.vision import RESAMPLE, resized_video_size
+    from energon_pack.video import decode_frames, probe_video
+
+    vision = get_preset(preset)
     try:
-        for image in decode_frames(data, indices):
+        header = probe_video(data)
+        plan = plan_video(header, vision)  # qwen-vl-utils' frame indices, within the pixel caps
+        height, width = resized_video_size(plan.num_frames, header.height, header.width, vision)
+        frames = []
+        for image in decode_frames(data, plan.frame_indices):
+            if image.size != (header.width, header.height):
+                raise SampleSkipped(
+                    "video_size_mismatch",
+                    f"a frame is {image.size[0]}x{image.size[1]}, the header said {header.width}x{header.height}",
+                )
             buf = io.BytesIO()
-            image.save(buf, format="JPEG", quality=BRIDGE_FRAME_QUALITY, subsampling=0)  # 4:4:4: no chroma loss
+            resized = image.resize((width, height), resample=RESAMPLE[vision.resample])
+            resized.save(buf, format="JPEG", quality=BRIDGE_FRAME_QUALITY, subsampling=0)  # 4:4:4: no chroma loss
             frames.append(buf.getvalue())
     except SampleSkipped as skip:
         raise SampleSkipped(skip.reason, f"{what}: {skip.detail}") from None
+    except ValueError as exc:  # the resize rules' aspect-ratio check
+        raise SampleSkipped("extreme_aspect_ratio", f"{what}: {exc}") from None
     return frames
 
 

@@ -9,6 +9,8 @@ FORMATS = ("auto", "llava", "sharegpt", "messages", "alpaca", "parquet")
 LAYOUTS = ("ours", "bridge")
 VERIFY_MODES = ("header", "decode")
 DEFAULT_MAX_MEDIA_MB = 64
+#: whose video frame size ``--layout bridge`` stores sampled frames at (Bridge's Qwen2.5-VL recipes)
+DEFAULT_BRIDGE_PRESET = "qwen2.5-vl"
 
 
 @dataclass(frozen=True)
@@ -23,3 +25,4 @@ class _Context:
     roots: tuple = ()  # resolved folders image paths may resolve into
     allow_outside: bool = False
     max_media_bytes: int = DEFAULT_MAX_MEDIA_MB << 20
+    preset: str = DEFAULT_BRIDGE_PRESET  # the frame size of --layout bridge videos

@@ -141,7 +141,7 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     if ctx.layout == "bridge":
         fields["jpgs"] = pickle.dumps([d for d, _ in images], protocol=4)
         fields["videos"] = pickle.dumps(
-            [sampled_jpeg_frames(d, f"video {i}") for i, (d, _) in enumerate(videos)], protocol=4
+            [sampled_jpeg_frames(d, f"video {i}", ctx.preset) for i, (d, _) in enumerate(videos)], protocol=4
         )
     else:
         for i, (data, ext) in enumerate(images):

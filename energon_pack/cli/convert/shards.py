@@ -26,7 +26,7 @@ from energon_pack.storage import is_remote, list_names, store_errors, upload_tre
 
 from .detect import _open_source, _Source
 from .media import _MissingRelative
-from .options import DEFAULT_MAX_MEDIA_MB, LAYOUTS, VERIFY_MODES, _Context
+from .options import DEFAULT_BRIDGE_PRESET, DEFAULT_MAX_MEDIA_MB, LAYOUTS, VERIFY_MODES, _Context
 from .outdir import (
     IN_PROGRESS_FILE,
     MANIFEST_FILE,
@@ -130,6 +130,7 @@ def convert(
     prepare_workers: int = 2,
     allow_outside_paths: bool = False,
     max_media_mb: float = DEFAULT_MAX_MEDIA_MB,
+    preset: str | None = None,
 ) -> ConvertSummary:
     """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
     Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
@@ -144,6 +145,9 @@ def convert(
     Image paths are read only when they resolve (symlinks and ``file://`` included) inside the
     source's folder or ``image_root`` (``allow_outside_paths`` lifts that), name a regular file
     of at most ``max_media_mb`` MB and start with an image header; anything else is a counted skip.
+
+    ``layout="bridge"`` stores each video as the frames qwen-vl-utils' default sampling takes, at the size
+    ``preset``'s video budget resizes them to (default qwen2.5-vl), as JPEG: what the loader would train on.
     """
     t0 = time.perf_counter()
     if layout not in LAYOUTS:
@@ -157,6 +161,7 @@ def convert(
             "samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}", "pass e.g. 1000"
         )
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    _bridge_preset(layout, preset)  # refused before anything is written
     if workers < 0:
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
     for knob, value in (("source", source), ("image_root", image_root)):
@@ -181,6 +186,7 @@ def convert(
             prepare_workers=prepare_workers,
             allow_outside_paths=allow_outside_paths,
             max_media_mb=max_media_mb,
+            preset=preset,
         )
     source, out = Path(source), Path(out_dir)
     src = _open_source(source, format)
@@ -206,6 +212,7 @@ def convert(
             roots,
             bool(allow_outside_paths),
             int(max_media_mb * (1 << 20)),
+            _bridge_preset(layout, preset),
         )
         summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
         results = _run(ctx, src, samples_per_shard, workers, progress)
@@ -261,6 +268,24 @@ def convert(
         return summary
     finally:
         os.close(lock)
+
+
+def _bridge_preset(layout: str, preset: str | None) -> str:
+    """The preset that sizes ``--layout bridge`` video frames; a ConfigError for an unknown one, or for
+    one given with the ``ours`` layout (which stores videos as they are: the loader sizes them)."""
+    from energon_pack.cli.common import PRESET_NAMES
+
+    if preset is None:
+        return DEFAULT_BRIDGE_PRESET
+    if preset not in PRESET_NAMES:
+        raise ConfigError("preset", f"unknown preset {preset!r}", f"use one of {', '.join(PRESET_NAMES)}")
+    if layout != "bridge":
+        raise ConfigError(
+            "preset",
+            f"only --layout bridge sizes video frames; the {layout} layout stores videos as they are",
+            "leave --preset out (the loader's preset sizes them), or pass --layout bridge",
+        )
+    return preset
 
 
 def _convert_to_object_storage(source: str | Path, out: str, *, overwrite: bool, **kw: Any) -> ConvertSummary:
