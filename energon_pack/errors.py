@@ -241,8 +241,8 @@ REASON_FIXES = {
     'qwen3-vl preset (--preset qwen3-vl; preset="qwen3-vl") for tool-call data',
     "unsupported_audio": "audio is not trained here (images, videos and text are): drop the audio records, or "
     "train them with an audio-capable pipeline",
-    "preference_data": "chosen/rejected records are preference data (DPO/ORPO/reward models), not SFT: train them "
-    "with a preference trainer, or write the chosen answers as SFT records",
+    "preference_data": "chosen/rejected records are DPO/ORPO/reward-model pairs, not SFT: train them with a "
+    'DPO/ORPO/reward trainer, or train their chosen answers as SFT with preference="chosen" (--preference chosen)',
     "kto_undesirable": "KTO examples labelled false are undesirable answers, never SFT: keep the true ones, or train "
     "with a KTO trainer",
     "video_too_large": "the videos' frames exceed the pixel caps: raise energon_pack.video.probe.MAX_FRAME_PIXELS / "

@@ -7,6 +7,8 @@ the turns have none, as in LLaMA-Factory's ShareGPT files), or a LLaMA-Factory a
 (:func:`alpaca_turns`). ``<image>`` / ``<video>`` in text are placeholders. Every unusable shape
 raises :class:`~energon_pack.errors.SampleSkipped` with a reason; a role other than system / user
 / assistant / tool (after :data:`ROLE_ALIASES`) is ``unknown_role``, never a literal turn.
+Preference records (DPO/ORPO/reward ``chosen``/``rejected``, LLaMA-Factory ranking) are a ``preference_data``
+skip unless ``preference="chosen"`` asks to train their chosen answer as SFT (:func:`chosen_as_sft`).
 
 Tool calls from every accepted format end in one shape: an assistant turn's
 :attr:`Message.tool_calls`, role ``tool`` for results, :attr:`Conversation.tools` for the
@@ -28,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SampleSkipped
+from ..errors import ConfigError, SampleSkipped
 from ..records import check_depth, loads_checked
 
 ROLE_ALIASES = {
@@ -53,6 +55,13 @@ _AUDIO_PLACEHOLDER = "<audio>"
 #: record fields of data that is not supervised finetuning, and content parts of modalities not trained here
 AUDIO_FIELDS = ("audios", "audio")
 PREFERENCE_FIELDS = ("chosen", "rejected")
+#: what a preference record (chosen/rejected, LLaMA-Factory ranking) becomes: ``"refuse"`` (default) a counted
+#: ``preference_data`` skip; ``"chosen"`` the SFT record of its prompt and chosen answer (:func:`chosen_as_sft`)
+PREFERENCE_MODES = ("refuse", "chosen")
+_CHOSEN_OPTION = 'preference="chosen" (--preference chosen)'  # how a preference skip names the option
+#: the fields of a preference pair, dropped from the SFT record of its chosen answer
+_PAIR_FIELDS = ("chosen", "rejected", "prompt")
+_TURN_KEYS = ("messages", "conversations", "conversation")
 KTO_FIELDS = ("kto_tag", "label")
 AUDIO_PART_TYPES = ("audio", "input_audio", "audio_url")
 
@@ -70,17 +79,95 @@ def not_sft_reason(record: Mapping) -> SampleSkipped | None:
     if all(k in record for k in PREFERENCE_FIELDS):
         return SampleSkipped(
             "preference_data",
-            "chosen/rejected: preference (DPO/ORPO/reward-model) data, not SFT; train it with a preference trainer, "
-            "or keep only the chosen answer as an SFT record",
+            "chosen/rejected: a DPO/ORPO/reward-model pair, not SFT; train it with a DPO/ORPO/reward trainer, "
+            f"or train its chosen answer as SFT with {_CHOSEN_OPTION}",
         )
     if isinstance(record.get("output"), list) and "instruction" in record:
         return SampleSkipped(
-            "preference_data", "alpaca output is a list: LLaMA-Factory ranking (preference) data, not SFT"
+            "preference_data",
+            f"alpaca output is a list: LLaMA-Factory ranking (pairwise) data, not SFT; {_CHOSEN_OPTION} trains "
+            "output[0] (the chosen answer) as SFT",
         )
     tag = next((k for k in KTO_FIELDS if isinstance(record.get(k), bool)), None)
     if tag is not None and record[tag] is False:
         return SampleSkipped("kto_undesirable", f"KTO {tag} is false: an undesirable answer, never trained as SFT")
     return None
+
+
+def check_preference(preference: Any) -> str:
+    """``preference`` when it is one of :data:`PREFERENCE_MODES`, else a ConfigError naming the knob."""
+    if not isinstance(preference, str) or preference not in PREFERENCE_MODES:
+        raise ConfigError(
+            "preference",
+            f"unknown mode {preference!r}",
+            f"use one of {PREFERENCE_MODES} (refuse: chosen/rejected pairs are counted skips; chosen: their chosen "
+            "answers train as SFT)",
+        )
+    return preference
+
+
+def chosen_as_sft(record: Any) -> Any:
+    """A preference record as the SFT record of its prompt and chosen answer; any other record unchanged.
+
+    Read: LLaMA-Factory ShareGPT pairwise (``conversations`` / ``messages`` prompt turns, ``chosen`` one turn or a
+    list of turns), LLaMA-Factory alpaca pairwise (``instruction`` / ``input``, ``chosen`` a string) and its ranking
+    form (``output: [chosen, rejected]``), TRL explicit prompt (``prompt`` a string or turns, ``chosen`` a string or
+    assistant turns) and TRL implicit prompt (``chosen`` the whole conversation's turns). Other fields (images,
+    videos, system, tools) are kept; ``chosen``, ``rejected`` and ``prompt`` are dropped. A pair of a shape not read
+    here stays a ``preference_data`` skip naming what it holds."""
+    if not isinstance(record, Mapping):
+        return record
+    if "instruction" in record and isinstance(record.get("output"), list) and "chosen" not in record:
+        ranked = record["output"]
+        if not ranked or not isinstance(ranked[0], str):
+            raise _unread_pair(f"alpaca ranking output {_short(ranked)}: its first item (the chosen) is no string")
+        return {**record, "output": ranked[0]}
+    if not all(k in record for k in PREFERENCE_FIELDS):
+        return record
+    chosen = record["chosen"]
+    rest = {k: v for k, v in record.items() if k not in _PAIR_FIELDS}
+    key = next((k for k in _TURN_KEYS if k in record), None)
+    if key is not None:  # LLaMA-Factory ShareGPT pairwise: the prompt's turns, then the chosen turn(s)
+        prompt = record[key]
+        if isinstance(prompt, str):
+            prompt = _json_value(prompt, key)
+        if not isinstance(prompt, list):
+            raise _unread_pair(f"{key} is {type(prompt).__name__}, not a list of turns")
+        style = "from" if any(isinstance(t, Mapping) and "from" in t for t in prompt) else "role"
+        return {**rest, key: [*prompt, *_answer_turns(chosen, style)]}
+    if "instruction" in record:  # LLaMA-Factory alpaca pairwise
+        if not isinstance(chosen, str):
+            raise _unread_pair(f"alpaca chosen is {type(chosen).__name__}, not a string")
+        return {**rest, "output": chosen}
+    if "prompt" in record:  # TRL explicit prompt: a string (one user turn) or turns
+        prompt = record["prompt"]
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if not isinstance(prompt, list):
+            raise _unread_pair(f"prompt is {type(prompt).__name__}, not a string or a list of turns")
+        return {**rest, "messages": [*prompt, *_answer_turns(chosen, "role")]}
+    if isinstance(chosen, list) and all(isinstance(t, Mapping) for t in chosen):  # TRL implicit prompt
+        return {**rest, "messages": list(chosen)}
+    raise _unread_pair(
+        f"chosen is {type(chosen).__name__} with no prompt, conversations/messages or instruction beside it "
+        f"(keys {sorted(record)[:8]})"
+    )
+
+
+def _answer_turns(chosen: Any, style: str) -> list:
+    """The chosen answer as turns: a string as one assistant turn (``from``/``value`` or ``role``/``content``,
+    as the prompt's turns are written), a turn as itself, a list of turns as they are."""
+    if isinstance(chosen, str):
+        return [{"from": "gpt", "value": chosen} if style == "from" else {"role": "assistant", "content": chosen}]
+    if isinstance(chosen, Mapping):
+        return [chosen]
+    if isinstance(chosen, list) and chosen and all(isinstance(t, Mapping) for t in chosen):
+        return list(chosen)
+    raise _unread_pair(f"chosen is {_short(chosen)}: not a string, a turn or a list of turns")
+
+
+def _unread_pair(found: str) -> SampleSkipped:
+    return SampleSkipped("preference_data", f"chosen/rejected of a shape not read as SFT: {found}")
 
 
 @dataclass(frozen=True)
@@ -178,9 +265,12 @@ def _tool_calls(value: Any, role: str, i: int) -> tuple[tuple[str, str], ...]:
     return tuple(calls)
 
 
-def normalize_conversation(conversation: Any) -> Conversation:
+def normalize_conversation(conversation: Any, *, preference: str = "refuse") -> Conversation:
     """Any accepted conversation shape -> messages whose content is split into text / image / video
-    parts (a :class:`Conversation`: a list with the record's ``tools``)."""
+    parts (a :class:`Conversation`: a list with the record's ``tools``). ``preference="chosen"`` reads a
+    preference record as the SFT record of its chosen answer (:func:`chosen_as_sft`); the default refuses it
+    (a ``preference_data`` skip)."""
+    chosen = check_preference(preference) == "chosen"
     conv = conversation
     tools: tuple[str, ...] = ()
     system: Any = None
@@ -202,11 +292,13 @@ def normalize_conversation(conversation: Any) -> Conversation:
             check_depth(conv)  # a deep object from a non-JSON source breaks repr/pickle later
         if not isinstance(conv, Mapping):
             break
+        if chosen:
+            conv = chosen_as_sft(conv)
         skip = not_sft_reason(conv)
         if skip is not None:
             raise skip
         tools = _tools(conv.get("tools")) or tools
-        key = next((k for k in ("messages", "conversations", "conversation") if k in conv), None)
+        key = next((k for k in _TURN_KEYS if k in conv), None)
         if key is None and "instruction" in conv:
             conv = alpaca_turns(conv)
             break

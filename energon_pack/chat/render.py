@@ -29,7 +29,14 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, SampleSkipped
-from .conversation import Message, conversation_tools, normalize_conversation, place_media, require_assistant_turn
+from .conversation import (
+    Message,
+    check_preference,
+    conversation_tools,
+    normalize_conversation,
+    place_media,
+    require_assistant_turn,
+)
 from .templates import TEMPLATE_DEFAULT
 from .tokenizer import QwenTokenizer, as_qwen_tokenizer
 
@@ -64,6 +71,9 @@ class ChatConfig:
             ``SampleSkipped("too_many_visual_tokens")``.
         train_newline_after_im_end: also supervise the "\\n" after each supervised ``<|im_end|>``
             (Megatron-Bridge's loss rule, docs/guides/energon_vlm.md, "Loss rule"); default False (ours).
+        preference: what a preference record (DPO/ORPO/reward ``chosen``/``rejected``, LLaMA-Factory ranking)
+            becomes: ``"refuse"`` (default) a counted ``preference_data`` skip, ``"chosen"`` the SFT record of its
+            prompt and chosen answer (:func:`~energon_pack.chat.conversation.chosen_as_sft`).
     """
 
     system_prompt: str | None = TEMPLATE_DEFAULT  # type: ignore[assignment]
@@ -73,8 +83,10 @@ class ChatConfig:
     max_visual_tokens: int = 16384  # more -> SampleSkipped("too_many_visual_tokens")
     # Megatron-Bridge's rule: also train the "\n" after each supervised <|im_end|> (docs/guides/energon_vlm.md)
     train_newline_after_im_end: bool = False
+    preference: str = "refuse"  # "refuse" | "chosen" (PREFERENCE_MODES)
 
     def __post_init__(self) -> None:
+        check_preference(self.preference)
         if self.loss_policy not in LOSS_POLICIES:
             raise ConfigError("loss_policy", f"unknown policy {self.loss_policy!r}", f"use one of {LOSS_POLICIES}")
         if not isinstance(self.train_newline_after_im_end, bool):
@@ -271,7 +283,7 @@ def encode_text_chat(
     counted ``media_count_mismatch`` skip. Tool calls are rendered the Qwen3 way (module docstring)."""
     config = config or ChatConfig()
     tok = as_qwen_tokenizer(tokenizer)
-    messages = normalize_conversation(conversation)
+    messages = normalize_conversation(conversation, preference=config.preference)
     require_assistant_turn(messages)
     messages = place_media(messages, 0, 0)
     b = render_chat(

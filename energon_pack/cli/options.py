@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from energon_pack.chat.conversation import PREFERENCE_MODES
 from energon_pack.object_waits import DEFAULT_READ_TIMEOUT, DEFAULT_WAIT_BUDGET
 
 
@@ -193,6 +194,15 @@ FORMAT_HELP = (
     "record format: prompt_completion ({prompt, completion} or NeMo's {input, output}), chat (messages / "
     "conversations), text ({text} documents, all supervised, EOS-separated)"
 )
+PREFERENCE_HELP = (
+    "--format chat: preference records (DPO/ORPO/reward chosen/rejected pairs, LLaMA-Factory ranking): refuse: "
+    "counted preference_data skips; chosen: their prompt and chosen answer train as an SFT record"
+)
+
+
+def preference_option(p: argparse.ArgumentParser) -> None:
+    """``--preference {refuse,chosen}``: what ``--format chat`` does with preference records."""
+    p.add_argument("--preference", default="refuse", choices=PREFERENCE_MODES, help=PREFERENCE_HELP)
 
 
 def jsonl_options(p: argparse.ArgumentParser) -> None:
@@ -213,11 +223,13 @@ def jsonl_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the field holding the completion, --format prompt_completion only (default: completion)",
     )
+    preference_option(p)
 
 
 def field_kw(args: argparse.Namespace) -> dict[str, Any]:
-    """``--prompt-field`` / ``--completion-field`` as dataset keywords (only those given); a :class:`CliError`
-    for a format that has no such fields (chat records are read by their ``messages`` / ``conversations``)."""
+    """The format keywords the flags give: ``--prompt-field`` / ``--completion-field`` (only those given) and
+    ``--preference`` (only when not the default); a :class:`CliError` for a format that has no such knob (chat
+    records are read by their ``messages`` / ``conversations``; only chat records are preference pairs)."""
     from .common import CliError
 
     fields = {"prompt_field": args.prompt_field, "completion_field": args.completion_field}
@@ -230,6 +242,11 @@ def field_kw(args: argparse.Namespace) -> dict[str, Any]:
             f"{flags} {verb} to --format prompt_completion only; --format {fmt} reads the messages / "
             f"conversations of each record: drop {flags}"
         )
+    preference = getattr(args, "preference", "refuse")
+    if preference != "refuse":
+        if fmt != "chat":
+            raise CliError(f"--preference applies to --format chat only (--format {fmt}): drop --preference")
+        given["preference"] = preference
     return given
 
 
@@ -240,4 +257,5 @@ JSONL_FLAGS = {
     "max_length": "--max-length",
     "prompt_field": "--prompt-field",
     "completion_field": "--completion-field",
+    "preference": "--preference",
 }

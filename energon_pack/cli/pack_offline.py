@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import jsonl_file, resolve_tokenizer
-from .options import FORMAT_HELP, JSONL_FORMATS, add_command, field_kw, positive_int
+from .options import FORMAT_HELP, JSONL_FORMATS, add_command, field_kw, positive_int, preference_option
 
 NAME = "pack-offline"
 #: the knobs this command's flags set (library messages name these flags)
@@ -18,6 +18,7 @@ KNOB_FLAGS = {
     "seq_length": "--width",
     "prompt_field": "--prompt-field",
     "completion_field": "--completion-field",
+    "preference": "--preference",
     "overwrite": "--overwrite",
 }
 
@@ -72,6 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="the completion's field, --format prompt_completion only (default: completion)",
     )
+    preference_option(p)
     p.add_argument(
         "--overwrite",
         action="store_true",

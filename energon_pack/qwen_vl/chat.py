@@ -187,14 +187,15 @@ def encoded_length(
     config: ChatConfig | None = None,
 ) -> int:
     """Exact token length of the encoded sample from metadata only (sizes are (width, height))."""
+    config = config or ChatConfig()
     ims, vids = _metas(images, videos)
     builder, _ = _render(
-        normalize_conversation(conversation),
+        normalize_conversation(conversation, preference=config.preference),
         ims,
         vids,
         as_qwen_tokenizer(tokenizer),
         preset,
-        config or ChatConfig(),
+        config,
         materialize=False,
     )
     return builder.length
@@ -213,7 +214,8 @@ def preencode_chat(
     config = config or ChatConfig()
     ims, vids = _metas(images, videos)
     tok = as_qwen_tokenizer(tokenizer)
-    b, info = _render(normalize_conversation(conversation), ims, vids, tok, preset, config, materialize=True)
+    messages = normalize_conversation(conversation, preference=config.preference)
+    b, info = _render(messages, ims, vids, tok, preset, config, materialize=True)
     input_ids, target = b.supervised(config.loss_policy)
     labels, loss_mask = shifted_labels_and_loss_mask(input_ids, target, IGNORE_INDEX)
     return EncodedChat(

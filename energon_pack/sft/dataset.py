@@ -109,7 +109,8 @@ class JsonlSFTDataset:
             not ours: :func:`field_pair`), ``template``, ``separator``,
             ``loss`` (``"completion"|"full"``), ``add_bos``, ``add_eos`` for prompt/completion;
             ``loss_policy`` (``"assistant"|"last_turn"|"all"``), ``system_prompt``,
-            ``train_newline_after_im_end`` (Megatron-Bridge's loss rule) for chat.
+            ``train_newline_after_im_end`` (Megatron-Bridge's loss rule), ``preference`` (``"refuse"|"chosen"``:
+            a preference record is a ``preference_data`` skip, or trains its chosen answer as SFT) for chat.
     """
 
     def __init__(
@@ -238,7 +239,7 @@ class JsonlSFTDataset:
         if isinstance(fmt, ChatFormat):
             if not self._byte_gate(1 << 62) or not self._byte_gate(_string_chars(record)):
                 return None
-            texts = chat_texts(record, self._byte_bound[1])
+            texts = chat_texts(record, self._byte_bound[1], fmt.preference)
             return texts if texts is not None and self._byte_gate(sum(map(len, texts))) else None
         if not isinstance(fmt, PromptCompletionFormat):
             return None

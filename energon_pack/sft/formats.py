@@ -10,7 +10,8 @@
   :mod:`energon_pack.chat.conversation`) rendered as ChatML by
   :func:`energon_pack.chat.encode_text_chat`, tool calls the Qwen3 way, loss on assistant turns by
   default, no system prompt unless ``system_prompt`` is given (text chat follows no one model's
-  template).
+  template). Preference records are ``preference_data`` skips unless ``preference="chosen"`` trains
+  their chosen answer as SFT (:func:`energon_pack.chat.conversation.chosen_as_sft`).
 
 * :class:`TextFormat`: pretraining-style documents (``{"text": ...}``: LLaMA-Factory's ``c4_demo``, TRL's text
   datasets): ``tok(text) + [eos]``, every token supervised, so documents packed together are separated by EOS.
@@ -235,6 +236,7 @@ class ChatFormat:
     loss_policy: str = "assistant"  # "assistant" | "last_turn" | "all"
     system_prompt: str | None = None
     train_newline_after_im_end: bool = False  # Megatron-Bridge's loss rule (ChatConfig)
+    preference: str = "refuse"  # "chosen": a preference record's chosen answer trains as SFT (ChatConfig)
 
     def __post_init__(self) -> None:
         if self.loss_policy not in LOSS_POLICIES:
@@ -247,6 +249,7 @@ class ChatFormat:
                 system_prompt=self.system_prompt,
                 loss_policy=self.loss_policy,
                 train_newline_after_im_end=self.train_newline_after_im_end,
+                preference=self.preference,
             ),
         )
 
@@ -261,6 +264,8 @@ class ChatFormat:
             self.train_newline_after_im_end,
             tokenizer_fingerprint(self.tokenizer),
         )
+        if self.preference != "refuse":  # the default's fingerprint (and the caches keyed by it) stays as it was
+            knobs += (("preference", self.preference),)
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
 

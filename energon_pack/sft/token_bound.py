@@ -67,15 +67,16 @@ def max_bytes_per_token(tokenizer: Any) -> int | None:
     return shrink * max([longest, *added])
 
 
-def chat_texts(record: Any, control_contents: tuple[str, ...]) -> list[str] | None:
+def chat_texts(record: Any, control_contents: tuple[str, ...], preference: str = "refuse") -> list[str] | None:
     """The message texts a chat record renders at least (each stripped, and after its last
     ``</think>``: a template may drop either), or None when the chat format would skip the record
-    for another reason first (its shape, no assistant turn, media, tools, a typed control token)."""
+    for another reason first (its shape, no assistant turn, media, tools, a typed control token).
+    ``preference``: the chat format's (a preference record read as its chosen answer with ``"chosen"``)."""
     from ..chat.conversation import normalize_conversation, place_media, require_assistant_turn
     from ..errors import SampleSkipped
 
     try:
-        messages = normalize_conversation(record)
+        messages = normalize_conversation(record, preference=preference)
         require_assistant_turn(messages)
         place_media(messages, 0, 0)
     except SampleSkipped:

@@ -6,6 +6,7 @@ as written. Checked on the normaliser every path shares, the GPT-SFT chat path a
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import webdataset as wds
@@ -137,3 +138,48 @@ def test_energon_encoder_skips_them_through_the_loader(tmp_path):
     keys = [k for batch in get_loader(ds) for k in batch["__keys__"]]
     assert sorted({k.split("-")[0] for k in keys}) == ["good", "v1"]
     assert len(keys) == 20
+
+
+def test_chosen_mode_trains_the_pair_and_still_refuses_the_rest(tmp_path):
+    """``preference="chosen"`` reads preference pairs only: audio, KTO-undesirable, reasoning and fractional loss
+    weights stay the same counted skips, on the GPT-SFT chat path and through the Energon VLM encoder's loader."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in NOT_SFT.values()))
+    ds = JsonlSFTDataset(path, TOK, format="chat", preference="chosen", cache_dir=tmp_path / "c")
+    assert dict(ds.skips) == {
+        "kto_undesirable": 1,
+        "unsupported_audio": 1,
+        "unsupported_loss_weight": 1,
+        "unsupported_reasoning": 1,
+    }
+    pair_line = list(NOT_SFT).index("preference_data")
+    assert ds.lengths[pair_line] == len(
+        encode_text_chat(
+            {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, tokenizer=TOK
+        )[0]
+    )
+    root = tmp_path / "shards"
+    root.mkdir()
+    records = [("pair", NOT_SFT["preference_data"]), ("audio", NOT_SFT["unsupported_audio"])]
+    with wds.TarWriter(str(root / "data-000000.tar")) as sink:
+        for i in range(12):
+            name, record = records[i % 2]
+            sink.write({"__key__": f"{name}-{i:03d}", "json": json.dumps(record).encode()})
+    prepare(root)
+    keys = {}
+    for preference in ("refuse", "chosen"):
+        te = QwenVLPackingTaskEncoder(tokenizer="demo", seq_length=512, chat=ChatConfig(preference=preference))
+        ds = get_train_dataset(
+            str(root),
+            batch_size=1,
+            task_encoder=te,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            packing_buffer_size=8,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            repeat=False,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the refused run emits nothing: its warning says so
+            keys[preference] = sorted(k for batch in get_loader(ds) for k in batch["__keys__"])
+    assert keys == {"refuse": [], "chosen": [f"pair-{i:03d}" for i in range(0, 12, 2)]}

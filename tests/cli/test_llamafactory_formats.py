@@ -298,3 +298,177 @@ def test_convert_refuses_what_it_cannot_train_by_name_and_notes_tool_calls(tmp_p
     assert s.skipped == {"unsupported_audio": 1, "kto_undesirable": 1, "preference_data": 1} and s.written == 3
     assert s.tool_records == 1
     assert "1 of 3 written record(s) hold tool calls or tools: only the qwen3-vl preset trains them" in s.format_text()
+
+
+#: records of LLaMA-Factory's dpo_en_demo.json shape (ShareGPT pairwise: prompt turns, a chosen and a rejected turn)
+DPO_DEMO = [
+    {
+        "conversations": [{"from": "human", "value": "Name three primary colours."}],
+        "chosen": {"from": "gpt", "value": "Red, yellow and blue."},
+        "rejected": {"from": "gpt", "value": "Green."},
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "What is 2 + 2?"},
+            {"from": "gpt", "value": "4."},
+            {"from": "human", "value": "And times 3?"},
+        ],
+        "chosen": {"from": "gpt", "value": "12."},
+        "rejected": {"from": "gpt", "value": "7."},
+    },
+    {
+        "conversations": [{"from": "human", "value": "Translate 'thank you' to French."}],
+        "system": "You are a translator.",
+        "chosen": {"from": "gpt", "value": "Merci."},
+        "rejected": {"from": "gpt", "value": "Gracias."},
+    },
+]
+#: DPO_DEMO as the SFT records of their chosen answers, written by hand
+DPO_DEMO_SFT = [
+    {
+        "conversations": [
+            {"from": "human", "value": "Name three primary colours."},
+            {"from": "gpt", "value": "Red, yellow and blue."},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "What is 2 + 2?"},
+            {"from": "gpt", "value": "4."},
+            {"from": "human", "value": "And times 3?"},
+            {"from": "gpt", "value": "12."},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "Translate 'thank you' to French."},
+            {"from": "gpt", "value": "Merci."},
+        ],
+        "system": "You are a translator.",
+    },
+]
+DPO_TRAINED = ["Red, yellow and blue.<|im_end|>", "4.<|im_end|>12.<|im_end|>", "Merci.<|im_end|>"]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def shard_records(out):
+    """The JSON records of a convert output's shards, in key order."""
+    import tarfile
+
+    found = {}
+    for shard in sorted(out.glob("data-*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                if m.name.endswith(".json"):
+                    found[m.name] = json.loads(tar.extractfile(m).read())
+    return [found[k] for k in sorted(found)]
+
+
+def test_convert_with_preference_chosen_writes_the_chosen_answers_as_sft_and_the_loader_packs_them(tmp_path):
+    from energon_pack.cli.convert import convert
+    from energon_pack.errors import ConfigError
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    src = write_jsonl(tmp_path / "dpo_en_demo.jsonl", DPO_DEMO)
+    with pytest.raises(ConfigError, match="preference_data=3"):  # the default: all refused, nothing written
+        convert(src, tmp_path / "refused", workers=1, progress=False)
+    s = convert(src, tmp_path / "out", workers=2, progress=False, samples_per_shard=2, preference="chosen")
+    assert (s.written, s.skipped, s.shards, s.format) == (3, {}, 2, "sharegpt")
+    assert shard_records(tmp_path / "out") == DPO_DEMO_SFT  # SFT records: prompt + chosen, no pair fields
+    twin = convert(write_jsonl(tmp_path / "sft.jsonl", DPO_DEMO_SFT), tmp_path / "twin", workers=1, progress=False)
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", seq_length=1024)  # the shards need no option to load
+    segments, skips = load(tmp_path / "out", te, workers=2)
+    twin_segments, _ = load(tmp_path / "twin", te, workers=2)
+    assert twin.written == 3 and skips == {} and segments == twin_segments and len(segments) == 3
+    trained = [RAW.decode(segments[k][1], skip_special_tokens=False) for k in sorted(segments)]
+    assert trained == DPO_TRAINED
+
+
+def test_convert_reads_trl_and_alpaca_pairs_in_chosen_mode_and_keeps_unreadable_ones_a_preference_skip(
+    tmp_path, capsys
+):
+    """TRL's keys (``prompt`` / ``chosen``) and alpaca pairwise (no ``output``) tell auto-detection no shape: in
+    chosen mode they are read as their chosen answers; a pair of an unread shape is a counted skip naming it."""
+    from energon_pack.cli.convert import main
+
+    records = [
+        {"prompt": "Name three primary colours.", "chosen": "Red, yellow and blue.", "rejected": "Green."},
+        {
+            "chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+            "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away."}],
+        },
+        {"instruction": "Say thanks", "input": "in French", "chosen": "Merci.", "rejected": "Gracias."},
+        {"prompt": "q", "chosen": 3, "rejected": 4},
+    ]
+    ranking = {"instruction": "Count to two", "input": "", "output": ["1, 2", "2, 1"]}
+    src = write_jsonl(tmp_path / "trl.jsonl", records)
+    assert main([str(src), str(tmp_path / "refused"), "--workers", "0", "--no-progress"]) == 2  # no shape told
+    lines = write_jsonl(tmp_path / "lines.jsonl", [*records, ranking])  # detected as alpaca (instruction + output)
+    assert main([str(lines), str(tmp_path / "refused"), "--workers", "0", "--no-progress"]) == 2
+    assert "could be converted: preference_data=5 (e.g. line 1: chosen/rejected: a DPO/ORPO" in capsys.readouterr().err
+    flags = ["--workers", "0", "--no-progress", "--json", "--preference", "chosen"]
+    assert (
+        main([str(src), str(tmp_path / "out"), *flags]) == 0 and main([str(lines), str(tmp_path / "o2"), *flags]) == 0
+    )
+    summary = json.loads((tmp_path / "out" / "convert_summary.json").read_text())
+    assert summary["written"] == 3 and summary["skipped"] == {"preference_data": 1}
+    assert summary["detected"] == "messages (JSONL, preference pairs, read as their chosen answers)"
+    assert summary["examples"]["preference_data"] == [
+        "line 4: chosen/rejected of a shape not read as SFT: chosen is 3: not a string, a turn or a list of turns"
+    ]
+    assert shard_records(tmp_path / "o2")[3:] == [
+        {"messages": [{"role": "user", "content": "Count to two"}, {"role": "assistant", "content": "1, 2"}]}
+    ]
+    assert shard_records(tmp_path / "out") == [
+        {
+            "messages": [
+                {"role": "user", "content": "Name three primary colours."},
+                {"role": "assistant", "content": "Red, yellow and blue."},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "Say thanks\nin French"},
+                {"role": "assistant", "content": "Merci."},
+            ]
+        },
+    ]
+
+
+def test_energon_text_path_and_gpt_sft_cli_train_the_chosen_answers(tmp_path, monkeypatch, capsys):
+    from energon_pack.cli.main import main, parse_args
+    from energon_pack.cli.options import field_kw
+
+    path = write_jsonl(tmp_path / "dpo.jsonl", DPO_DEMO)
+    assert prepare_jsonl(path) == 3
+    te = TextPackingTaskEncoder(tokenizer="demo", format="chat", preference="chosen", seq_length=1024)
+    segments, skips = load(path, te, workers=2)
+    twin = write_jsonl(tmp_path / "sft.jsonl", DPO_DEMO_SFT)
+    prepare_jsonl(twin)
+    twin_segments, _ = load(twin, TextPackingTaskEncoder(tokenizer="demo", format="chat", seq_length=1024), workers=2)
+    assert skips == {} and sorted(segments.values()) == sorted(twin_segments.values()) and len(segments) == 3
+    with pytest.warns(RuntimeWarning, match=r'preference_data: 3\. Likely fix: .*preference="chosen" \(--preference'):
+        refused, _ = load(path, TextPackingTaskEncoder(tokenizer="demo", format="chat", seq_length=1024))
+    assert refused == {}  # the default: every pair refused
+
+    monkeypatch.setenv("ENERGON_PACK_CACHE_DIR", str(tmp_path / "cache"))
+    inspect = ["inspect", str(path), "--format", "chat", "--tokenizer", "demo", "--width", "512", "--json-out"]
+    assert main([*inspect, str(tmp_path / "chosen.json"), "--preference", "chosen"]) == 0
+    assert main([*inspect, str(tmp_path / "refused.json")]) == 1  # no usable line
+    chosen, refused = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("chosen", "refused"))
+    assert (chosen["usable"], chosen["skips"]) == (3, {})
+    assert refused["usable"] == 0 and {k: v["count"] for k, v in refused["skips"].items()} == {"preference_data": 3}
+    for argv in (
+        ["pack-offline", str(path), str(tmp_path / "packs"), "--format", "chat", "--preference", "chosen"],
+        ["bench-sft", "--data", str(path), "--format", "chat", "--preference", "chosen"],
+    ):
+        assert field_kw(parse_args(argv)) == {"preference": "chosen"}
+    assert field_kw(parse_args(["inspect", str(path), "--format", "chat"])) == {}
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--preference", "chosen", "--tokenizer", "demo"]) == 2
+    assert "--preference applies to --format chat only (--format prompt_completion)" in capsys.readouterr().err

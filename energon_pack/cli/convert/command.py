@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from energon_pack.chat.conversation import PREFERENCE_MODES
 from energon_pack.cli.common import PRESET_NAMES
 from energon_pack.cli.options import Parser
 from energon_pack.errors import ConfigError
@@ -39,7 +40,8 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
         "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
-        "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n\n"
+        "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n"
+        "  energon-pack convert dpo_en_demo.json out --preference chosen   # the chosen answers as SFT\n\n"
         "skip reasons (counted in the summary, up to 3 examples each):\n"
         + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
@@ -73,6 +75,13 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         choices=FORMATS,
         default="auto",
         help="input format (auto: detected from the content; alpaca: instruction + output records)",
+    )
+    p.add_argument(
+        "--preference",
+        choices=PREFERENCE_MODES,
+        default="refuse",
+        help="preference records (DPO/ORPO/reward chosen/rejected pairs, LLaMA-Factory ranking): refuse: counted "
+        "preference_data skips; chosen: written as the SFT record of their prompt and chosen answer",
     )
     p.add_argument(
         "--workers",
@@ -132,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             allow_outside_paths=args.allow_outside_paths,
             max_media_mb=args.max_media_mb,
             preset=args.preset,
+            preference=args.preference,
         )
     except ConfigError as exc:
         if args.debug:

@@ -26,3 +26,4 @@ class _Context:
     allow_outside: bool = False
     max_media_bytes: int = DEFAULT_MAX_MEDIA_MB << 20
     preset: str = DEFAULT_BRIDGE_PRESET  # the frame size of --layout bridge videos
+    preference: str = "refuse"  # "chosen": a preference record is written as the SFT record of its chosen answer

@@ -8,7 +8,14 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from energon_pack.chat.conversation import ALPACA_FIELDS, alpaca_turns, check_conversation, normalize_conversation
+from energon_pack.chat.conversation import (
+    ALPACA_FIELDS,
+    alpaca_turns,
+    check_conversation,
+    chosen_as_sft,
+    normalize_conversation,
+    not_sft_reason,
+)
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
 
@@ -106,10 +113,17 @@ def _json_default(obj: Any) -> Any:
 
 def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int, int, bool]:
     """One record -> (webdataset fields, image count, image bytes, video count, video bytes, whether it holds tool
-    calls or tools); SampleSkipped when unusable."""
+    calls or tools); SampleSkipped when unusable. With ``ctx.preference == "chosen"`` a preference record is written
+    as the SFT record of its chosen answer (:func:`~energon_pack.chat.conversation.chosen_as_sft`), so the shards
+    need no option when they are loaded."""
     if not isinstance(rec, dict):
         raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
     check_depth(rec)
+    if ctx.preference == "chosen":
+        rec = chosen_as_sft(rec)
+    skip = not_sft_reason(rec)  # named before the conversation is looked for (a TRL pair has none of its keys)
+    if skip is not None:
+        raise skip
     conv_key, turns = _conversation_of(rec, ctx.shape)
     turns, part_sources, video_part_sources = _split_media_parts(turns)
     refs = _media_refs(rec, _IMAGE_KEYS) or [s for s in part_sources if s is not None]

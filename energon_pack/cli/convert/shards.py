@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from energon_pack.chat.conversation import check_preference
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.records import decode_json_record
@@ -131,6 +132,7 @@ def convert(
     allow_outside_paths: bool = False,
     max_media_mb: float = DEFAULT_MAX_MEDIA_MB,
     preset: str | None = None,
+    preference: str = "refuse",
 ) -> ConvertSummary:
     """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
     Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
@@ -148,6 +150,11 @@ def convert(
 
     ``layout="bridge"`` stores each video as the frames qwen-vl-utils' default sampling takes, at the size
     ``preset``'s video budget resizes them to (default qwen2.5-vl), as JPEG: what the loader would train on.
+
+    ``preference="chosen"`` writes a preference record (DPO/ORPO/reward ``chosen``/``rejected``, LLaMA-Factory
+    ranking) as the SFT record of its prompt and chosen answer
+    (:func:`~energon_pack.chat.conversation.chosen_as_sft`); the default ``"refuse"`` counts it as a
+    ``preference_data`` skip. Either way the shards hold SFT records only: loading them needs no option.
     """
     t0 = time.perf_counter()
     if layout not in LAYOUTS:
@@ -162,6 +169,7 @@ def convert(
         )
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     _bridge_preset(layout, preset)  # refused before anything is written
+    check_preference(preference)
     if workers < 0:
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
     for knob, value in (("source", source), ("image_root", image_root)):
@@ -187,9 +195,10 @@ def convert(
             allow_outside_paths=allow_outside_paths,
             max_media_mb=max_media_mb,
             preset=preset,
+            preference=preference,
         )
     source, out = Path(source), Path(out_dir)
-    src = _open_source(source, format)
+    src = _open_pairs(source, format, preference)
     root_given = image_root is not None
     if image_root is None:
         image_root = source if source.is_dir() else source.parent
@@ -213,6 +222,7 @@ def convert(
             bool(allow_outside_paths),
             int(max_media_mb * (1 << 20)),
             _bridge_preset(layout, preset),
+            preference,
         )
         summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
         results = _run(ctx, src, samples_per_shard, workers, progress)
@@ -268,6 +278,20 @@ def convert(
         return summary
     finally:
         os.close(lock)
+
+
+def _open_pairs(source: Path, format: str, preference: str) -> _Source:
+    """The source, detected; with ``preference="chosen"`` a JSON(L) file of pairs auto-detection cannot tell by their
+    keys (TRL ``prompt`` / ``chosen``, alpaca ``chosen`` without ``output``) is read as messages records: each
+    record's chosen answer becomes its ``messages`` (or alpaca ``output``) in :func:`build_sample`."""
+    try:
+        return _open_source(source, format)
+    except ConfigError as exc:
+        if preference != "chosen" or format != "auto" or not exc.problem.startswith("cannot tell the record shape"):
+            raise
+    src = _open_source(source, "messages")
+    src.detected = src.detected.replace("as given", "preference pairs, read as their chosen answers")
+    return src
 
 
 def _bridge_preset(layout: str, preset: str | None) -> str:
