@@ -75,6 +75,8 @@ _EXPORTS: dict[str, str] = {
     # the packing core (no torch, no Energon) and the THD batch
     "BinPacking": "energon_pack.packing",
     "OnlinePacker": "energon_pack.packing",
+    "ComputeBalancedPacker": "energon_pack.packing",
+    "StepCostModel": "energon_pack.packing",
     "OversizeError": "energon_pack.packing",
     "PackingStats": "energon_pack.packing",
     "PackingStatsTracker": "energon_pack.packing",
@@ -133,10 +135,12 @@ if TYPE_CHECKING:  # static analysers see the real names
     from energon_pack.object_waits import ObjectStoreTimeout, configure_object_waits
     from energon_pack.packing import (
         BinPacking,
+        ComputeBalancedPacker,
         OnlinePacker,
         OversizeError,
         PackingStats,
         PackingStatsTracker,
+        StepCostModel,
         best_fit_decreasing,
         first_fit_decreasing,
     )

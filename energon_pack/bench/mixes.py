@@ -36,3 +36,30 @@ def heavy_tail(n: int, width: int, seed: int = 0) -> np.ndarray:
 
 
 MIXES = {"lognormal": lognormal_text, "vlm": vlm_bimodal, "heavy_tail": heavy_tail}
+
+
+#: photo sizes of LLaVA-style instruction data (COCO, VG, TextVQA, ... at their own resolution)
+PHOTO_SIZES = ((640, 480), (500, 375), (480, 640), (640, 427), (612, 612), (1024, 768), (336, 336), (800, 600))
+
+
+def llava_photos(n: int, width: int, seed: int = 0) -> list[tuple[int, list[tuple[int, int, int]]]]:
+    """A held-out-like VLM mix as (tokens, vision grids) per sample: 85% with one to three photos at their own
+    size (scaled 0.6-1.4x, Qwen2.5-VL's 28-pixel merged patches) plus log-normal text (median 160 tokens), 15%
+    text-only chats (log-normal, median 500). Grids are (t, h, w) in 14-pixel patches."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.15:
+            out.append((int(np.clip(rng.lognormal(np.log(500), 0.9), 16, width)), []))
+            continue
+        grids, image_tokens = [], 0
+        for _ in range(1 if r < 0.9 else int(rng.integers(2, 4))):
+            w, h = PHOTO_SIZES[rng.integers(len(PHOTO_SIZES))]
+            scale = rng.uniform(0.6, 1.4)
+            gh, gw = max(2, round(h * scale / 28) * 2), max(2, round(w * scale / 28) * 2)
+            grids.append((1, gh, gw))
+            image_tokens += gh * gw // 4
+        text = int(np.clip(rng.lognormal(np.log(160), 0.8), 8, None))
+        out.append((min(width, text + image_tokens), grids))
+    return out

