@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .costs import CostLike, as_capacity, as_cost
 from .stats import PackingStats
 
 STATE_FORMAT = 1
@@ -41,10 +42,12 @@ DEFAULT_BUFFER_SIZE = 256
 
 
 class ComputeBalancedPacker:
-    """Streaming packer of (tokens, cost) samples into packs of ``width`` tokens and about equal cost.
+    """Streaming packer of samples into packs of ``capacity`` (tokens first, then any other budgets, as for
+    :class:`~energon_pack.packing.online.OnlinePacker`) whose step costs are about equal.
 
     Args:
-        width: tokens per pack (``seq_length``).
+        capacity: the budgets of one pack: an int (tokens, ``seq_length``) or a vector (tokens first, then e.g.
+            vision patches, media items, segments); every budget is respected.
         buffer_size: samples held; a pack is built each time it is full. More choices balance better
             (64: DP-8 efficiency 0.98, 256: 0.99 on the bench mix) at the cost of memory and latency.
         slack: the excess tolerated per token of room left, as a share of the mean cost per token.
@@ -53,14 +56,14 @@ class ComputeBalancedPacker:
 
     def __init__(
         self,
-        width: int,
+        capacity: CostLike,
         *,
         buffer_size: int = DEFAULT_BUFFER_SIZE,
         slack: float = DEFAULT_SLACK,
         room_weight: float = DEFAULT_ROOM_WEIGHT,
     ) -> None:
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(f"width must be a positive int (tokens per pack), got {width!r}")
+        self.capacity = as_capacity(capacity)
+        width = self.capacity[0]
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"buffer_size must be a positive int (samples held), got {buffer_size!r}")
         for name, value in (("slack", slack), ("room_weight", room_weight)):
@@ -72,7 +75,7 @@ class ComputeBalancedPacker:
 
     def _reset(self) -> None:
         self._keys: list[Hashable] = []
-        self._tokens: list[int] = []
+        self._budgets: list[tuple[int, ...]] = []  # every budget, tokens first
         self._costs: list[float] = []
         self._sum_tokens = 0
         self._sum_cost = 0.0
@@ -89,23 +92,27 @@ class ComputeBalancedPacker:
         """The running mean cost per token of what was pushed (1.0 before the first sample)."""
         return self._sum_cost / self._sum_tokens if self._sum_tokens else 1.0
 
-    def push(self, key: Hashable, tokens: int, cost: float) -> list[list[Hashable]]:
-        """Add one sample; returns the packs (lists of keys) ready now."""
-        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
-            raise ValueError(f"tokens of {key!r} must be a whole number >= 0, got {tokens!r}")
+    def held_keys(self) -> list[Hashable]:
+        """The keys held (not yet in an emitted pack), oldest first."""
+        return list(self._keys)
+
+    def push(self, key: Hashable, budgets: CostLike, cost: float) -> list[list[Hashable]]:
+        """Add one sample: its ``budgets`` (tokens, or a vector in the order of ``capacity``) and its step
+        ``cost``; returns the packs (lists of keys) ready now."""
+        budgets = as_cost(budgets, len(self.capacity), key=key)
         cost = float(cost)
         if not np.isfinite(cost) or cost < 0:
             raise ValueError(f"cost of {key!r} must be a finite number >= 0, got {cost!r}")
         if key in self._keys:
             raise ValueError(f"duplicate key {key!r}: it is already held by the packer")
-        if tokens > self.width:
+        if any(b > c for b, c in zip(budgets, self.capacity)):
             self._skipped.append((key, OVERSIZE_REASON))
             self.stats.record_skip(OVERSIZE_REASON)
             return []
         self._keys.append(key)
-        self._tokens.append(int(tokens))
+        self._budgets.append(budgets)
         self._costs.append(cost)
-        self._sum_tokens += int(tokens)
+        self._sum_tokens += budgets[0]
         self._sum_cost += cost
         return [self._build()] if len(self._keys) >= self.buffer_size else []
 
@@ -122,18 +129,19 @@ class ComputeBalancedPacker:
 
     def _build(self) -> list[Hashable]:
         """One pack from the buffer: the oldest sample, then the best-scoring fitting one until none fits."""
-        tokens = np.asarray(self._tokens, dtype=np.int64)
+        budgets = np.asarray(self._budgets, dtype=np.int64).reshape(len(self._budgets), len(self.capacity))
+        tokens, capacity = budgets[:, 0], np.asarray(self.capacity, dtype=np.int64)
         costs = np.asarray(self._costs, dtype=np.float64)
         rho = self.cost_per_token
         excess = costs - rho * tokens
         full_cost = rho * self.width
         taken = np.zeros(len(tokens), dtype=bool)
         taken[0] = True
-        used, pack_excess = int(tokens[0]), float(excess[0])
+        used, pack_excess = budgets[0].copy(), float(excess[0])
         order = [0]
         while True:
-            room = self.width - used
-            fits = ~taken & (tokens <= room)
+            room = self.width - int(used[0])
+            fits = ~taken & (budgets + used <= capacity).all(axis=1)
             if not fits.any():
                 break
             after = room - tokens
@@ -142,14 +150,14 @@ class ComputeBalancedPacker:
             pick = int(np.argmin(score))  # ties: the oldest
             taken[pick] = True
             order.append(pick)
-            used += int(tokens[pick])
+            used += budgets[pick]
             pack_excess += float(excess[pick])
         group = [self._keys[i] for i in order]
-        self.stats.record_pack([(self._tokens[i],) for i in order], (self.width,))
+        self.stats.record_pack([self._budgets[i] for i in order], self.capacity)
         self.cost_packed += float(costs[order].sum())
         keep = [i for i in range(len(tokens)) if not taken[i]]
         self._keys = [self._keys[i] for i in keep]
-        self._tokens = [self._tokens[i] for i in keep]
+        self._budgets = [self._budgets[i] for i in keep]
         self._costs = [self._costs[i] for i in keep]
         return group
 
@@ -157,11 +165,11 @@ class ComputeBalancedPacker:
         """Plain-data state: restoring it reproduces the same future packs exactly."""
         return {
             "format": STATE_FORMAT,
-            "width": self.width,
+            "capacity": list(self.capacity),
             "buffer_size": self.buffer_size,
             "slack": self.slack,
             "room_weight": self.room_weight,
-            "held": [[k, t, c] for k, t, c in zip(self._keys, self._tokens, self._costs)],
+            "held": [[k, list(b), c] for k, b, c in zip(self._keys, self._budgets, self._costs)],
             "sum_tokens": self._sum_tokens,
             "sum_cost": self._sum_cost,
             "cost_packed": self.cost_packed,
@@ -171,17 +179,18 @@ class ComputeBalancedPacker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported packer state format {state.get('format')!r}")
-        knobs = ("width", "buffer_size", "slack", "room_weight")
+        knobs = ("capacity", "buffer_size", "slack", "room_weight")
         mine = {k: getattr(self, k) for k in knobs}
+        mine["capacity"] = list(self.capacity)
         if {k: state[k] for k in knobs} != mine:
             raise ValueError(
                 f"packer state was saved with { ({k: state[k] for k in knobs}) }, this packer has {mine}: "
-                "exact resume needs the same width, buffer and balance knobs"
+                "exact resume needs the same budgets, buffer and balance knobs"
             )
         self._reset()
-        for key, tokens, cost in state["held"]:
+        for key, budgets, cost in state["held"]:
             self._keys.append(tuple(key) if isinstance(key, list) else key)
-            self._tokens.append(int(tokens))
+            self._budgets.append(tuple(int(b) for b in budgets))
             self._costs.append(float(cost))
         self._sum_tokens, self._sum_cost = int(state["sum_tokens"]), float(state["sum_cost"])
         self.cost_packed = float(state["cost_packed"])

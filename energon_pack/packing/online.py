@@ -117,6 +117,10 @@ class OnlinePacker:
     def open_bins(self) -> int:
         return len(self._bins)
 
+    def held_keys(self) -> list[Hashable]:
+        """The keys held in open bins (bins in opening order)."""
+        return [key for b in self._bins for key in b.keys]
+
     def push(self, key: Hashable, cost: CostLike) -> list[list[Hashable]]:
         """Add one item; returns the groups (lists of keys) that are ready now, in order."""
         dims = len(self.capacity)

@@ -80,7 +80,7 @@ def test_same_packs_again_and_after_a_resume(items):
         tail.extend(restored.push(key, tokens, cost))
     assert head + tail == expected
     assert restored.stats.state_dict() == whole.stats.state_dict()
-    with pytest.raises(ValueError, match="same width, buffer and balance knobs"):
+    with pytest.raises(ValueError, match="same budgets, buffer and balance knobs"):
         ComputeBalancedPacker(8192, buffer_size=32).load_state_dict(state)
 
 
@@ -121,3 +121,14 @@ def test_the_bench_prints_both_modes():
     assert compute["dp_efficiency"]["8"] > tokens["dp_efficiency"]["8"] and compute["cost_cv"] < tokens["cost_cv"]
     table = format_table(result)
     assert "DP-8" in table and table.count("\n") == 3
+
+
+def test_every_budget_is_respected(items):
+    """A second budget (here: at most 3 samples a pack) holds in every pack, as in OnlinePacker."""
+    packer = ComputeBalancedPacker((8192, 3), buffer_size=64)
+    groups = []
+    for key, (tokens, cost) in enumerate(items[:-1]):
+        groups.extend(packer.push(key, (tokens, 1), cost))
+    groups += packer.flush()
+    assert max(len(g) for g in groups) == 3 and sorted(k for g in groups for k in g) == list(range(len(items) - 1))
+    assert packer.held_keys() == []
