@@ -46,8 +46,10 @@ class CarryOverPackingDataset(BaseWrapperDataset):
 
     Args:
         dataset: the pre-encoded stream; wrapped in a :class:`SourceEnd` here.
-        make_packer: a fresh :class:`OnlinePacker` (capacity, buffer bound, packer knobs).
+        make_packer: a fresh :class:`OnlinePacker` (capacity, buffer bound, packer knobs), or a
+            :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` (then ``step_cost_fn`` is given).
         cost_fn: one pre-encoded sample's cost in every budget.
+        step_cost_fn: one pre-encoded sample's step cost, for a compute-balanced packer; None otherwise.
         final_packer: the members of one pack -> the pack (``pack_selected_samples``).
         final_packer_stateless: ``final_packer`` is ``@stateless`` (packs can be restored from their keys).
         sample_encoder: ``postencode_sample`` run on each member of an emitted pack, or None.
@@ -75,6 +77,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         *,
         make_packer: Callable[[], OnlinePacker],
         cost_fn: Callable[[Any], Cost],
+        step_cost_fn: Callable[[Any], float] | None = None,
         final_packer: Callable[[list[Any]], Any],
         final_packer_stateless: bool,
         sample_encoder: Callable[[Any], Any] | None = None,
@@ -90,6 +93,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
         )
         self.make_packer = make_packer
         self.cost_fn = cost_fn
+        self.step_cost_fn = step_cost_fn
         self.final_packer = final_packer
         self.final_packer_stateless = final_packer_stateless
         self.sample_encoder = sample_encoder
@@ -156,6 +160,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
                 continue
             try:
                 cost = self.cost_fn(sample)
+                step_cost = None if self.step_cost_fn is None else self.step_cost_fn(sample)
             except SampleSkipped as skip:
                 self._packer.stats.record_skip(skip.reason)
                 continue
@@ -163,7 +168,10 @@ class CarryOverPackingDataset(BaseWrapperDataset):
             self._next_slot += 1
             self._held.append(sample)
             self._held_slots.append(slot)
-            self._pending.extend(self._packer.push(slot, cost))
+            if step_cost is None:
+                self._pending.extend(self._packer.push(slot, cost))
+            else:
+                self._pending.extend(self._packer.push(slot, cost, step_cost))
             for skipped_slot, _reason in self._packer.pop_skipped():
                 self._take(skipped_slot)  # counted in the packer's stats
             yield from self._drain()
@@ -172,8 +180,7 @@ class CarryOverPackingDataset(BaseWrapperDataset):
 
     def _check_consistent(self) -> None:
         """Refuse a state whose held samples are not exactly the members of its open bins and pending packs."""
-        binned = [key for _bin, _opened, members in self._packer.state_dict()["bins"] for key, _cost in members]
-        placed = sorted(binned + [slot for group in self._pending for slot in group])
+        placed = sorted(self._packer.held_keys() + [slot for group in self._pending for slot in group])
         if len(self._held.buffer) != len(self._held_slots) or placed != sorted(self._held_slots):
             raise ResumeConfigError(
                 "checkpoint",

@@ -9,6 +9,8 @@ from energon_pack.errors import ConfigError
 from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 
 PACKING_MODES = ("carry", "rounds")
+#: what the carry packer makes equal across packs: tokens only, or tokens and step cost
+BALANCE_MODES = ("tokens", "compute")
 #: Knobs that may change between save and restore (they do not change which packs come next).
 RESUME_SAFE_KNOBS = ("skip_guard", "skip_warn_rate", "skip_warn_window")
 
@@ -68,6 +70,14 @@ class PackingConfig:
             always skips) or ``"truncate"`` (cut to ``seq_length`` tokens: the text encoder only; the Qwen-VL
             encoder refuses it, it would cut visual tokens). Default ``"skip"``: one bad sample does not stop a
             run and every skip is counted in ``packing_stats``.
+        balance: carry mode: ``"tokens"`` (packs full in tokens) or ``"compute"`` (full in tokens *and* about
+            equal in step cost under ``cost_model``: attention per segment squared, vision patches; ranks then
+            wait less for their slowest, with no communication; :class:`~energon_pack.packing.balanced.
+            ComputeBalancedPacker`, holding ``packing_buffer_size`` samples). Default ``"tokens"``: on the bench
+            mix ``"compute"`` costs 0.35-0.5 fill points (``python -m energon_pack.bench.balance_bench``).
+        cost_model: the model shape whose step cost ``balance="compute"`` equalises, a name of
+            :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``). Default None: the encoder's
+            own (the 7B/8B shape of the Qwen-VL preset; Qwen2.5-VL-7B's LLM for text).
         seed: carry mode: the seed of the order in which the last open bins are emitted at the end of a
             finite stream. Default 0: fixed, so the same data gives the same packs.
         skip_guard: a worker that has skipped this many samples without emitting a single pack raises
@@ -98,6 +108,8 @@ class PackingConfig:
     min_fill: float | None = None
     max_age: int | None = None
     overlength: str = "skip"
+    balance: str = "tokens"
+    cost_model: str | None = None
     seed: int = 0
     skip_guard: int | None = None
     skip_warn_rate: float | None = 0.5
@@ -106,6 +118,21 @@ class PackingConfig:
     def __post_init__(self) -> None:
         if self.packing_mode not in PACKING_MODES:
             raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
+        if self.balance not in BALANCE_MODES:
+            raise ConfigError("balance", f"unknown mode {self.balance!r}", f"use one of {BALANCE_MODES}")
+        if self.balance == "compute" and self.packing_mode != "carry":
+            raise ConfigError(
+                "balance",
+                f"'compute' balances the carry packer; packing_mode={self.packing_mode!r} packs Energon's rounds",
+                "use packing_mode='carry' with balance='compute'",
+            )
+        if self.cost_model is not None:
+            from energon_pack.packing.step_cost import SHAPES
+
+            if self.cost_model not in SHAPES:
+                raise ConfigError(
+                    "cost_model", f"unknown model shape {self.cost_model!r}", f"use one of {list(SHAPES)}"
+                )
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         if self.skip_guard is not None and (

@@ -20,6 +20,7 @@ Energon guards (:func:`~energon_pack.energon.compat.install_energon_guards`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import fields
 from functools import partial
@@ -32,7 +33,13 @@ from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import BatchDataset, MapDataset
 
 from energon_pack.errors import ConfigError, SampleSkipped
-from energon_pack.packing import OnlinePacker, PackingStats, first_fit_decreasing
+from energon_pack.packing import (
+    ComputeBalancedPacker,
+    OnlinePacker,
+    PackingStats,
+    StepCostModel,
+    first_fit_decreasing,
+)
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
@@ -90,8 +97,22 @@ class CarryOverPackingMixin:
         """Cost of one pre-encoded sample in every budget (tokens first)."""
         return tuple(sample.cost)
 
-    def make_packer(self, buffer_size: int) -> OnlinePacker:
+    #: the step-cost shape of ``balance="compute"`` when ``cost_model`` names none
+    default_cost_shape = "qwen2.5-vl-7b"
+
+    def make_packer(self, buffer_size: int) -> OnlinePacker | ComputeBalancedPacker:
+        if self.packing.balance == "compute":
+            return ComputeBalancedPacker(self.packing_capacity(), buffer_size=buffer_size)
         return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
+
+    @functools.cached_property
+    def step_cost_model(self) -> StepCostModel:
+        """The step-cost model ``balance="compute"`` equalises (``cost_model``, or the encoder's default shape)."""
+        return StepCostModel.from_shape(self.packing.cost_model or self.default_cost_shape)
+
+    def packing_step_cost(self, sample: Any) -> float:
+        """One pre-encoded sample's step cost: its tokens as one segment (a text sample has no vision)."""
+        return self.step_cost_model.sample_cost(sample.cost[0])
 
     # ---------------------------------------------------------------- Energon's own hooks
     def select_samples_to_pack(self, samples: list[Any]) -> list[list[Any]]:
@@ -263,6 +284,7 @@ class CarryOverPackingMixin:
                 dataset,
                 make_packer=partial(self.make_packer, packing_buffer_size),
                 cost_fn=self.packing_cost,
+                step_cost_fn=self.packing_step_cost if self.packing.balance == "compute" else None,
                 final_packer=self.pack_selected_samples,
                 **common,
             )

@@ -63,6 +63,10 @@ def check_static_pixel_memory(max_patches_per_pack: int, preset: VisionPreset) -
     return need
 
 
+#: the step-cost shape of ``balance="compute"`` per preset version (``PackingConfig.cost_model`` overrides it)
+DEFAULT_COST_SHAPES = {"qwen2": "qwen2-vl-7b", "qwen2.5": "qwen2.5-vl-7b", "qwen3": "qwen3-vl-8b"}
+
+
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL finetuning on ChatML WebDataset with online packing.
 
@@ -209,6 +213,18 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             "length": length,
         }
         return PackCandidate.derive_from(sample, cost=cost, payload=payload)
+
+    @property
+    def default_cost_shape(self) -> str:  # type: ignore[override]
+        """The 7B/8B model of the preset's version: what ``balance="compute"`` prices by default."""
+        return DEFAULT_COST_SHAPES.get(self.preset.rope_style, "qwen2.5-vl-7b")
+
+    def packing_step_cost(self, sample: Any) -> float:
+        """One pre-encoded sample's step cost: its tokens as one segment, its images' and videos' grids."""
+        payload = sample.payload
+        grids = [V.image_grid_thw(m.height, m.width, self.preset) for m in payload["image_metas"]]
+        grids += [video_grid(m, self.preset, self.chat) for m in payload["video_metas"]]
+        return self.step_cost_model.sample_cost(sample.cost[0], grids)
 
     def packing_capacity(self) -> tuple[int, ...]:
         """The config's budgets (segments among them), then, for static packs, the frame budget."""
