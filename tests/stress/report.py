@@ -2,8 +2,9 @@
 
 Runs the resume sweep, the resume topology cases (another rank, world size, worker count or
 dataset, an edited state), the coverage sweep, and, when their modules are present, the
-hostile-input fuzz (``harness.fuzz.run_fuzz``), the convert fuzz (``harness.convert_fuzz``) and the memory
-bound (``harness.memory.run_memory``); prints one table against the target "0 duplicated, 0 lost,
+hostile-input fuzz (``harness.fuzz.run_fuzz``), the convert fuzz (``harness.convert_fuzz``), the faults of
+video files, object storage and pack-offline (``harness.faults``) and the memory bound
+(``harness.memory.run_memory``); prints one table against the target "0 duplicated, 0 lost,
 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted elsewhere, 0 outside
 bytes", writes ``stress_report.json`` and returns non-zero if any target is missed. Rows marked
 ``info`` are counts, not targets.
@@ -24,7 +25,7 @@ TARGET = (
     "0 duplicated, 0 lost, 0 uncounted, 0 crashes, 0 hangs, 0 resume mismatches, 0 restores accepted "
     "elsewhere, 0 outside bytes"
 )
-INFO = ("cut points", "restore cases", "refused correctly", "records", "hostile records")
+INFO = ("cut points", "restore cases", "refused correctly", "records", "hostile records", "cases")
 TRUE = ("within bound", "records add up")  # targets that must be True, not 0
 FUZZ_SAMPLES = {"bounded": 600, "full": 10_000}
 
@@ -107,6 +108,16 @@ def rows_for(part: str, r: dict) -> list[tuple[str, Any]]:
             ("loader reason mismatch", r.get("loader_reason_mismatches")),
             ("hostile 1st line", r.get("first_line_failures")),
         ]
+    if part == "faults":
+        return [
+            ("cases", r.get("cases")),
+            ("crashes", r.get("crashes")),
+            ("hangs", r.get("hangs")),
+            ("wrong outcome", r.get("wrong_outcome")),
+            ("mixed outputs", r.get("mixed_outputs")),
+            ("over memory bound", r.get("over_memory_bound")),
+            ("late failures", r.get("late_failures")),
+        ]
     return []
 
 
@@ -144,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     convert = _optional("convert_fuzz", "run_convert_fuzz")
     if convert is not None:
         parts["convert"] = lambda: convert(out / "convert", scale)
+    faults = _optional("faults", "run_faults")
+    if faults is not None:
+        parts["faults"] = lambda: faults(out / "faults", scale)
     memory = _optional("memory", "run_memory")
     if memory is not None:
         parts["memory"] = lambda: memory(out_dir=out / "memory")
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["missed"].append(f"{name}: {figure} = {value}")
         if name == "resume":
             table.append((name, "cut points", result.get("cut_points"), True, seconds))
-    for name in ("fuzz", "convert", "memory"):
+    for name in ("fuzz", "convert", "faults", "memory"):
         if name not in parts:
             report["parts"][name] = {"skipped": "module not installed"}
 

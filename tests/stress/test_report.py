@@ -1,4 +1,4 @@
-"""``energon-pack stress`` rows: every target figure of the topology and convert parts is checked; count
+"""``energon-pack stress`` rows: every target figure of the topology, convert and faults parts is checked; count
 rows (info) never miss a target, a missing figure always does."""
 
 import pytest
@@ -7,7 +7,7 @@ from report import INFO, TRUE, _met, rows_for
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("part", ["topology", "convert"])
+@pytest.mark.parametrize("part", ["topology", "convert", "faults"])
 def test_new_parts_have_target_rows_that_miss_on_any_nonzero_figure(part):
     rows = rows_for(part, {})
     targets = [figure for figure, _ in rows if figure not in INFO]
