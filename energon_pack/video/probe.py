@@ -47,9 +47,35 @@ def open_container(data: bytes) -> av.container.InputContainer:
         raise SampleSkipped("corrupt_video", f"unreadable video container: {type(exc).__name__}: {exc}"[:240]) from None
 
 
+def _check_image_pipe(data: bytes) -> None:
+    """An image stored as a video member (FFmpeg reads it as a one-frame ``png_pipe``/``jpeg_pipe``... and decodes
+    its first frame to learn the size, before any header check of ours): its size from PIL's header read (no
+    decode), refused as ``video_too_large`` over :data:`MAX_FRAME_PIXELS`."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height, kind = *image.size, image.format
+    except Image.DecompressionBombError as exc:
+        raise SampleSkipped("video_too_large", f"an image stored as a video: {exc}"[:240]) from None
+    except Exception:  # not an image PIL knows: a real container, for FFmpeg to read
+        return
+    if width * height > MAX_FRAME_PIXELS:
+        raise SampleSkipped(
+            "video_too_large",
+            f"a {kind} image of {width}x{height} ({width * height:,} pixels) stored as a video exceeds "
+            f"energon_pack.video.probe.MAX_FRAME_PIXELS ({MAX_FRAME_PIXELS:,}); raise it to decode such frames",
+        )
+
+
 def probe_video(data: bytes) -> VideoHeader:
     """The :class:`VideoHeader` of an encoded video; SampleSkipped ``corrupt_video`` when there is
-    no readable video stream, no frame rate, no frame or no size."""
+    no readable video stream, no frame rate, no frame or no size, ``video_too_large`` over the pixel cap."""
+    _check_image_pipe(data)
     with open_container(data) as container:
         if not container.streams.video:
             raise SampleSkipped("corrupt_video", "the container has no video stream")

@@ -121,3 +121,22 @@ def test_frames_that_share_timestamps_decode_in_order(tmp_path):
     wanted = [0, 3, 3, 11, 17, 29]
     got = [np.asarray(im) for im in decode_frames(data, wanted)]
     assert all(np.array_equal(g, full[i]) for g, i in zip(got, wanted))
+
+
+def test_an_image_stored_as_a_video_is_refused_from_its_header(monkeypatch):
+    """Two 16000x16000 PNGs as ``KEY.0.mp4``: FFmpeg would decode the first frame (about 740 MB) just to read its
+    size; PIL's header read refuses it first, and FFmpeg is never asked."""
+    from energon_pack.video import probe as video_probe
+    from harness.faults import png_of_zero_rows
+
+    opened = []
+    monkeypatch.setattr(video_probe, "open_container", lambda data: opened.append(data))
+    png = png_of_zero_rows(16000)
+    with pytest.raises(SampleSkipped) as err:
+        probe_video(png + png)
+    assert err.value.reason == "video_too_large" and not opened  # over PIL's own bomb limit: PIL says why
+    assert err.value.detail.startswith("an image stored as a video: Image size (256000000 pixels) exceeds limit")
+    with pytest.raises(SampleSkipped) as err:
+        probe_video(png_of_zero_rows(9000))  # under PIL's limit, over ours
+    assert err.value.reason == "video_too_large" and not opened
+    assert "a PNG image of 9000x9000 (81,000,000 pixels) stored as a video exceeds" in err.value.detail
