@@ -30,12 +30,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
-from ..packing import PackingStats, best_fit_decreasing
+from ..packing import ComputeBalancedPacker, PackingStats, StepCostModel, best_fit_decreasing
 from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
 OVERSIZE = "oversize"
+BALANCE_MODES = ("tokens", "compute")
+#: the shape ``balance="compute"`` prices when ``cost_model`` names none (its LLM: these are text samples)
+DEFAULT_COST_SHAPE = "qwen2.5-vl-7b"
+#: samples the compute-balanced packer holds (at most the window)
+BALANCE_BUFFER = 256
 
 
 @accepts_old_width
@@ -55,6 +60,12 @@ class TokenBudgetBatchSampler:
         seed: the seed of that order; the epoch is mixed in (:meth:`set_epoch`).
         num_replicas: data-parallel ranks sharing the plan (default 1).
         rank: this rank, in ``[0, num_replicas)``.
+        balance: ``"tokens"`` (default: best-fit-decreasing per window, the fullest packs) or ``"compute"``
+            (each window through :class:`~energon_pack.packing.balanced.ComputeBalancedPacker`: packs full in
+            tokens and about equal in step cost, attention per segment squared included, so ranks wait less for
+            their slowest).
+        cost_model: the model shape ``balance="compute"`` prices (a name of
+            :data:`energon_pack.packing.step_cost.SHAPES`); default None: ``"qwen2.5-vl-7b"`` (its LLM).
     """
 
     def __init__(
@@ -69,6 +80,8 @@ class TokenBudgetBatchSampler:
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        balance: str = "tokens",
+        cost_model: str | None = None,
     ) -> None:
         self._dataset = lengths if hasattr(lengths, "skipped_lines") else None  # a JsonlSFTDataset or an array
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
@@ -97,6 +110,10 @@ class TokenBudgetBatchSampler:
         self.seq_length, self.pad_multiple, self.max_segments = seq_length, pad_multiple, max_segments
         self.window, self.shuffle, self.seed = window, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
+        if balance not in BALANCE_MODES:
+            raise ConfigError("balance", f"unknown mode {balance!r}", f"use one of {BALANCE_MODES}")
+        self.balance, self.cost_model = balance, cost_model
+        self._step_cost = StepCostModel.from_shape(cost_model or DEFAULT_COST_SHAPE) if balance == "compute" else None
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
         self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
         unnamed = int((self.lengths <= 0).sum()) - sum(self.skips.values())
@@ -145,12 +162,20 @@ class TokenBudgetBatchSampler:
         for start in range(0, len(order), self.window):
             idx = order[start : start + self.window]
             costs = spans[idx, None] if self.max_segments is None else np.stack([spans[idx], np.ones_like(idx)], axis=1)
-            groups = best_fit_decreasing(costs, capacity).groups
+            groups = self._balanced(costs, capacity) if self._step_cost else best_fit_decreasing(costs, capacity).groups
             for g in rng.permutation(len(groups)) if self.shuffle else range(len(groups)):
                 group = groups[g]
                 plan.append([int(i) for i in idx[group]])
                 stats.record_pack([(int(self.lengths[i]),) for i in idx[group]], (self.seq_length,))
         return plan, stats
+
+    def _balanced(self, costs: np.ndarray, capacity: tuple[int, ...]) -> list[list[int]]:
+        """One window's packs (positions in it) from the compute-balanced packer, streamed in window order."""
+        packer = ComputeBalancedPacker(capacity, buffer_size=min(self.window, BALANCE_BUFFER))
+        groups: list[list[int]] = []
+        for pos, cost in enumerate(costs.tolist()):
+            groups.extend(packer.push(pos, tuple(cost), self._step_cost.sample_cost(cost[0])))
+        return groups + packer.flush()
 
     def _oversize(self) -> np.ndarray:
         return (self.lengths > 0) & (aligned_length(self.lengths, self.pad_multiple) > self.seq_length)
@@ -230,6 +255,8 @@ class TokenBudgetBatchSampler:
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest(),
+            # only when set: checkpoints of tokens-balanced runs, saved before the knob existed, still load
+            **({"balance": self.balance, "cost_model": self.cost_model} if self.balance != "tokens" else {}),
         }
 
     def state_dict(self, steps_consumed: int | None = None) -> dict[str, Any]:
@@ -243,10 +270,10 @@ class TokenBudgetBatchSampler:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported sampler state format {state.get('format')!r}")
         mine = self._config()
-        diff = sorted(k for k in mine if state["config"].get(k) != mine[k])
+        diff = sorted(k for k in {*mine, *state["config"]} if state["config"].get(k) != mine.get(k))
         if diff:
             raise ValueError(
                 f"sampler state was saved with a different {diff}: exact resume needs the same data, "
-                "width, alignment, window, seed and data-parallel layout"
+                "width, alignment, window, seed, balance and data-parallel layout"
             )
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["step"]), int(state["step"])

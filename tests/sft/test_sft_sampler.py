@@ -127,3 +127,29 @@ def test_old_name_width_still_works_and_warns():
     with pytest.warns(DeprecationWarning, match=r"TokenBudgetBatchSampler\.width: 'width' is deprecated"):
         assert new.width == SEQ_LENGTH
     assert new.state_dict()["config"]["width"] == SEQ_LENGTH  # the saved key is unchanged: old checkpoints still load
+
+
+def test_compute_balance_equalises_the_attention_cost_of_long_documents():
+    """Long documents cost more than their tokens (attention per segment squared): balanced micro-batches
+    spread less in step cost (full packs; each window's last partial packs aside), every line still once, at the
+    same fill; a resume refuses the other mode."""
+    from energon_pack.packing.step_cost import StepCostModel
+
+    rng = np.random.default_rng(3)
+    lengths = np.where(rng.random(6000) < 0.3, rng.integers(1500, 4000, 6000), rng.integers(50, 900, 6000))
+    model = StepCostModel.from_shape("qwen2.5-vl-7b")
+    cv, fill, samplers = {}, {}, {}
+    for balance in ("tokens", "compute"):
+        s = samplers[balance] = TokenBudgetBatchSampler(lengths, 8192, window=2048, balance=balance)
+        assert sorted(i for b in s.plan() for i in b) == list(range(len(lengths)))
+        tokens = np.asarray([lengths[b].sum() for b in s.plan()])
+        cost = np.asarray([sum(model.sample_cost(int(lengths[i])) for i in b) for b in s.plan()])[tokens >= 8028]
+        cv[balance], fill[balance] = cost.std() / cost.mean(), s.stats.fill
+    assert cv["compute"] < 0.8 * cv["tokens"] and fill["compute"] > fill["tokens"] - 0.001, (cv, fill)
+    state = samplers["compute"].state_dict(3)
+    assert state["config"]["balance"] == "compute"
+    with pytest.raises(ValueError, match="balance"):
+        samplers["tokens"].load_state_dict(state)
+    with pytest.raises(ConfigError) as caught:
+        TokenBudgetBatchSampler(lengths, 8192, balance="flops")
+    assert caught.value.knob == "balance"
