@@ -180,6 +180,7 @@ def fit(args: argparse.Namespace) -> None:
     packs = {m: saved["modes"][m][: args.steps + args.warmup] for m in MODES}
     n = min(len(p) for p in packs.values())
     times: dict[str, list[float]] = {m: [] for m in MODES}
+    compiled: dict[str, list[bool]] = {m: [] for m in MODES}  # whether torch.compile built a graph in the step
     terms: dict[str, list[dict]] = {m: [] for m in MODES}
     cuda = device.type == "cuda"
     start = time.perf_counter()
@@ -191,6 +192,7 @@ def fit(args: argparse.Namespace) -> None:
                 ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 ev0.record()
             t0 = time.perf_counter()
+            graphs = ft.compiled_graphs()
             loss, _, _ = ft.forward_loss(model, batch, device=device)
             loss.backward()
             opt.step()
@@ -203,6 +205,7 @@ def fit(args: argparse.Namespace) -> None:
                 ms = (time.perf_counter() - t0) * 1e3
             if i >= args.warmup:
                 times[mode].append(ms)
+                compiled[mode].append(ft.compiled_graphs() != graphs)
                 terms[mode].append(packs[mode][i]["terms"])
     wall = time.perf_counter() - start
     flops = StepCostModel.from_shape(saved["cost_model"])
@@ -219,8 +222,11 @@ def fit(args: argparse.Namespace) -> None:
     for mode in MODES:
         t = np.asarray(times[mode])
         real = [x["tokens"] for x in terms[mode]]
+        quiet = t[~np.asarray(compiled[mode], dtype=bool)]
         result["modes"][mode] = {
             "steps": len(t),
+            "steps_that_compiled": int(len(t) - len(quiet)),
+            "cv_without_compiling_steps": round(float(quiet.std() / quiet.mean()), 4) if len(quiet) else None,
             "median_ms": round(float(np.median(t)), 1),
             "cv": round(float(t.std() / t.mean()), 4),
             "dp8": round(dp_efficiency(t, 8), 4),
@@ -273,12 +279,12 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
 def table(result: dict) -> str:
     lines = [
         f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}",
-        f"{'mode':<9}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}",
+        f"{'mode':<9}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'compiled':>10}",
     ]
     for mode, r in result["modes"].items():
         lines.append(
             f"{mode:<9}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
-            f"{r['tokens_per_s']:9.0f}"
+            f"{r['tokens_per_s']:9.0f}{r['steps_that_compiled']:>10}"
         )
     f = result["fit"]
     lines.append(
