@@ -367,6 +367,25 @@ def _keys_of(path: str) -> Counter:
     return keys
 
 
+def _remote_keys(url: str) -> Counter:
+    """:func:`_keys_of` in a fresh process: MSC keeps the storage clients of a profile name for the life of a
+    process, so in a test session whose own S3 server came first, an in-process read would go to that server."""
+    code = (
+        "import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; from harness.faults import _keys_of; "
+        "print(json.dumps(dict(_keys_of(sys.argv[3]))))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(TESTS / "stress"), str(TESTS), url],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=HANG_SECONDS,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(" | ".join(run.stderr.strip().splitlines()[-3:]))
+    return Counter(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
 def _stalled_read(stalled: str, log: Path) -> subprocess.Popen:
     """:data:`_STALLED_READ` on ``stalled``, started (its one JSON line goes to ``log``)."""
     with open(log, "wb") as out:
@@ -414,7 +433,7 @@ def run_store_cases(root: Path, tally: Tally) -> dict:
         try:
             with hang_alarm(HANG_SECONDS):
                 local_keys = _keys_of(str(local))
-                remote_keys = _keys_of(store.url(prefix, PROFILE))
+                remote_keys = _remote_keys(store.url(prefix, PROFILE))
             tally.case("normal profile: the local copy's keys, each once", local_keys, remote_keys)
             tally.case("local copy: every valid key once", wanted, local_keys)
         except Hang:
