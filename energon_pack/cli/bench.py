@@ -64,6 +64,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "0.5 points of packs without a patch budget), at --width and the largest --buffers K",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--ranks",
+        type=positive_int,
+        default=None,
+        help="instead of the K sweep: stream this many data-parallel ranks' loaders (tokens-only and "
+        "balance=compute packs, at the largest --buffers K) and print the predicted DP efficiency",
+    )
+    p.add_argument("--accum", type=positive_int, default=1, help="with --ranks: packs per rank per step")
+    p.add_argument("--steps", type=positive_int, default=40, help="with --ranks: simulated steps")
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help="with --ranks: the step-cost model shape (energon_pack.packing.SHAPES; default: the preset's 7B/8B)",
+    )
     object_read_options(p)
     p.add_argument(
         "--check",
@@ -82,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer, described = resolve_tokenizer(args.tokenizer, default=args.preset)
     data = require_prepared(args.data)
     print(f"data: {data}; preset: {args.preset}; tokenizer: {described}", flush=True)
+    if args.ranks is not None:
+        return _simulate(args, data, tokenizer)
     if args.visual_budget:
         from energon_pack.bench import visual_budget
 
@@ -103,3 +119,27 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_name=described,
     )
     return targets_exit(result["targets"], args.check, format_target)
+
+
+def _simulate(args: argparse.Namespace, data: Any, tokenizer: Any) -> int:
+    """``--ranks``: the data-parallel simulation over real loaders; its JSON in --out-dir."""
+    from energon_pack.bench import dp_sim
+    from energon_pack.bench.outputs import RunFiles
+
+    result = dp_sim.simulate(
+        data,
+        ranks=args.ranks,
+        accum=args.accum,
+        steps=args.steps,
+        buffer=max(args.buffers),
+        workers=args.workers,
+        seq_length=args.width,
+        preset=args.preset,
+        tokenizer=tokenizer,
+        cost_model=args.cost_model,
+    )
+    print(dp_sim.format_table(result))
+    files = RunFiles(args.out_dir, ["dp_sim.json"])
+    files.write_json("dp_sim.json", result)
+    print(files.announce())
+    return 0
