@@ -24,7 +24,7 @@ def test_pack_cost_adds_segments_and_grids():
 
 
 def test_two_ranks_of_the_demo_shards(demo_shards):
-    result = simulate(demo_shards, ranks=2, steps=6, buffer=48, workers=1, seq_length=4096, tokenizer="demo")
+    result = simulate(demo_shards, ranks=2, steps=5, buffer=48, workers=1, seq_length=4096, tokenizer="demo")
     tokens, compute = result["rows"]
     assert (tokens["mode"], compute["mode"]) == ("tokens", "compute")
     assert compute["cost_cv"] < tokens["cost_cv"] and compute["dp_efficiency"] >= tokens["dp_efficiency"]
