@@ -22,6 +22,7 @@ import io
 from typing import Any
 
 from energon_pack.errors import ConfigError
+from energon_pack.storage import msc_missing
 
 #: a read-ahead that brings about a hundred demo samples per request (their mean is ~11 KB)
 DEFAULT_READ_AHEAD = 1 << 20
@@ -74,9 +75,7 @@ def _object_file_class() -> type:
     try:
         from multistorageclient.file import ObjectFile
     except ImportError as exc:
-        raise ConfigError(
-            "object storage", f"multi-storage-client is not importable ({exc})", "pip install 'energon-pack[s3]'"
-        ) from None
+        raise msc_missing(exc) from None
     if not _ORIGINAL:
         if "memory_load_limit" not in inspect.signature(ObjectFile.__init__).parameters or not hasattr(
             ObjectFile, "_open_large_file"

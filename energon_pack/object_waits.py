@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from energon_pack.errors import ConfigError
+from energon_pack.storage import msc_missing
 
 #: seconds to open a connection to the store, for profiles that set no ``connect_timeout``
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -150,9 +151,7 @@ def _msc_parts() -> tuple[Any, type]:
         import multistorageclient.providers.s3 as s3
         from multistorageclient.client.single import SingleStorageClient
     except ImportError as exc:
-        raise ConfigError(
-            "object storage", f"multi-storage-client is not importable ({exc})", "pip install 'energon-pack[s3]'"
-        ) from None
+        raise msc_missing(exc) from None
     if not _ORIGINAL:
         methods = {name: getattr(SingleStorageClient, name, None) for name in _METHODS}
         if (

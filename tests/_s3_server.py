@@ -63,8 +63,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-#: the server process: moto's server, and a thread that ends it when the test process is gone
-_SERVER = """
+#: the head of every server script: a thread that ends the process when the test process (argv[1]) is gone
+_WATCH = """
 import os, sys, threading, time
 test_pid = int(sys.argv[1])
 def watch():
@@ -75,23 +75,23 @@ def watch():
         except OSError:
             os._exit(0)
 threading.Thread(target=watch, daemon=True).start()
+"""
+#: the server process: moto's server
+_SERVER = (
+    _WATCH
+    + """
 from moto.server import main
 main(["-H", "127.0.0.1", "-p", sys.argv[2]])
 """
+)
 #: the stalling front: forwards GET and HEAD to moto, except a GET without a Range header of a ``.tar``
 #: object under the stall prefix, which it reads and never answers (the connection stays open)
-_FRONT = """
-import http.client, os, sys, threading, time
+_FRONT = (
+    _WATCH
+    + """
+import http.client
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-test_pid, port, upstream, prefix = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-def watch():
-    while True:
-        time.sleep(0.5)
-        try:
-            os.kill(test_pid, 0)
-        except OSError:
-            os._exit(0)
-threading.Thread(target=watch, daemon=True).start()
+port, upstream, prefix = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 class Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *args):
@@ -119,6 +119,7 @@ class Front(BaseHTTPRequestHandler):
 ThreadingHTTPServer.daemon_threads = True
 ThreadingHTTPServer(("127.0.0.1", port), Front).serve_forever()
 """
+)
 #: starts the server in its own session and prints its pid: the server is not a child of the test
 #: process, whose benchmarks wait for and measure their own children (the loader workers)
 _LAUNCH = """

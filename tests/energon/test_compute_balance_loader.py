@@ -7,6 +7,7 @@ import pytest
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from test_resume_robust import roundtrip
 
+from energon_pack.bench.dp_sim import pack_step_cost as pack_cost
 from energon_pack.energon.fingerprint import ResumeConfigError
 from energon_pack.errors import ConfigError
 from energon_pack.qwen_vl import get_preset
@@ -33,14 +34,6 @@ def loader(path, balance, workers=2, repeat=False):
         repeat=repeat,
     )
     return get_savable_loader(ds, checkpoint_every_min_n_samples=1, checkpoint_every_sec=0)
-
-
-def pack_cost(batch, model):
-    """The step cost of one packed row: its segments' tokens and its images' grids (the cost is additive)."""
-    cu = batch["cu_seqlens_q"].tolist()
-    cost = sum(model.sample_cost(b - a) for a, b in zip(cu, cu[1:]))
-    grids = batch["image_grid_thw"].tolist() if batch["image_grid_thw"] is not None else []
-    return cost + model.sample_cost(0, grids)
 
 
 @pytest.fixture(scope="module")
