@@ -1,18 +1,27 @@
-"""Measure what packs cost a GPU step, fit the step-cost model, and compare tokens-only with compute-balanced packs.
+"""Measure what packs cost a GPU step, fit the step-cost model, and compare packings of the same data side by side.
 
 Two steps, so the GPU machine needs neither Energon nor the data:
 
-1. ``packs`` (any machine with the loader): writes LLaVA-style records with photos at their own size
-   (:func:`energon_pack.bench.mixes.llava_photos`), converts them, and takes ``--packs`` packs of each balance
-   mode from the real loader (Qwen2.5-VL tokenizer, ``--width``). The packs are saved without their pixel
-   values (random pixels of the same shape are made on the GPU: the step time does not depend on them).
-2. ``fit`` (one GPU): a random-initialised Qwen2.5-VL of the ``--size`` shape trains on the saved packs, both
-   modes interleaved pack by pack (no order effect), forward + backward + AdamW per step, timed with CUDA
-   events after a warm-up. Printed: per mode the median step, the step-time cv and the bootstrap DP-8 /
-   DP-64 efficiency of those times; the fit of step time to the cost terms (R^2, residual spread) and how
-   well the FLOP-derived model alone predicts it.
+1. ``packs`` (any machine with the loader): writes a LLaVA-style mix (``--mix photos``: photos at their own size,
+   :func:`energon_pack.bench.mixes.llava_photos`; ``--mix video``: the same with ``--videos`` records given
+   generated H.264 clips, 4-24 s at 24-30 fps, 270p-360p), converts it, and takes ``--packs`` packs of each
+   ``--modes`` packing from the real loader (Qwen2.5-VL tokenizer, ``--width``, every pack padded to the width):
+   ``tokens`` (carry, tokens only), ``compute`` (carry, ``balance="compute"``), ``roundsN`` (Energon-style
+   first-fit per buffer round of N, Bridge's recommended start is 16). For the fit it also saves
+   ``--calibration-packs`` tokens-only packs at each of ``--calibration-widths`` (steps of other lengths, so
+   the per-token cost separates from the fixed one). Pixel values are not saved (random pixels of the same
+   shape are made on the GPU: the step time does not depend on them).
+2. ``fit`` (one GPU): a random-initialised Qwen2.5-VL of the ``--size`` shape trains on the saved packs, the
+   modes interleaved pack by pack in rotating order (no order effect), forward + backward + AdamW per step,
+   timed with CUDA events after a warm-up, the calibration packs interleaved too. Printed: per mode the median
+   step, the step-time cv, the bootstrap DP-8 / DP-64 efficiency of those times, real tokens/s, MFU (the
+   FLOPs of ``examples/gpu_benchmark.py``: 989 TFLOP/s spec), peak memory and the vision tower's share of the
+   step (``--split-every``: the tower's forward + backward timed alone on every k-th pack); then the fit of
+   step time to the cost terms (R^2, residual spread, coefficients >= 0), the fitted model in token-equivalents
+   and how well the FLOP-derived model alone predicts the times.
 
     python examples/step_cost_fit.py packs --out .calib/packs.pt
+    python examples/step_cost_fit.py packs --mix video --modes tokens,compute,rounds16 --out .calib/video.pt
     python examples/step_cost_fit.py fit --packs .calib/packs.pt --size 3b --out bench_results/step_cost.json
 """
 
@@ -30,24 +39,38 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-MODES = ("tokens", "compute")
 #: the keys of a saved pack that are not tensors of the row
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+GRID_KEYS = ("image_grid_thw", "video_grid_thw")
 #: the tokenizer's ids the model config needs (saved with the packs: the GPU machine needs no tokenizer)
 SPECIAL_IDS = ("image_pad", "video_pad", "vision_start", "vision_end", "im_end", "pad")
+#: the cost terms of a pack the fit regresses step time on
+TERMS = ("slots", "tokens_squared", "patches", "patches_squared")
+WORDS = ["the", "photo", "shows", "a", "small", "red", "house", "near", "river", "with", "two", "people"]
 
 
 # --------------------------------------------------------------------------------- step 1: packs
-def write_records(root: Path, n: int, width: int, seed: int) -> Path:
-    """``n`` LLaVA-style records (photos as JPEG files, words for text) following the bench mix."""
+def write_records(root: Path, n: int, width: int, seed: int, videos: int = 0) -> Path:
+    """``n`` LLaVA-style records (photos as JPEG files, words for text) following the bench mix; the first
+    ``videos`` image records (spread over the mix) get a generated clip instead of their photos."""
     from PIL import Image
 
     from energon_pack.bench.mixes import llava_photos
 
     rng = np.random.default_rng(seed)
-    words = ["the", "photo", "shows", "a", "small", "red", "house", "near", "river", "with", "two", "people"]
+    mix = llava_photos(n, width, seed)
+    with_images = [i for i, (_, grids) in enumerate(mix) if grids]
+    clips = set(rng.choice(with_images, min(videos, len(with_images)), replace=False).tolist()) if videos else set()
     records = []
-    for i, (tokens, grids) in enumerate(llava_photos(n, width, seed)):
+    for i, (tokens, grids) in enumerate(mix):
+        record: dict[str, Any]
+        if i in clips:
+            name = f"clip{i}.mp4"
+            _write_clip(root / name, rng)
+            answer = " ".join(rng.choice(WORDS, int(np.clip(rng.lognormal(np.log(80), 0.6), 4, 600))))
+            record = {"videos": [name], "conversations": _turns("<video>\nDescribe the clip.", answer)}
+            records.append(record)
+            continue
         text_tokens = max(8, tokens - sum(h * w // 4 for _, h, w in grids))
         images = []
         for j, (_, h, w) in enumerate(grids):
@@ -55,9 +78,8 @@ def write_records(root: Path, n: int, width: int, seed: int) -> Path:
             pixels = rng.integers(0, 256, (h * 14 // 8, w * 14 // 8, 3), dtype=np.uint8)
             Image.fromarray(pixels).resize((w * 14, h * 14)).save(root / name, quality=80)
             images.append(name)
-        answer = " ".join(rng.choice(words, max(1, int(text_tokens * 0.7))))
-        question = "<image>\n" * len(images) + "Describe it."
-        record = {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]}
+        answer = " ".join(rng.choice(WORDS, max(1, int(text_tokens * 0.7))))
+        record = {"conversations": _turns("<image>\n" * len(images) + "Describe it.", answer)}
         if images:
             record["images"] = images
         records.append(record)
@@ -65,46 +87,97 @@ def write_records(root: Path, n: int, width: int, seed: int) -> Path:
     return root / "records.json"
 
 
-def save_packs(args: argparse.Namespace) -> None:
+def _turns(question: str, answer: str) -> list[dict]:
+    return [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+
+
+def _write_clip(path: Path, rng: np.random.Generator) -> None:
+    """A generated H.264 clip of 4-24 s at 24, 25 or 30 fps, 480x270 or 640x360."""
+    from energon_pack.bench.video_files import write_video
+
+    fps = int(rng.choice([24, 25, 30]))
+    width, height = ((480, 270), (640, 360))[int(rng.integers(2))]
+    seconds = float(rng.uniform(4, 24))
+    write_video(path, int(seconds * fps), fps, width, height, options={"preset": "ultrafast"})
+
+
+def mode_packing(mode: str, buffer: int) -> dict[str, Any]:
+    """The encoder and loader settings of a packing ``mode``: tokens, compute or roundsN."""
+    if mode in ("tokens", "compute"):
+        return {"balance": mode, "packing_mode": "carry", "buffer": buffer}
+    if mode.startswith("rounds") and mode[len("rounds") :].isdigit():
+        return {"balance": "tokens", "packing_mode": "rounds", "buffer": int(mode[len("rounds") :])}
+    raise SystemExit(f"--modes: unknown mode {mode!r} (tokens, compute or roundsN, e.g. rounds16)")
+
+
+def take_packs(shards: Path, args: argparse.Namespace, mode: str, width: int, count: int) -> tuple[list, Any]:
+    """``count`` packs of ``mode`` at ``width`` from the real loader, slimmed (:func:`_slim`)."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    from energon_pack import QWEN_VL_VOCAB_ROWS, QwenVLPackingTaskEncoder
+    from energon_pack import QwenVLPackingTaskEncoder
+
+    how = mode_packing(mode, args.buffer)
+    encoder = QwenVLPackingTaskEncoder(
+        tokenizer="qwen2.5-vl",
+        seq_length=width,
+        pad_to_max_length=True,
+        balance=how["balance"],
+        packing_mode=how["packing_mode"],
+        cost_model=args.cost_model,
+    )
+    ds = get_train_dataset(
+        str(shards),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=args.workers),
+        task_encoder=encoder,
+        packing_buffer_size=how["buffer"],
+        repeat=True,
+    )
+    it = iter(get_loader(ds))
+    return [_slim(next(it)) for _ in range(count)], encoder
+
+
+def save_packs(args: argparse.Namespace) -> None:
+    from energon_pack import QWEN_VL_VOCAB_ROWS
     from energon_pack.cli.convert import convert
 
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        mode_packing(mode, args.buffer)  # an unknown mode fails before the records are written
     scratch = Path(tempfile.mkdtemp(prefix="step_cost_"))
-    source = write_records(scratch, args.samples, args.width, args.seed)
+    videos = args.videos if args.mix == "video" else 0
+    source = write_records(scratch, args.samples, args.width, args.seed, videos=videos)
     convert(source, scratch / "shards", progress=False, workers=args.workers)
-    saved: dict[str, Any] = {"width": args.width, "cost_model": args.cost_model, "modes": {}}
-    for mode in MODES:
-        encoder = QwenVLPackingTaskEncoder(
-            tokenizer="qwen2.5-vl", seq_length=args.width, balance=mode, cost_model=args.cost_model
-        )
-        ds = get_train_dataset(
-            str(scratch / "shards"),
-            batch_size=1,
-            shuffle_buffer_size=None,
-            max_samples_per_sequence=None,
-            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=args.workers),
-            task_encoder=encoder,
-            packing_buffer_size=args.buffer,
-            repeat=True,
-        )
-        it = iter(get_loader(ds))
-        packs = []
-        for _ in range(args.packs):
-            batch = next(it)
-            packs.append(_slim(batch, encoder))
-        saved["modes"][mode] = packs
+    saved: dict[str, Any] = {
+        "width": args.width,
+        "mix": args.mix,
+        "videos": videos,
+        "samples": args.samples,
+        "buffer": args.buffer,
+        "cost_model": args.cost_model,
+        "modes": {},
+        "calibration": [],
+    }
+    for mode in modes:
+        saved["modes"][mode], encoder = take_packs(scratch / "shards", args, mode, args.width, args.packs)
+    for width in [int(w) for w in args.calibration_widths.split(",") if w]:
+        saved["calibration"] += take_packs(scratch / "shards", args, "tokens", width, args.calibration_packs)[0]
     special = encoder.tokenizer.special
     saved["special"] = {k: getattr(special, k) for k in SPECIAL_IDS}
     saved["vocab_rows"] = QWEN_VL_VOCAB_ROWS
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     torch.save(saved, args.out)
-    print(f"wrote {args.out}: {args.packs} packs per mode, {Path(args.out).stat().st_size / 2**20:.1f} MiB")
+    size = Path(args.out).stat().st_size / 2**20
+    print(
+        f"wrote {args.out}: {args.packs} packs of {', '.join(modes)}, {len(saved['calibration'])} calibration, "
+        f"{size:.1f} MiB"
+    )
 
 
-def _slim(batch: dict, encoder: Any) -> dict:
-    """A pack without pixel values (their shape and dtype kept), integer tensors as int32, plus its cost terms."""
+def _slim(batch: dict) -> dict:
+    """A pack without pixel values (their shape and dtype kept), integer tensors narrowed, plus its cost terms."""
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if key in PIXEL_KEYS and isinstance(value, torch.Tensor):
@@ -130,16 +203,18 @@ def _narrow(value: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def cost_terms(batch: dict) -> dict[str, float]:
-    """The step-cost model's terms of one pack: tokens, sum of segment lengths squared, vision patch rows,
-    windowed-attention patches and the sum of (patches per time slice) squared."""
+    """The step-cost model's terms of one pack: token slots computed (the width), real tokens, the sum of segment
+    lengths squared, vision patch rows and the sum of (patches per time slice) squared, images and videos."""
     cu = batch["cu_seqlens_q"].tolist()
     lengths = [b - a for a, b in zip(cu, cu[1:])]
-    grids = batch.get("image_grid_thw")
-    grids = grids.tolist() if isinstance(grids, torch.Tensor) else []
+    grids = [g for k in GRID_KEYS if isinstance(batch.get(k), torch.Tensor) for g in batch[k].tolist()]
+    video = batch.get("video_grid_thw")
     return {
+        "slots": float(batch["input_ids"].numel()),
         "tokens": float(sum(lengths)),
         "tokens_squared": float(sum(x * x for x in lengths)),
         "patches": float(sum(t * h * w for t, h, w in grids)),
+        "video_patches": float(video.prod(-1).sum()) if isinstance(video, torch.Tensor) else 0.0,
         "patches_squared": float(sum(t * (h * w) ** 2 for t, h, w in grids)),
     }
 
@@ -160,82 +235,122 @@ def restore(pack: dict, device: torch.device, dtype: torch.dtype) -> dict:
     return batch
 
 
+def schedule(modes: dict[str, list], calibration: list, steps: int, warmup: int) -> list[tuple[str, int]]:
+    """(mode, pack index) in timing order: round ``i`` runs every mode's pack ``i``, the modes rotated by one each
+    round (none always first or last); after the ``warmup`` rounds each round adds the next calibration pack
+    (``"calibration"``) while any is left, the rest come at the end."""
+    names = list(modes)
+    n = min(steps, *(len(p) for p in modes.values()))
+    order: list[tuple[str, int]] = []
+    for i in range(n):
+        shift = i % len(names)
+        order += [(m, i) for m in names[shift:] + names[:shift]]
+        if warmup <= i < warmup + len(calibration):
+            order.append(("calibration", i - warmup))
+    order += [("calibration", j) for j in range(max(n - warmup, 0), len(calibration))]
+    return order
+
+
+def vision_tower(model: Any) -> Any:
+    inner = getattr(model, "model", model)
+    return inner.visual if hasattr(inner, "visual") else model.visual
+
+
+def time_vision(model: Any, batch: dict, device: torch.device) -> float | None:
+    """ms of the vision tower's forward + backward alone on the pack's images and videos (None without any)."""
+    tower = vision_tower(model)
+    pairs = [(batch[p], batch[g]) for p, g in zip(PIXEL_KEYS, GRID_KEYS) if batch.get(p) is not None]
+    if not pairs:
+        return None
+    inputs = [(p.to(device, tower.dtype), g.to(device)) for p, g in pairs]
+    torch.cuda.synchronize(device)
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ev0.record()
+    total = 0.0
+    for pixels, grid in inputs:
+        out = tower(pixels, grid_thw=grid)
+        out = getattr(out, "pooler_output", out)
+        total = total + out.float().square().mean()
+    total.backward()
+    ev1.record()
+    torch.cuda.synchronize(device)
+    return ev0.elapsed_time(ev1)
+
+
 def fit(args: argparse.Namespace) -> None:
+    from types import SimpleNamespace
+
     import finetune_multi_gpu as ft
     from energon_pack.bench.balance_bench import dp_efficiency
     from energon_pack.packing import StepCostModel
+    from gpu_benchmark import attention_flops
 
     saved = torch.load(args.packs, weights_only=False)
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    from types import SimpleNamespace
-
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     tok = SimpleNamespace(special=SimpleNamespace(**saved["special"]))
     ft.vocab_size = lambda tokenizer, multiple=64: saved["vocab_rows"]  # the real model's rows, no tokenizer here
     model = ft.build_model("qwen2.5-vl", args.size, tok, device=device, dtype=dtype)
+    counts = ft.param_counts(model)
+    ft.linear_patch_embed(model)  # as examples/gpu_benchmark.py: the patch embedding as one GEMM
     ft.prepare_model(model)
     if args.compile:
         ft.compile_elementwise(model)
     opt = ft.make_optimizer(model, 1e-5, device)
-    packs = {m: saved["modes"][m][: args.steps + args.warmup] for m in MODES}
-    n = min(len(p) for p in packs.values())
-    times: dict[str, list[float]] = {m: [] for m in MODES}
-    compiled: dict[str, list[bool]] = {m: [] for m in MODES}  # whether torch.compile built a graph in the step
-    terms: dict[str, list[dict]] = {m: [] for m in MODES}
-    cuda = device.type == "cuda"
+    packs = {m: p[: args.steps + args.warmup] for m, p in saved["modes"].items()}
+    calibration = saved.get("calibration", [])[: args.calibration]
+    groups = {**packs, "calibration": calibration}
+    rows: dict[str, list[dict]] = {m: [] for m in groups}
     start = time.perf_counter()
-    for i in range(n):
-        for mode in MODES if i % 2 == 0 else MODES[::-1]:  # ABBA: neither mode always goes first
-            batch = restore(packs[mode][i], device, dtype)
-            if cuda:
-                torch.cuda.synchronize(device)
-                ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ev0.record()
-            t0 = time.perf_counter()
-            graphs = ft.compiled_graphs()
-            loss, _, _ = ft.forward_loss(model, batch, device=device)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if cuda:
-                ev1.record()
-                torch.cuda.synchronize(device)
-                ms = ev0.elapsed_time(ev1)
-            else:
-                ms = (time.perf_counter() - t0) * 1e3
-            if i >= args.warmup:
-                times[mode].append(ms)
-                compiled[mode].append(ft.compiled_graphs() != graphs)
-                terms[mode].append(packs[mode][i]["terms"])
-    wall = time.perf_counter() - start
+    for mode, i in schedule(packs, calibration, args.steps + args.warmup, args.warmup):
+        pack = groups[mode][i]
+        batch = restore(pack, device, dtype)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        t0 = time.perf_counter()
+        graphs = ft.compiled_graphs()
+        loss, _, _ = ft.forward_loss(model, batch, device=device)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            ev1.record()
+            torch.cuda.synchronize(device)
+            ms = ev0.elapsed_time(ev1)
+        else:
+            ms = (time.perf_counter() - t0) * 1e3
+        row = {"ms": ms, "compiled": ft.compiled_graphs() != graphs, "terms": pack["terms"]}
+        row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+        cu = batch["cu_seqlens_q"].tolist()
+        row["attention_flops"] = attention_flops([b - a for a, b in zip(cu, cu[1:])], model.config)
+        if cuda and args.split_every and i % args.split_every == 0 and mode != "calibration":
+            row["vision_ms"] = time_vision(model, batch, device)
+            model.zero_grad(set_to_none=True)
+        if i >= args.warmup or mode == "calibration":
+            rows[mode].append(row)
     flops = StepCostModel.from_shape(saved["cost_model"])
     result: dict[str, Any] = {
         "size": args.size,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "compile": args.compile,
         "width": saved["width"],
+        "mix": saved.get("mix", "photos"),
+        "videos": saved.get("videos", 0),
+        "samples": saved.get("samples"),
+        "buffer": saved.get("buffer"),
+        "params": counts,
         "cost_model": flops.as_dict(),
-        "wall_s": round(wall, 1),
-        "modes": {},
-        "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 1) if cuda else None,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "modes": {m: summarize(rows[m], counts, dp_efficiency) for m in packs},
     }
-    for mode in MODES:
-        t = np.asarray(times[mode])
-        real = [x["tokens"] for x in terms[mode]]
-        quiet = t[~np.asarray(compiled[mode], dtype=bool)]
-        result["modes"][mode] = {
-            "steps": len(t),
-            "steps_that_compiled": int(len(t) - len(quiet)),
-            "cv_without_compiling_steps": round(float(quiet.std() / quiet.mean()), 4) if len(quiet) else None,
-            "median_ms": round(float(np.median(t)), 1),
-            "cv": round(float(t.std() / t.mean()), 4),
-            "dp8": round(dp_efficiency(t, 8), 4),
-            "dp64": round(dp_efficiency(t, 64), 4),
-            "tokens_per_s": round(float(sum(real) / (t.sum() / 1e3)), 0),
-            "step_ms_all": [round(float(x), 2) for x in t],
-            "terms": terms[mode],
-        }
-    result["fit"] = fit_terms([*terms["tokens"], *terms["compute"]], [*times["tokens"], *times["compute"]], flops)
+    timed = [r for m in groups for r in rows[m] if not r["compiled"]]
+    result["fit"] = fit_terms([r["terms"] for r in timed], [r["ms"] for r in timed], flops)
+    result["fit"]["steps"] = len(timed)
+    result["fit"]["calibration_steps"] = sum(not r["compiled"] for r in rows["calibration"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -243,17 +358,63 @@ def fit(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, Any]:
+    """One mode's timed steps: median, cv, bootstrap DP-8 / DP-64 efficiency, real tokens/s, fill, MFU (spec
+    peak), peak memory and the vision tower's share of the steps it was timed alone on."""
+    from gpu_benchmark import PEAK_SPEC
+
+    t = np.asarray([r["ms"] for r in rows])
+    quiet = t[~np.asarray([r["compiled"] for r in rows], dtype=bool)]
+    real = sum(r["terms"]["tokens"] for r in rows)
+    useful = sum(
+        6.0 * counts["llm"] * r["terms"]["tokens"]
+        + 6.0 * counts["vision"] * r["terms"]["patches"]
+        + r["attention_flops"]
+        for r in rows
+    )
+    split = [(r["vision_ms"], r["ms"]) for r in rows if r.get("vision_ms") is not None]
+    peaks = [r["peak_gib"] for r in rows if r["peak_gib"] is not None]
+    return {
+        "steps": len(t),
+        "steps_that_compiled": int(len(t) - len(quiet)),
+        "cv_without_compiling_steps": round(float(quiet.std() / quiet.mean()), 4) if len(quiet) else None,
+        "median_ms": round(float(np.median(t)), 1),
+        "cv": round(float(t.std() / t.mean()), 4),
+        "dp8": round(dp_efficiency(t, 8), 4),
+        "dp64": round(dp_efficiency(t, 64), 4),
+        "tokens_per_s": round(float(real / (t.sum() / 1e3)), 0),
+        "fill": round(real / sum(r["terms"]["slots"] for r in rows), 4),
+        "mfu_spec": round(useful / (t.sum() / 1e3) / PEAK_SPEC, 4),
+        "peak_gib": round(max(peaks), 1) if peaks else None,
+        "vision_share": round(sum(v for v, _ in split) / sum(s for _, s in split), 3) if split else None,
+        "vision_timed_steps": len(split),
+        "step_ms_all": [round(float(x), 2) for x in t],
+        "terms": [r["terms"] for r in rows],
+    }
+
+
 def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
-    """Least squares of step ms on (1, tokens, tokens^2 sum, patches, patches^2 sum), and on the FLOP cost alone."""
-    keys = ("tokens", "tokens_squared", "patches", "patches_squared")
-    x = np.asarray([[1.0, *(t[k] for k in keys)] for t in terms])
-    y = np.asarray(ms)
-    scale = np.abs(x).max(0)
-    scale[scale == 0] = 1
-    coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
-    coef = coef / scale
+    """Least squares of step ms on (1, slots, tokens^2 sum, patches, patches^2 sum) with every coefficient >= 0
+    (a term whose coefficient comes out negative is dropped and the rest refitted: terms move together in packs,
+    a negative cost would be an artefact), the fitted model in token-equivalents (per slot = 1), and the
+    FLOP-derived model's R^2 alone."""
+    y = np.asarray(ms, dtype=float)
+    x_all = np.asarray([[1.0, *(t[k] for k in TERMS)] for t in terms], dtype=float)
+    keep = [0] + [j + 1 for j in range(len(TERMS)) if x_all[:, j + 1].std() > 0]
+    while True:
+        x = x_all[:, keep]
+        scale = np.abs(x).max(0)
+        scale[scale == 0] = 1
+        coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+        coef = coef / scale
+        negative = [k for k, c in zip(keep, coef) if k and c < 0]
+        if not negative:
+            break
+        keep.remove(min(negative, key=lambda k: coef[keep.index(k)] * scale[keep.index(k)]))
+    full = dict.fromkeys(("intercept", *TERMS), 0.0)
+    full.update({(("intercept", *TERMS)[k]): float(c) for k, c in zip(keep, coef)})
     pred = x @ coef
-    r2 = 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
     cost = np.asarray(
         [
             t["tokens"] * flops.per_token
@@ -263,13 +424,25 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
             for t in terms
         ]
     )
-    a, b = np.polyfit(cost, y, 1)
-    flop_pred = a * cost + b
-    flop_r2 = 1 - ((y - flop_pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    a, b = np.polyfit(cost, y, 1) if cost.std() > 0 else (0.0, float(y.mean()))
+    flop_r2 = 1 - ((y - (a * cost + b)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
+    unit = full["slots"]
+    fitted = (
+        {
+            "per_token": 1.0,
+            "per_token_squared": full["tokens_squared"] / unit,
+            "per_patch": full["patches"] / unit,
+            "per_patch_squared": full["patches_squared"] / unit,
+        }
+        if unit > 0
+        else None
+    )
     return {
-        "coefficients_ms": dict(zip(("intercept", *keys), (float(c) for c in coef))),
+        "coefficients_ms": full,
+        "terms_kept": [("intercept", *TERMS)[k] for k in keep],
         "r2": round(float(r2), 4),
         "residual_cv": round(float((y - pred).std() / y.mean()), 4),
+        "fitted_token_equivalents": fitted,
         "flop_model_r2": round(float(flop_r2), 4),
         "ms_per_token_equivalent": float(a),
         "intercept_ms": float(b),
@@ -278,31 +451,44 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
 
 def table(result: dict) -> str:
     lines = [
-        f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}",
-        f"{'mode':<9}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'compiled':>10}",
+        f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}, "
+        f"mix {result['mix']} ({result['videos']} videos)",
+        f"{'mode':<12}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'fill':>8}"
+        f"{'MFU':>7}{'vision':>8}{'GiB':>7}{'compiled':>10}",
     ]
     for mode, r in result["modes"].items():
+        vision = f"{r['vision_share']:7.1%}" if r["vision_share"] is not None else "    n/a"
+        peak = f"{r['peak_gib']:7.1f}" if r["peak_gib"] is not None else "    n/a"
         lines.append(
-            f"{mode:<9}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
-            f"{r['tokens_per_s']:9.0f}{r['steps_that_compiled']:>10}"
+            f"{mode:<12}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
+            f"{r['tokens_per_s']:9.0f}{r['fill']:8.2%}{r['mfu_spec']:7.1%} {vision}{peak}{r['steps_that_compiled']:>10}"
         )
     f = result["fit"]
     lines.append(
-        f"fit of step ms to the cost terms: R^2 {f['r2']:.3f}, residual {f['residual_cv'] * 100:.2f}%; "
-        f"FLOP model alone: R^2 {f['flop_model_r2']:.3f}"
+        f"fit of step ms to {', '.join(f['terms_kept'])} ({f['steps']} steps, {f['calibration_steps']} calibration): "
+        f"R^2 {f['r2']:.3f}, residual {f['residual_cv'] * 100:.2f}%; FLOP model alone: R^2 {f['flop_model_r2']:.3f}"
     )
+    if f["fitted_token_equivalents"]:
+        lines.append(
+            "fitted, token-equivalents: " + ", ".join(f"{k} {v:.4g}" for k, v in f["fitted_token_equivalents"].items())
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("packs", help="write the packs of both modes (needs the loader, no GPU)")
+    a = sub.add_parser("packs", help="write the packs of each mode (needs the loader, no GPU)")
     a.add_argument("--out", default=".calib/packs.pt")
+    a.add_argument("--mix", default="photos", choices=("photos", "video"))
+    a.add_argument("--videos", type=int, default=60, help="records given a clip in --mix video")
+    a.add_argument("--modes", default="tokens,compute", help="comma list of tokens, compute, roundsN")
     a.add_argument("--samples", type=int, default=2000)
     a.add_argument("--packs", type=int, default=60)
     a.add_argument("--width", type=int, default=8192)
-    a.add_argument("--buffer", type=int, default=256)
+    a.add_argument("--calibration-widths", default="2048,4096,6144", help="'' for none")
+    a.add_argument("--calibration-packs", type=int, default=10, help="tokens-only packs per calibration width")
+    a.add_argument("--buffer", type=int, default=256, help="the carry modes' packing buffer")
     a.add_argument("--workers", type=int, default=2)
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--cost-model", default="qwen2.5-vl-3b")
@@ -312,6 +498,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--device", default="cuda")
     b.add_argument("--steps", type=int, default=60, help="timed steps per mode")
     b.add_argument("--warmup", type=int, default=6)
+    b.add_argument("--calibration", type=int, default=None, help="calibration packs timed (all by default)")
+    b.add_argument("--split-every", type=int, default=4, help="time the vision tower alone every k-th pack (0: never)")
     b.add_argument("--compile", action="store_true", help="torch.compile of the elementwise pieces")
     b.add_argument("--out", default="bench_results/step_cost.json")
     args = p.parse_args(argv)

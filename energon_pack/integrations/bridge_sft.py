@@ -219,6 +219,8 @@ def build_sft_pack_dataset(
     overlength: str = "skip",
     cache_dir: str | None = None,
     format_kw: Mapping | None = None,
+    balance: str = "tokens",
+    cost_model: str | None = None,
 ) -> SFTPackDataset:
     """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
 
@@ -235,6 +237,8 @@ def build_sft_pack_dataset(
         seed, shuffle, window: the sampler's order and packing window.
         overlength: what a line longer than ``seq_length`` gets: ``"skip"`` (counted), ``"truncate"``, ``"error"``.
         cache_dir: where the line index and length caches go; None: the user cache dir.
+        balance, cost_model: the sampler's packing budget (:class:`TokenBudgetBatchSampler`): ``"tokens"``, or
+            ``"compute"`` for packs equal in step cost under ``cost_model`` as well as full in tokens.
     """
     ds = JsonlSFTDataset(
         path,
@@ -253,6 +257,8 @@ def build_sft_pack_dataset(
         window=window,
         shuffle=shuffle,
         seed=seed,
+        balance=balance,
+        cost_model=cost_model,
     )
     layout = ThdLayout(
         seq_length=seq_length,
@@ -629,6 +635,8 @@ def _sft_fields() -> list:
         ("window", int, field(default=4096)),
         ("overlength", str, field(default="skip")),
         ("cache_dir", str | None, field(default=None)),
+        ("balance", str, field(default="tokens")),
+        ("cost_model", str | None, field(default=None)),
     ]
 
 
@@ -653,6 +661,8 @@ def _build_sft_datasets(self, context: Any) -> tuple:
         window=self.window,
         overlength=self.overlength,
         cache_dir=self.cache_dir,
+        balance=self.balance,
+        cost_model=self.cost_model,
     )
     cyclic = self.dataloader_type == "cyclic"  # Bridge's cyclic sampler reshuffles the one epoch's packs itself
     train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=0 if cyclic else context.train_samples, **kw)
@@ -725,7 +735,8 @@ def make_bridge_sft_dataset_provider(path: str, tokenizer: Any, *, seq_length: i
             ``tensor_model_parallel_size`` / ``sequence_parallel`` (the alignment, equal to the model's; default
             1/1/False); ``pad_to_max_length``, ``pad_cu_seqlens`` + ``max_segments`` (static shapes; default off);
             ``enable_in_batch_packing`` (with micro-batch size > 1); ``seed`` (1234), ``shuffle`` (True),
-            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; and Bridge's dataloader fields
+            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; ``balance`` ("tokens" default, or "compute":
+            packs equal in step cost too) with ``cost_model``; and Bridge's dataloader fields
             (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
     """
     return _provider_class()(path=str(path), tokenizer=tokenizer, seq_length=seq_length, **kwargs)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-import av
 from PIL import Image
 
 from ..errors import SampleSkipped
 from .probe import open_container
+
+if TYPE_CHECKING:  # PyAV loads FFmpeg's libraries: imported where a video is read, not with the package
+    import av
 
 
 def _corrupt(exc: Exception) -> SampleSkipped:
@@ -28,6 +31,8 @@ def _corrupt(exc: Exception) -> SampleSkipped:
 def packet_timeline(data: bytes) -> tuple[list[int], list[int]] | None:
     """(every frame's timestamp in presentation order, keyframe timestamps) from packet headers;
     None when a packet has no timestamp."""
+    import av
+
     with open_container(data) as container:
         stream = container.streams.video[0]
         pts, keys = [], []

