@@ -28,6 +28,7 @@ Two steps, so the GPU machine needs neither Energon nor the data:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -226,7 +227,7 @@ def restore(pack: dict, device: torch.device, dtype: torch.dtype) -> dict:
         if key == "terms":
             continue
         if isinstance(value, tuple) and value and value[0] == "shape":
-            batch[key] = torch.randn(value[1], dtype=dtype)
+            batch[key] = torch.randn(value[1], dtype=dtype, device=device)  # made where it trains: no host copy
         elif isinstance(value, tuple):
             tensor, was = value
             batch[key] = tensor.to(getattr(torch, was.removeprefix("torch.")))
@@ -303,9 +304,13 @@ def fit(args: argparse.Namespace) -> None:
     groups = {**packs, "calibration": calibration}
     rows: dict[str, list[dict]] = {m: [] for m in groups}
     start = time.perf_counter()
+    if args.gc == "manual":  # as Megatron's --manual-gc: collect between steps, never inside a timed one
+        gc.disable()
     for mode, i in schedule(packs, calibration, args.steps + args.warmup, args.warmup):
         pack = groups[mode][i]
         batch = restore(pack, device, dtype)
+        if args.gc == "manual":
+            gc.collect()
         if cuda:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -332,11 +337,13 @@ def fit(args: argparse.Namespace) -> None:
             model.zero_grad(set_to_none=True)
         if i >= args.warmup or mode == "calibration":
             rows[mode].append(row)
+    gc.enable()
     flops = StepCostModel.from_shape(saved["cost_model"])
     result: dict[str, Any] = {
         "size": args.size,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "compile": args.compile,
+        "gc": args.gc,
         "width": saved["width"],
         "mix": saved.get("mix", "photos"),
         "videos": saved.get("videos", 0),
@@ -452,6 +459,7 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
 def table(result: dict) -> str:
     lines = [
         f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}, "
+        f"gc {result['gc']}, "
         f"mix {result['mix']} ({result['videos']} videos)",
         f"{'mode':<12}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'fill':>8}"
         f"{'MFU':>7}{'vision':>8}{'GiB':>7}{'compiled':>10}",
@@ -501,6 +509,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--calibration", type=int, default=None, help="calibration packs timed (all by default)")
     b.add_argument("--split-every", type=int, default=4, help="time the vision tower alone every k-th pack (0: never)")
     b.add_argument("--compile", action="store_true", help="torch.compile of the elementwise pieces")
+    b.add_argument(
+        "--gc",
+        default="manual",
+        choices=("manual", "auto"),
+        help="manual: Python's garbage collector runs between steps only (Megatron's --manual-gc); auto: its own",
+    )
     b.add_argument("--out", default="bench_results/step_cost.json")
     args = p.parse_args(argv)
     save_packs(args) if args.step == "packs" else fit(args)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.packing.step_cost import StepCostModel
+from energon_pack.packing.step_cost import StepCostModel, named_cost_model
 
 MODES = ("tokens", "compute")
 
@@ -105,7 +105,7 @@ def simulate(
                 "dp_efficiency": float(per_step.mean(0).sum() / per_step.max(0).sum()),
             }
         )
-    model = StepCostModel.from_shape(cost_model) if cost_model else None
+    model = named_cost_model(cost_model) if cost_model else None
     return {
         "data": str(path),
         "ranks": ranks,

@@ -76,7 +76,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--cost-model",
         default=None,
-        help="with --ranks: the step-cost model shape (energon_pack.packing.SHAPES; default: the preset's 7B/8B)",
+        help="with --ranks: the step-cost model (a shape of energon_pack.packing.SHAPES or a fitted model of its "
+        "FITTED; default: the preset's 7B/8B shape)",
     )
     object_read_options(p)
     p.add_argument(

@@ -75,8 +75,9 @@ class PackingConfig:
             wait less for their slowest, with no communication; :class:`~energon_pack.packing.balanced.
             ComputeBalancedPacker`, holding ``packing_buffer_size`` samples). Default ``"tokens"``: on the bench
             mix ``"compute"`` costs 0.35-0.5 fill points (``python -m energon_pack.bench.balance_bench``).
-        cost_model: the model shape whose step cost ``balance="compute"`` equalises, a name of
-            :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``). Default None: the encoder's
+        cost_model: the step-cost model ``balance="compute"`` equalises: a shape of
+            :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``, FLOP-derived) or a fitted
+            model of :data:`~energon_pack.packing.step_cost.FITTED`. Default None: the encoder's
             own (the 7B/8B shape of the Qwen-VL preset; Qwen2.5-VL-7B's LLM for text).
         seed: carry mode: the seed of the order in which the last open bins are emitted at the end of a
             finite stream. Default 0: fixed, so the same data gives the same packs.
@@ -127,12 +128,9 @@ class PackingConfig:
                 "use packing_mode='carry' with balance='compute'",
             )
         if self.cost_model is not None:
-            from energon_pack.packing.step_cost import SHAPES
+            from energon_pack.packing.step_cost import named_cost_model
 
-            if self.cost_model not in SHAPES:
-                raise ConfigError(
-                    "cost_model", f"unknown model shape {self.cost_model!r}", f"use one of {list(SHAPES)}"
-                )
+            named_cost_model(self.cost_model)  # a ConfigError naming the knob for an unknown name
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         if self.skip_guard is not None and (

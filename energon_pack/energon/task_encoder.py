@@ -39,6 +39,7 @@ from energon_pack.packing import (
     PackingStats,
     StepCostModel,
     first_fit_decreasing,
+    named_cost_model,
 )
 from energon_pack.thd import ThdLayout, build_thd_batch
 
@@ -108,7 +109,7 @@ class CarryOverPackingMixin:
     @functools.cached_property
     def step_cost_model(self) -> StepCostModel:
         """The step-cost model ``balance="compute"`` equalises (``cost_model``, or the encoder's default shape)."""
-        return StepCostModel.from_shape(self.packing.cost_model or self.default_cost_shape)
+        return named_cost_model(self.packing.cost_model or self.default_cost_shape)
 
     def packing_step_cost(self, sample: Any) -> float:
         """One pre-encoded sample's step cost: its tokens as one segment (a text sample has no vision)."""

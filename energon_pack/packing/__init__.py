@@ -8,9 +8,10 @@ from .costs import Cost, as_capacity, as_cost, as_cost_matrix
 from .offline import BinPacking, OversizeError, best_fit_decreasing, decreasing_order, first_fit_decreasing
 from .online import OnlinePacker
 from .stats import PackingStats, PackingStatsTracker
-from .step_cost import SHAPES, StepCostModel
+from .step_cost import FITTED, SHAPES, StepCostModel, cost_model_names, named_cost_model
 
 __all__ = [
+    "FITTED",
     "SHAPES",
     "BinPacking",
     "ComputeBalancedPacker",
@@ -24,6 +25,8 @@ __all__ = [
     "as_cost",
     "as_cost_matrix",
     "best_fit_decreasing",
+    "cost_model_names",
     "decreasing_order",
     "first_fit_decreasing",
+    "named_cost_model",
 ]

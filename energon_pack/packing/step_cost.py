@@ -12,7 +12,7 @@ a sum of terms, so a pack's cost is the sum of its samples' and the cost can be 
 
 :meth:`StepCostModel.from_shape` derives the coefficients from a model shape (training FLOPs: forward and
 backward, 6 per parameter per token for the dense terms, 12 per head dimension for attention); a fitted model
-(:meth:`StepCostModel.fitted`) replaces them with coefficients measured against step times. Costs are
+(:data:`FITTED`, by name through :func:`named_cost_model`) has coefficients measured against step times. Costs are
 reported in *token-equivalents*: FLOPs over one token's LLM dense FLOPs, so a pack of text costs a little more
 than its token count and the number reads against the width.
 """
@@ -174,3 +174,27 @@ class StepCostModel:
     @classmethod
     def from_dict(cls, data: Mapping) -> StepCostModel:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+#: step-cost models fitted to measured step times (``examples/step_cost_fit.py`` on one H200: the least-squares fit
+#: of step ms on the terms, in token-equivalents of the per-slot cost; each names its run's JSON in
+#: ``docs/benchmarks/``), as ``"<shape>@<device>-<path>"``
+FITTED: dict[str, StepCostModel] = {}
+
+
+def cost_model_names() -> tuple[str, ...]:
+    """The names :meth:`StepCostModel.named` resolves: the shapes, then the fitted models."""
+    return (*SHAPES, *FITTED)
+
+
+def named_cost_model(name: str) -> StepCostModel:
+    """A fitted model of :data:`FITTED`, or the FLOP-derived model of a :data:`SHAPES` shape."""
+    if name in FITTED:
+        return FITTED[name]
+    if name not in SHAPES:
+        from energon_pack.errors import ConfigError
+
+        raise ConfigError(
+            "cost_model", f"unknown step-cost model {name!r}", f"use one of {', '.join(cost_model_names())}"
+        )
+    return StepCostModel.from_shape(name)

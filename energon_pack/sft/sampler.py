@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
-from ..packing import ComputeBalancedPacker, PackingStats, StepCostModel, best_fit_decreasing
+from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing, named_cost_model
 from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
@@ -64,8 +64,9 @@ class TokenBudgetBatchSampler:
             (each window through :class:`~energon_pack.packing.balanced.ComputeBalancedPacker`: packs full in
             tokens and about equal in step cost, attention per segment squared included, so ranks wait less for
             their slowest).
-        cost_model: the model shape ``balance="compute"`` prices (a name of
-            :data:`energon_pack.packing.step_cost.SHAPES`); default None: ``"qwen2.5-vl-7b"`` (its LLM).
+        cost_model: the step-cost model ``balance="compute"`` prices (a shape of
+            :data:`energon_pack.packing.step_cost.SHAPES` or a fitted model of its ``FITTED``); default None:
+            ``"qwen2.5-vl-7b"`` (its LLM).
     """
 
     def __init__(
@@ -113,7 +114,7 @@ class TokenBudgetBatchSampler:
         if balance not in BALANCE_MODES:
             raise ConfigError("balance", f"unknown mode {balance!r}", f"use one of {BALANCE_MODES}")
         self.balance, self.cost_model = balance, cost_model
-        self._step_cost = StepCostModel.from_shape(cost_model or DEFAULT_COST_SHAPE) if balance == "compute" else None
+        self._step_cost = named_cost_model(cost_model or DEFAULT_COST_SHAPE) if balance == "compute" else None
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
         self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
         unnamed = int((self.lengths <= 0).sum()) - sum(self.skips.values())
