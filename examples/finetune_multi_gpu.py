@@ -49,6 +49,7 @@ Per step: loss, real tokens, step time and the time spent waiting for the loader
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -511,6 +512,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt", default=None)
     p.add_argument("--resume", default=None, help="checkpoint folder written by --save-at")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--manual-gc",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Python's garbage collector off, one collection after every N-th step (Megatron's --manual-gc): a "
+        "collection inside a step stalls every data-parallel rank (docs/concepts/compute_balance.md); 0: Python's own",
+    )
     p.add_argument("--report", default=None, help="rank 0 writes a JSON summary here")
     add_static_args(p)
     args = p.parse_args(argv)
@@ -621,6 +630,8 @@ def main(argv: list[str] | None = None) -> None:
     tracker = PackingStatsTracker()
     history, keys = [], []
     batches = iter(loader)
+    if args.manual_gc:
+        gc.disable()
     for step in range(start_step, args.steps):
         t0 = time.perf_counter()
         graphs = compiled_graphs()
@@ -656,7 +667,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.save_at is not None and step + 1 == args.save_at:
             save_checkpoint(Path(args.ckpt), step + 1, model, opt, loader, rank)
+        if args.manual_gc and (step + 1) % args.manual_gc == 0:
+            gc.collect()  # between steps, on every rank at the same step
 
+    gc.enable()
     timed = history[1:] if len(history) > 1 else history  # the first step includes loader and kernel start-up
     elapsed = sum(h["step_s"] for h in timed)
     waits = gather(sum(h["data_wait_s"] for h in timed))

@@ -53,3 +53,12 @@ def s3_store(tmp_path_factory):
 def remote_demo(s3_store, demo_shards):
     """The ``demo_shards`` dataset uploaded as is: its ``msc://`` path."""
     return s3_store.upload(demo_shards, "demo")
+
+
+#: the test files that run longest (tens of seconds to minutes each), started first: with the README's
+#: ``-n 2 --dist loadfile`` both processes then finish together instead of one waiting on a late long file
+SLOW_FIRST = ("tests/stress/", "tests/project/test_compat_matrix.py", "tests/examples/")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: files keep their order

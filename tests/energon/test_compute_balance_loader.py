@@ -10,6 +10,7 @@ from test_resume_robust import roundtrip
 from energon_pack.bench.dp_sim import pack_step_cost as pack_cost
 from energon_pack.energon.fingerprint import ResumeConfigError
 from energon_pack.errors import ConfigError
+from energon_pack.packing import FITTED
 from energon_pack.qwen_vl import get_preset
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from harness.loaders import batch_difference, close
@@ -92,3 +93,5 @@ def test_balance_knobs_checked():
     assert caught.value.knob == "cost_model"
     assert encoder("compute").step_cost_model.source == "flops:qwen2.5-vl-7b"
     assert encoder("compute", cost_model="qwen2.5-vl-3b").step_cost_model.source == "flops:qwen2.5-vl-3b"
+    fitted = encoder("compute", cost_model="qwen2.5-vl-3b@h200-eager").step_cost_model
+    assert fitted is FITTED["qwen2.5-vl-3b@h200-eager"] and fitted.source == "fit:step_cost_h200_fit_eager"

@@ -43,6 +43,8 @@ COMMON = [
     "1",
     "--tokenizer",
     "demo",
+    "--manual-gc",
+    "2",
 ]
 
 

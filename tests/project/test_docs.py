@@ -20,7 +20,7 @@ README = ROOT / "README.md"
 README_MAX_LINES = 250
 QUICKSTART = [
     "bash setup.sh && .venv/bin/energon-pack demo",
-    "bash setup.sh --test && .venv/bin/python -m pytest -q",
+    "bash setup.sh --test && .venv/bin/python -m pytest -q -n 2 --dist loadfile",
 ]
 #: every external link of the README and the docs; a new one is added here on purpose (they are not fetched)
 EXTERNAL_LINKS = {"https://github.com/NVIDIA/Megatron-Energon"}
