@@ -73,8 +73,9 @@ class PackingConfig:
         balance: carry mode: ``"tokens"`` (packs full in tokens) or ``"compute"`` (full in tokens *and* about
             equal in step cost under ``cost_model``: attention per segment squared, vision patches; ranks then
             wait less for their slowest, with no communication; :class:`~energon_pack.packing.balanced.
-            ComputeBalancedPacker`, holding ``packing_buffer_size`` samples). Default ``"tokens"``: on the bench
-            mix ``"compute"`` costs 0.35-0.5 fill points (``python -m energon_pack.bench.balance_bench``).
+            ComputeBalancedPacker`, holding ``packing_buffer_size`` samples). Default ``"tokens"``: the packs of
+            existing configurations and checkpoints stay as they were; on the bench mix ``"compute"`` costs
+            0.15 fill points at K=256, 0.21 at K=64 (``python -m energon_pack.bench.balance_bench``).
         cost_model: the step-cost model ``balance="compute"`` equalises: a shape of
             :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``, FLOP-derived) or a fitted
             model of :data:`~energon_pack.packing.step_cost.FITTED`. Default None: the encoder's
