@@ -5,7 +5,9 @@ real encoder at ``seq_length``, K = ``buffer``), once with tokens-only packs and
 A rank's step trains ``accum`` consecutive packs of its stream; the step of all ranks lasts as long as the
 slowest rank's, under the step-cost model (:class:`~energon_pack.packing.step_cost.StepCostModel`, FLOP-derived
 for ``cost_model``). Reported per mode: fill, real tokens per step (all ranks), the packs' cost spread and the
-predicted DP efficiency: summed mean rank step over summed slowest rank step. On CPU: no model runs.
+predicted DP efficiency: summed mean rank step over summed slowest rank step; and the recommendation
+(:func:`recommend`): the mode that trains more real tokens per unit of the slowest rank's step cost. On CPU: no
+model runs.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def simulate(
                 "tokens_per_step": float(tokens.sum() / steps),
                 "cost_cv": float(costs.std() / costs.mean()),
                 "dp_efficiency": float(per_step.mean(0).sum() / per_step.max(0).sum()),
+                # what a step's wall time buys: real tokens per rank over the slowest rank's step cost
+                "tokens_per_step_cost": float(tokens.sum() / ranks / per_step.max(0).sum()),
             }
         )
     model = named_cost_model(cost_model) if cost_model else None
@@ -116,7 +120,16 @@ def simulate(
         "cost_model": cost_model or "the preset's default",
         "cost_source": None if model is None else model.source,
         "rows": rows,
+        "recommendation": recommend(rows),
     }
+
+
+def recommend(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mode whose steps train the most real tokens per unit of the slowest rank's step cost (fill, the cost of
+    its tokens and the wait for the slowest rank in one number), and its gain over the other."""
+    best, other = sorted(rows, key=lambda r: r["tokens_per_step_cost"], reverse=True)[:2]
+    gain = best["tokens_per_step_cost"] / other["tokens_per_step_cost"] - 1
+    return {"balance": best["mode"], "gain": gain, "over": other["mode"]}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -130,4 +143,9 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['mode']:<9}{r['fill'] * 100:8.2f}%{r['tokens_per_step']:13.0f}{r['cost_cv'] * 100:8.2f}%"
             f"{r['dp_efficiency']:15.3f}"
         )
+    rec = result["recommendation"]
+    lines.append(
+        f"recommended: balance={rec['balance']!r}: {rec['gain']:+.1%} real tokens per unit of step time "
+        f"over {rec['over']!r} (fill, token cost and the wait for the slowest rank)"
+    )
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _cli_entry import energon_pack
-from energon_pack.bench.dp_sim import format_table, pack_step_cost, simulate
+from energon_pack.bench.dp_sim import format_table, pack_step_cost, recommend, simulate
 from energon_pack.packing import StepCostModel
 
 
@@ -30,6 +30,8 @@ def test_two_ranks_of_the_demo_shards(demo_shards):
     assert compute["cost_cv"] < tokens["cost_cv"] and compute["dp_efficiency"] >= tokens["dp_efficiency"]
     assert all(0 < r["dp_efficiency"] <= 1 and r["fill"] > 0.9 for r in result["rows"])
     assert "DP efficiency" in format_table(result) and json.dumps(result)
+    rec = result["recommendation"]
+    assert rec == recommend(result["rows"]) and f"recommended: balance={rec['balance']!r}" in format_table(result)
 
 
 def test_the_command(demo_shards, tmp_path):
@@ -56,3 +58,13 @@ def test_the_command(demo_shards, tmp_path):
     assert "2 ranks x 3 steps of 1 pack(s), K=32" in run.stdout and "wrote " in run.stdout
     saved = json.loads((tmp_path / "out" / "dp_sim.json").read_text())
     assert [r["mode"] for r in saved["rows"]] == ["tokens", "compute"]
+
+
+def test_recommendation_weighs_fill_against_the_wait():
+    rows = [
+        {"mode": "tokens", "tokens_per_step_cost": 0.90},
+        {"mode": "compute", "tokens_per_step_cost": 0.99},
+    ]
+    assert recommend(rows) == {"balance": "compute", "gain": pytest.approx(0.1), "over": "tokens"}
+    rows[0]["tokens_per_step_cost"] = 1.0
+    assert recommend(rows) == {"balance": "tokens", "gain": pytest.approx(1 / 0.99 - 1), "over": "compute"}
