@@ -97,3 +97,18 @@ def test_fit_recovers_known_costs_and_keeps_them_non_negative(fit_module):
     ms = [m - 1e-9 * t["patches_squared"] * 40 + rng.normal(0, 0.01) for m, t in zip(ms, terms)]
     f = fit_module.fit_terms(terms, ms, StepCostModel.from_shape("qwen2.5-vl-3b"))
     assert "patches_squared" not in f["terms_kept"] and all(v >= 0 for v in f["coefficients_ms"].values())
+
+
+def test_video_mix_records_and_mode_settings(fit_module, tmp_path):
+    source = fit_module.write_records(tmp_path, 12, 2048, seed=3, videos=2)
+    records = json.loads(source.read_text())
+    clips = [r for r in records if "videos" in r]
+    assert len(records) == 12 and len(clips) == 2
+    assert all(
+        r["conversations"][0]["value"].startswith("<video>") and (tmp_path / r["videos"][0]).stat().st_size
+        for r in clips
+    )
+    assert fit_module.mode_packing("rounds16", 256) == {"balance": "tokens", "packing_mode": "rounds", "buffer": 16}
+    assert fit_module.mode_packing("compute", 256) == {"balance": "compute", "packing_mode": "carry", "buffer": 256}
+    with pytest.raises(SystemExit, match="unknown mode 'roundsX'"):
+        fit_module.mode_packing("roundsX", 256)
