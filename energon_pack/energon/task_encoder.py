@@ -103,7 +103,8 @@ class CarryOverPackingMixin:
 
     def make_packer(self, buffer_size: int) -> OnlinePacker | ComputeBalancedPacker:
         if self.packing.balance == "compute":
-            return ComputeBalancedPacker(self.packing_capacity(), buffer_size=buffer_size)
+            # the encoders expose no balance tuning: a run saved under earlier defaults resumes with its own
+            return ComputeBalancedPacker(self.packing_capacity(), buffer_size=buffer_size, resume_saved_tuning=True)
         return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
 
     @functools.cached_property

@@ -53,6 +53,10 @@ class ComputeBalancedPacker:
             (64: DP-8 efficiency 0.973, 256: 0.983 on the bench mix) at the cost of memory and latency.
         slack: the excess tolerated per token of room left, as a share of the mean cost per token.
         room_weight: how much an empty token weighs against the cost deviation.
+        resume_saved_tuning: on :meth:`load_state_dict`, take ``slack`` and ``room_weight`` from the saved state
+            instead of refusing a state saved with others. For callers that do not expose them (the encoders:
+            a run saved under an earlier release's defaults then continues with the packs it would have built);
+            the budgets and the buffer must still match.
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class ComputeBalancedPacker:
         buffer_size: int = DEFAULT_BUFFER_SIZE,
         slack: float = DEFAULT_SLACK,
         room_weight: float = DEFAULT_ROOM_WEIGHT,
+        resume_saved_tuning: bool = False,
     ) -> None:
         self.capacity = as_capacity(capacity)
         width = self.capacity[0]
@@ -72,6 +77,7 @@ class ComputeBalancedPacker:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         self.width, self.buffer_size = width, buffer_size
         self.slack, self.room_weight = float(slack), float(room_weight)
+        self.resume_saved_tuning = bool(resume_saved_tuning)
         self._reset()
 
     def _reset(self) -> None:
@@ -180,7 +186,7 @@ class ComputeBalancedPacker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported packer state format {state.get('format')!r}")
-        knobs = ("capacity", "buffer_size", "slack", "room_weight")
+        knobs = ("capacity", "buffer_size") + (() if self.resume_saved_tuning else ("slack", "room_weight"))
         mine = {k: getattr(self, k) for k in knobs}
         mine["capacity"] = list(self.capacity)
         if {k: state[k] for k in knobs} != mine:
@@ -188,6 +194,8 @@ class ComputeBalancedPacker:
                 f"packer state was saved with { ({k: state[k] for k in knobs}) }, this packer has {mine}: "
                 "exact resume needs the same budgets, buffer and balance knobs"
             )
+        if self.resume_saved_tuning:
+            self.slack, self.room_weight = float(state["slack"]), float(state["room_weight"])
         self._reset()
         for key, budgets, cost in state["held"]:
             self._keys.append(tuple(key) if isinstance(key, list) else key)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
 from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing, named_cost_model
+from ..packing.balanced import DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
 from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
@@ -41,6 +42,8 @@ BALANCE_MODES = ("tokens", "compute")
 DEFAULT_COST_SHAPE = "qwen2.5-vl-7b"
 #: samples the compute-balanced packer holds (at most the window)
 BALANCE_BUFFER = 256
+#: (slack, room_weight) of the balanced plans of states saved before their config recorded it
+PRE_KEY_BALANCE_TUNING = (0.03, 0.15)
 
 
 @accepts_old_width
@@ -114,6 +117,8 @@ class TokenBudgetBatchSampler:
         if balance not in BALANCE_MODES:
             raise ConfigError("balance", f"unknown mode {balance!r}", f"use one of {BALANCE_MODES}")
         self.balance, self.cost_model = balance, cost_model
+        #: (slack, room_weight) of the balanced packer: the defaults, or a restored state's (load_state_dict)
+        self._balance_tuning = (DEFAULT_SLACK, DEFAULT_ROOM_WEIGHT)
         self._step_cost = named_cost_model(cost_model or DEFAULT_COST_SHAPE) if balance == "compute" else None
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
         self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
@@ -172,7 +177,10 @@ class TokenBudgetBatchSampler:
 
     def _balanced(self, costs: np.ndarray, capacity: tuple[int, ...]) -> list[list[int]]:
         """One window's packs (positions in it) from the compute-balanced packer, streamed in window order."""
-        packer = ComputeBalancedPacker(capacity, buffer_size=min(self.window, BALANCE_BUFFER))
+        slack, room_weight = self._balance_tuning
+        packer = ComputeBalancedPacker(
+            capacity, buffer_size=min(self.window, BALANCE_BUFFER), slack=slack, room_weight=room_weight
+        )
         groups: list[list[int]] = []
         for pos, cost in enumerate(costs.tolist()):
             groups.extend(packer.push(pos, tuple(cost), self._step_cost.sample_cost(cost[0])))
@@ -257,7 +265,11 @@ class TokenBudgetBatchSampler:
             "rank": self.rank,
             "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest(),
             # only when set: checkpoints of tokens-balanced runs, saved before the knob existed, still load
-            **({"balance": self.balance, "cost_model": self.cost_model} if self.balance != "tokens" else {}),
+            **(
+                {"balance": self.balance, "cost_model": self.cost_model, "balance_tuning": list(self._balance_tuning)}
+                if self.balance != "tokens"
+                else {}
+            ),
         }
 
     def state_dict(self, steps_consumed: int | None = None) -> dict[str, Any]:
@@ -270,11 +282,18 @@ class TokenBudgetBatchSampler:
         """The next ``__iter__`` continues the saved epoch at the saved step, bit for bit."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported sampler state format {state.get('format')!r}")
-        mine = self._config()
-        diff = sorted(k for k in {*mine, *state["config"]} if state["config"].get(k) != mine.get(k))
+        saved, mine, tuning = dict(state["config"]), self._config(), None
+        if self.balance == "compute" and saved.get("balance") == "compute":
+            # the plan of a balanced run depends on the packer's tuning: continue with the one it was saved
+            # under (a state without it predates the key: the tuning of that release)
+            tuning = tuple(float(x) for x in saved.get("balance_tuning", PRE_KEY_BALANCE_TUNING))
+            saved["balance_tuning"] = mine["balance_tuning"] = list(tuning)
+        diff = sorted(k for k in {*mine, *saved} if saved.get(k) != mine.get(k))
         if diff:
             raise ValueError(
                 f"sampler state was saved with a different {diff}: exact resume needs the same data, "
                 "width, alignment, window, seed, balance and data-parallel layout"
             )
+        if tuning is not None and tuning != self._balance_tuning:
+            self._balance_tuning, self._plan_cache = tuning, None
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["step"]), int(state["step"])

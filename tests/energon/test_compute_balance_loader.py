@@ -93,5 +93,6 @@ def test_balance_knobs_checked():
     assert caught.value.knob == "cost_model"
     assert encoder("compute").step_cost_model.source == "flops:qwen2.5-vl-7b"
     assert encoder("compute", cost_model="qwen2.5-vl-3b").step_cost_model.source == "flops:qwen2.5-vl-3b"
+    assert encoder("compute").make_packer(16).resume_saved_tuning  # the encoders expose no tuning knob
     fitted = encoder("compute", cost_model="qwen2.5-vl-3b@h200-eager").step_cost_model
     assert fitted is FITTED["qwen2.5-vl-3b@h200-eager"] and fitted.source == "fit:step_cost_h200_fit_eager"

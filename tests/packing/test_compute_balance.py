@@ -108,6 +108,28 @@ def test_dp_efficiency_of_equal_and_unequal_packs():
     assert two == pytest.approx(2.0 / 2.5, abs=0.01)  # mean step 2, expected max 0.25*1 + 0.75*3 = 2.5
 
 
+def test_a_packer_that_resumes_saved_tuning_continues_the_saved_run(items):
+    """An encoder-made packer (resume_saved_tuning) restores a state saved under other tuning (an earlier
+    release's room_weight 0.15) and builds the packs that run would have; a plain packer refuses it by name,
+    and the budgets and buffer must match either way."""
+    old = dict(buffer_size=64, room_weight=0.15)
+    expected = _stream(ComputeBalancedPacker(8192, **old), items)
+    first = ComputeBalancedPacker(8192, **old)
+    head = _stream(first, items, 1234)
+    state = json.loads(json.dumps(first.state_dict()))
+    with pytest.raises(ValueError, match="room_weight"):
+        ComputeBalancedPacker(8192, buffer_size=64).load_state_dict(state)
+    with pytest.raises(ValueError, match="buffer_size"):
+        ComputeBalancedPacker(8192, buffer_size=32, resume_saved_tuning=True).load_state_dict(state)
+    restored = ComputeBalancedPacker(8192, buffer_size=64, resume_saved_tuning=True)
+    restored.load_state_dict(state)
+    assert (restored.slack, restored.room_weight) == (0.03, 0.15)
+    tail = []
+    for key, (tokens, cost) in list(enumerate(items))[1234:]:
+        tail.extend(restored.push(key, tokens, cost))
+    assert head + tail == expected
+
+
 @pytest.mark.parametrize("knobs", [{"buffer_size": 0}, {"slack": -1}, {"room_weight": "x"}])
 def test_knobs_checked(knobs):
     with pytest.raises(ValueError):

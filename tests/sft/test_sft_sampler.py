@@ -153,3 +153,22 @@ def test_compute_balance_equalises_the_attention_cost_of_long_documents():
     with pytest.raises(ConfigError) as caught:
         TokenBudgetBatchSampler(lengths, 8192, balance="flops")
     assert caught.value.knob == "balance"
+
+
+def test_a_balanced_state_resumes_with_the_packer_tuning_it_was_saved_under():
+    """A balanced plan depends on the packer's tuning (slack, room_weight): a state saved under other tuning resumes
+    with the plan it was saved under, and one without the key (an earlier release) with that release's 0.15."""
+    rng = np.random.default_rng(4)
+    lengths = np.where(rng.random(3000) < 0.3, rng.integers(1500, 4000, 3000), rng.integers(50, 900, 3000))
+    old = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="compute")
+    old._balance_tuning, old._plan_cache = (0.5, 0.0), None  # another tuning
+    new = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="compute")
+    assert old.plan() != new.plan()  # the tuning changes the packs
+    state = old.state_dict(7)
+    assert state["config"]["balance_tuning"] == [0.5, 0.0]
+    new.load_state_dict(state)
+    assert list(new) == old.plan()[7:]
+    del state["config"]["balance_tuning"]  # as the release before the key wrote it
+    fresh = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="compute")
+    fresh.load_state_dict(state)
+    assert fresh._balance_tuning == (0.03, 0.15)
