@@ -193,7 +193,7 @@ FITTED: dict[str, StepCostModel] = {
 
 
 def cost_model_names() -> tuple[str, ...]:
-    """The names :meth:`StepCostModel.named` resolves: the shapes, then the fitted models."""
+    """The names :func:`named_cost_model` resolves: the shapes, then the fitted models."""
     return (*SHAPES, *FITTED)
 
 

@@ -79,6 +79,8 @@ def _check_image_pipe(data: bytes) -> None:
 def probe_video(data: bytes) -> VideoHeader:
     """The :class:`VideoHeader` of an encoded video; SampleSkipped ``corrupt_video`` when there is
     no readable video stream, no frame rate, no frame or no size, ``video_too_large`` over the pixel cap."""
+    import av
+
     _check_image_pipe(data)
     with open_container(data) as container:
         if not container.streams.video:
@@ -97,7 +99,7 @@ def probe_video(data: bytes) -> VideoHeader:
         if stream.duration is not None and stream.time_base is not None:
             duration = float(stream.duration * stream.time_base)
         elif container.duration is not None:
-            duration = container.duration / 1_000_000  # av.time_base: FFmpeg's AV_TIME_BASE, microseconds
+            duration = container.duration / av.time_base
         else:
             duration = num_frames / float(rate) if rate else 0.0
     if not rate or float(rate) <= 0:
