@@ -393,13 +393,15 @@ def make_loader(
     seed: int = 0,
     tokenizer: Any = None,
     static: dict | None = None,
+    balance: str = "tokens",
 ) -> tuple[Any, Any]:
     """One Energon savable loader for this rank (rank and world size from torch.distributed).
 
     ``tokenizer``: a name (``"qwen2.5-vl"``, ``"demo"``, ...), a path or an object; None: the preset's
     real tokenizer. ``static``: static packs (every tensor one shape: fixed width, static cu_seqlens, patch rows
     padded to the budget; ``static_visual``) with these budgets (:func:`static_budgets`); ``max_segments``
-    defaults to the most samples a pack can hold."""
+    defaults to the most samples a pack can hold. ``balance``: the carry packer's ``"tokens"`` or ``"compute"``
+    (packs equal in step cost too, under the preset's FLOP cost model)."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     from energon_pack import QwenVLPackingTaskEncoder, load_tokenizer
@@ -411,6 +413,7 @@ def make_loader(
         pad_to_max_length=True,
         packing_mode=packing_mode,
         seed=seed,
+        balance=balance,
     )
     if static:
         segments = static.get("max_segments") or QwenVLPackingTaskEncoder(**kw).max_possible_segments

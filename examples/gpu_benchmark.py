@@ -11,11 +11,14 @@ is forward + backward + AdamW step. Feeds:
 * ``carry``    : our defaults (open bins carried across rounds), ``packing_buffer_size=64``.
 * ``carry-static``: carry with static packs: fixed width, static cu_seqlens, patch rows padded to the
                  patch budget (``--patch-budget``, default recommended from the data; ``static_visual``).
+* ``carry:compute`` / ``carry-static:compute``: the same with ``balance="compute"`` (packs equal in step cost
+                 as well as full in tokens; the compute feeds run in the same process, on the same compiled model).
 
 The sample feeds get their samples by splitting the carry loader's packs into members (same
 samples, same tokens, same images). Reported per feed: real tokens/s (all ranks, wall clock incl.
-data wait), median step time (CUDA events, after warm-up), fill (real tokens / computed token slots),
-model FLOPs utilisation and the share of wall time spent waiting for data.
+data wait), median step time (CUDA events, after warm-up), the step-time cv and the bootstrap DP-8 / DP-64
+efficiency of those times (mean step over the expected slowest of N ranks), fill (real tokens / computed token
+slots), model FLOPs utilisation and the share of wall time spent waiting for data.
 
 MFU = useful model FLOPs / (step time x GPUs x peak), useful FLOPs per step =
 6 x N_llm x real_tokens + 6 x N_vision x patches + 12 x layers x heads x head_dim x sum_seg(L^2)/2
@@ -55,6 +58,32 @@ from energon_pack.integrations import hf as H  # noqa: E402
 
 PEAK_SPEC, PEAK_MEASURED = 989e12, 790e12
 FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry", "carry-static")
+#: the feeds a ``:compute`` suffix applies to (the carry packer's balance)
+BALANCED_FEEDS = ("carry", "carry-static")
+#: data-parallel sizes of the bootstrap efficiency reported per feed
+DP_SIZES = (8, 64)
+
+
+def parse_feed(feed: str) -> tuple[str, str]:
+    """``"carry-static:compute"`` -> ``("carry-static", "compute")``; a bare feed packs by tokens."""
+    base, _, balance = feed.partition(":")
+    known = base in FEEDS or (base.startswith("rounds") and base[len("rounds") :].isdigit())
+    if not known or balance not in ("", "tokens", "compute") or (balance == "compute" and base not in BALANCED_FEEDS):
+        raise SystemExit(f"unknown feed {feed!r}; use {FEEDS}, roundsN, or {BALANCED_FEEDS} with ':compute'")
+    return base, balance or "tokens"
+
+
+def step_spread(step_ms: list[float]) -> dict[str, Any]:
+    """The step-time cv and the bootstrap DP efficiency of these times (one micro-batch per rank per step)."""
+    from energon_pack.bench.balance_bench import dp_efficiency
+
+    if len(step_ms) < 2:
+        return {"step_cv": None, "dp_efficiency": {}}
+    mean = statistics.fmean(step_ms)
+    return {
+        "step_cv": statistics.pstdev(step_ms) / mean,
+        "dp_efficiency": {str(n): dp_efficiency(step_ms, n) for n in DP_SIZES},
+    }
 
 
 # --------------------------------------------------------------------------------- feeds
@@ -181,10 +210,13 @@ def run_feed(
     world: int,
     counts: dict,
     cpu_group: Any = None,
+    static_budget: dict | None = None,
 ) -> dict:
+    name = feed
+    feed, balance = parse_feed(name)
     mode, buffer = ("rounds", int(feed[len("rounds") :])) if feed.startswith("rounds") else ("carry", args.buffer)
     preset = ft.vision_preset(args.model, args.size)
-    budget = ft.static_budgets(args, preset, static=True) if feed == "carry-static" else None
+    budget = static_budget if feed == "carry-static" else None
     loader, encoder = ft.make_loader(
         args.data,
         width=args.width,
@@ -194,6 +226,7 @@ def run_feed(
         packing_mode=mode,
         tokenizer=args.tokenizer,
         static=budget,
+        balance=balance,
     )
     tok = encoder.tokenizer
     sample_feed = SampleFeed(loader, tok, args.mbs) if feed in ("padded", "unpadded") else None
@@ -304,7 +337,8 @@ def run_feed(
     flops = 6.0 * counts["llm"] * tot[0] + 6.0 * counts["vision"] * tot[2] + tot[3]
     med = statistics.median(step_ms)
     row = {
-        "feed": feed,
+        "feed": name,
+        "balance": balance,
         "gpus": world,
         "static_budgets": budget,
         "steps": steps,
@@ -318,6 +352,7 @@ def run_feed(
         "warmup_s": warm_s,
         "graphs_compiled_in_timed_steps": ft.gather(ft.compiled_graphs() - graphs_at_start),  # per rank
         "step_ms_all": [round(x, 1) for x in step_ms],
+        **step_spread(step_ms),
     }
     # Steady state: the timed steps in which no rank compiled, device time (CUDA events) only. A
     # short benchmark meets vision patch counts that cross inductor's size guards (e.g. 4096 rows)
@@ -336,8 +371,8 @@ def table(rows: list[dict]) -> str:
     base = {(r["gpus"]): r["real_tokens_per_s"] for r in rows if r["feed"] == "padded"}
     lines = [
         "| feed | GPUs | real tokens/s | vs padded | steady tokens/s (steps) | median step ms | fill | TFLOP/s/GPU "
-        "| MFU (989 spec) | data wait |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| MFU (989 spec) | data wait | step cv | DP-64 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         vs = f"{r['real_tokens_per_s'] / base[r['gpus']]:.2f}x" if r["gpus"] in base else "n/a"
@@ -350,9 +385,48 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['feed']} | {r['gpus']} | {r['real_tokens_per_s']:,.0f} | {vs} | {steady} | "
             f"{r['median_step_ms']:.1f} | {r['fill']:.2%} | {r['tflops_per_gpu']:.1f} | {mfu} | "
-            f"{r['data_wait_share']:.2%} |"
+            f"{r['data_wait_share']:.2%} | {_pct(r.get('step_cv'))} | {_num(r.get('dp_efficiency', {}).get('64'))} |"
         )
     return "\n".join(lines)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2%}"
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def balance_targets(get: dict) -> list[dict]:
+    """Issue 34's targets for each balanced feed beside its tokens-only twin in the same run."""
+    out = []
+    for (feed, gpus), r in get.items():
+        base = feed.removesuffix(":compute")
+        if base == feed or (base, gpus) not in get or r.get("step_cv") is None:
+            continue
+        tokens = get[(base, gpus)]
+        v = r["real_tokens_per_s"] / tokens["real_tokens_per_s"]
+        out.append(
+            {"target": f"{feed} / {base} real tokens/s ({gpus} GPU)", "value": v, "need": 0.98, "met": v >= 0.98}
+        )
+        cv_need = 0.025 if base == "carry-static" else 0.03
+        out.append(
+            {
+                "target": f"{feed} step cv ({gpus} GPU)",
+                "value": r["step_cv"],
+                "need": f"<= {cv_need}",
+                "met": r["step_cv"] <= cv_need,
+            }
+        )
+        v = r["dp_efficiency"]["64"]
+        out.append(
+            {"target": f"{feed} bootstrap DP-64 efficiency ({gpus} GPU)", "value": v, "need": 0.96, "met": v >= 0.96}
+        )
+        if base == "carry-static" and r.get("mfu_spec") is not None:
+            v = r["mfu_spec"]
+            out.append({"target": f"{feed} MFU ({gpus} GPU, 989 TFLOP/s)", "value": v, "need": 0.43, "met": v >= 0.43})
+    return out
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -373,8 +447,9 @@ def targets(rows: list[dict]) -> list[dict]:
     if ("carry", 1) in get and get[("carry", 1)].get("mfu_spec") is not None:
         v = get[("carry", 1)]["mfu_spec"]
         out.append({"target": "carry MFU (1 GPU, 989 TFLOP/s)", "value": v, "need": 0.40, "met": v >= 0.40})
+    out.extend(balance_targets(get))
     for r in rows:
-        if r["feed"] == "carry-static" and r.get("steady_real_tokens_per_s"):
+        if r["feed"].startswith("carry-static") and r.get("steady_real_tokens_per_s"):
             v = r["real_tokens_per_s"] / r["steady_real_tokens_per_s"]
             out.append(
                 {"target": f"carry-static wall / steady ({r['gpus']} GPU)", "value": v, "need": 0.98, "met": v >= 0.98}
@@ -491,12 +566,14 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     rows = []
-    for feed in args.feeds.split(","):
-        if feed not in FEEDS and not feed.startswith("rounds"):
-            raise SystemExit(f"unknown feed {feed!r}; use {FEEDS}")
+    feeds = args.feeds.split(",")
+    static = [parse_feed(f)[0] == "carry-static" for f in feeds]
+    # one budget for every static feed: the tokens-only and balanced packs keep one shape (no recompile)
+    budget = ft.static_budgets(args, ft.vision_preset(args.model, args.size), static=True) if any(static) else None
+    for feed in feeds:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        row = run_feed(feed, args, model, runner, opt, device, world, counts, cpu_group)
+        row = run_feed(feed, args, model, runner, opt, device, world, counts, cpu_group, static_budget=budget)
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         rows.append(row)

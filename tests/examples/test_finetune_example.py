@@ -261,6 +261,48 @@ def test_gpu_benchmark_code_path_on_cpu(data, tmp_path):
     assert len(json.loads(combined.read_text())["rows"]) == 2 * len(gb.FEEDS)
 
 
+def test_gpu_benchmark_balanced_feeds_run_beside_their_tokens_only_twins(data, tmp_path):
+    """``carry:compute`` / ``carry-static:compute`` pack with balance="compute" in the same process; the static
+    feeds share one budget; each balanced row gets its step spread and its targets against the twin."""
+    gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
+    out = tmp_path / "gpu.json"
+    feeds = "carry,carry:compute,carry-static,carry-static:compute"
+    cpu = ["--device", "cpu", "--size", "tiny", "--width", "512", "--warmup", "0", "--workers", "0"]
+    gb.main(
+        cpu
+        + ["--steps", "3", "--buffer", "8", "--data", str(data), "--out", str(out), "--tokenizer", "demo"]
+        + ["--feeds", feeds]
+    )
+    result = json.loads(out.read_text())
+    rows = {r["feed"]: r for r in result["rows"]}
+    assert list(rows) == feeds.split(",")
+    assert [r["balance"] for r in rows.values()] == ["tokens", "compute", "tokens", "compute"]
+    assert rows["carry-static"]["static_budgets"] == rows["carry-static:compute"]["static_budgets"] is not None
+    for r in rows.values():
+        assert r["steps"] >= 2 and 0 <= r["step_cv"] and set(r["dp_efficiency"]) == {"8", "64"}
+        assert 0 < r["dp_efficiency"]["64"] <= r["dp_efficiency"]["8"] <= 1
+    names = {t["target"] for t in result["targets"]}
+    for feed in ("carry", "carry-static"):
+        assert f"{feed}:compute / {feed} real tokens/s (1 GPU)" in names
+        assert f"{feed}:compute bootstrap DP-64 efficiency (1 GPU)" in names
+
+
+def test_gpu_benchmark_feed_names_and_step_spread():
+    gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
+    assert gb.parse_feed("carry-static:compute") == ("carry-static", "compute")
+    assert gb.parse_feed("rounds32") == ("rounds32", "tokens")
+    for bad in ("rounds16:compute", "padded:compute", "carry:cost", "roundsx", "bogus"):
+        with pytest.raises(SystemExit, match="unknown feed"):
+            gb.parse_feed(bad)
+    flat = gb.step_spread([500.0] * 10)
+    assert flat["step_cv"] == 0 and flat["dp_efficiency"] == {"8": 1.0, "64": 1.0}
+    spread = gb.step_spread([400.0, 600.0] * 5)
+    assert spread["step_cv"] == pytest.approx(0.2)
+    # 8 ranks drawing 400/600 ms at random: the slowest is 600 unless all 8 drew 400 (1/256)
+    assert spread["dp_efficiency"]["8"] == pytest.approx(500 / (600 - 200 / 256), abs=0.005)
+    assert gb.step_spread([500.0]) == {"step_cv": None, "dp_efficiency": {}}
+
+
 def test_padded_and_unpadded_batches_hold_the_same_samples(data):
     gb = _load(ROOT / "examples" / "gpu_benchmark.py", "gpu_benchmark")
     loader, encoder = ft.make_loader(
