@@ -283,7 +283,7 @@ def fit(args: argparse.Namespace) -> None:
 
     import finetune_multi_gpu as ft
     from energon_pack.bench.balance_bench import dp_efficiency
-    from energon_pack.packing import StepCostModel
+    from energon_pack.packing import named_cost_model
     from gpu_benchmark import attention_flops
 
     saved = torch.load(args.packs, weights_only=False)
@@ -338,7 +338,7 @@ def fit(args: argparse.Namespace) -> None:
         if i >= args.warmup or mode == "calibration":
             rows[mode].append(row)
     gc.enable()
-    flops = StepCostModel.from_shape(saved["cost_model"])
+    flops = named_cost_model(saved["cost_model"])  # the model the packs were balanced with
     result: dict[str, Any] = {
         "size": args.size,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
