@@ -393,7 +393,7 @@ def make_loader(
     seed: int = 0,
     tokenizer: Any = None,
     static: dict | None = None,
-    balance: str = "tokens",
+    balance: str | None = None,
 ) -> tuple[Any, Any]:
     """One Energon savable loader for this rank (rank and world size from torch.distributed).
 
@@ -401,7 +401,7 @@ def make_loader(
     real tokenizer. ``static``: static packs (every tensor one shape: fixed width, static cu_seqlens, patch rows
     padded to the budget; ``static_visual``) with these budgets (:func:`static_budgets`); ``max_segments``
     defaults to the most samples a pack can hold. ``balance``: the carry packer's ``"tokens"`` or ``"compute"``
-    (packs equal in step cost too, under the preset's FLOP cost model)."""
+    (packs equal in step cost too, under the preset's FLOP cost model); None: the library's default."""
     from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 
     from energon_pack import QwenVLPackingTaskEncoder, load_tokenizer

@@ -8,7 +8,8 @@ is forward + backward + AdamW step. Feeds:
 * ``unpadded`` : the same 4 samples with the pads removed: one row of their real tokens only, our
                  varlen attention (flash ``varlen_attn`` on CUDA) over them: the strongest padded baseline.
 * ``rounds16`` / ``rounds64``: our encoder, ``packing_mode="rounds"`` (Energon-style FFD per buffer round).
-* ``carry``    : our defaults (open bins carried across rounds), ``packing_buffer_size=64``.
+* ``carry``    : open bins carried across rounds, ``packing_buffer_size=64``, packs full in tokens
+                 (``balance="tokens"``: every bare feed packs by tokens, as in the earlier runs).
 * ``carry-static``: carry with static packs: fixed width, static cu_seqlens, patch rows padded to the
                  patch budget (``--patch-budget``, default recommended from the data; ``static_visual``).
 * ``carry:compute`` / ``carry-static:compute``: the same with ``balance="compute"`` (packs equal in step cost

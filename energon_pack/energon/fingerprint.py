@@ -141,11 +141,17 @@ def check_fingerprint(saved: dict, current: dict) -> None:
     _check_knobs(saved.get("packing"), current.get("packing"))
 
 
+#: packing knobs added after states were first saved, with what a state saved before them packed by
+KNOBS_ADDED = {"balance": "tokens", "cost_model": None}
+
+
 def _check_knobs(saved: dict | None, current: dict | None) -> None:
     """Raise ResumeConfigError naming the first packing knob whose value differs between checkpoint and now."""
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return  # a state saved without packing (or before knobs were stored): nothing to compare
-    for knob in sorted(set(saved) | set(current)):
+    saved = {**{k: v for k, v in KNOBS_ADDED.items() if k in current}, **saved}
+    # packing_mode first: a defaulted balance follows it, and the mode is what the user changed
+    for knob in sorted(set(saved) | set(current), key=lambda k: (k != "packing_mode", k)):
         old, new = saved.get(knob), current.get(knob)
         if _plain(old) != _plain(new):
             raise ResumeConfigError(

@@ -219,7 +219,7 @@ def build_sft_pack_dataset(
     overlength: str = "skip",
     cache_dir: str | None = None,
     format_kw: Mapping | None = None,
-    balance: str = "tokens",
+    balance: str | None = None,
     cost_model: str | None = None,
 ) -> SFTPackDataset:
     """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
@@ -238,7 +238,8 @@ def build_sft_pack_dataset(
         overlength: what a line longer than ``seq_length`` gets: ``"skip"`` (counted), ``"truncate"``, ``"error"``.
         cache_dir: where the line index and length caches go; None: the user cache dir.
         balance, cost_model: the sampler's packing budget (:class:`TokenBudgetBatchSampler`): ``"tokens"``, or
-            ``"compute"`` for packs equal in step cost under ``cost_model`` as well as full in tokens.
+            ``"compute"`` for packs equal in step cost under ``cost_model`` as well as full in tokens; None (the
+            default): the sampler's default, ``"compute"``.
     """
     ds = JsonlSFTDataset(
         path,
@@ -635,7 +636,7 @@ def _sft_fields() -> list:
         ("window", int, field(default=4096)),
         ("overlength", str, field(default="skip")),
         ("cache_dir", str | None, field(default=None)),
-        ("balance", str, field(default="tokens")),
+        ("balance", str | None, field(default=None)),
         ("cost_model", str | None, field(default=None)),
     ]
 
@@ -735,8 +736,8 @@ def make_bridge_sft_dataset_provider(path: str, tokenizer: Any, *, seq_length: i
             ``tensor_model_parallel_size`` / ``sequence_parallel`` (the alignment, equal to the model's; default
             1/1/False); ``pad_to_max_length``, ``pad_cu_seqlens`` + ``max_segments`` (static shapes; default off);
             ``enable_in_batch_packing`` (with micro-batch size > 1); ``seed`` (1234), ``shuffle`` (True),
-            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; ``balance`` ("tokens" default, or "compute":
-            packs equal in step cost too) with ``cost_model``; and Bridge's dataloader fields
+            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; ``balance`` (None: the sampler's default,
+            "compute": packs equal in step cost too; or "tokens") with ``cost_model``; and Bridge's dataloader fields
             (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
     """
     return _provider_class()(path=str(path), tokenizer=tokenizer, seq_length=seq_length, **kwargs)

@@ -183,7 +183,7 @@ def test_unchanged_loader_resumes_exactly_through_our_restore(shards, workers):
 
 def test_carry_state_with_bins_removed_is_refused_even_with_a_recomputed_checksum(shards):
     """The carry-over wrapper checks its own parts against each other too (held keys vs open bins)."""
-    state, _ = state_after(loader(shards, workers=0), 3)
+    state, _ = state_after(loader(shards, workers=0, balance="tokens"), 3)  # the tokens packer's open bins
 
     def drop_and_reseal(node):
         _edit(node, "_packer_state", _drop_bins)
@@ -195,10 +195,33 @@ def test_carry_state_with_bins_removed_is_refused_even_with_a_recomputed_checksu
         match=r"checkpoint: the carry-over state holds \d+ sample keys for \d+ "
         r"slots, but its open bins and pending packs place 0 slots",
     ) as err:
-        ld = loader(shards, workers=0)
+        ld = loader(shards, workers=0, balance="tokens")
         ld.restore_state_rank(state)
         next(iter(ld))
     assert err.value.knob == "checkpoint"
+
+
+def _strip_added_knobs(node):
+    """A state as a release before the balance knob saved it: its fingerprint has no balance / cost_model."""
+    for knob in ("balance", "cost_model"):
+        node["_resume"]["fingerprint"]["packing"].pop(knob)
+
+
+def test_a_state_saved_before_the_balance_knob_resumes_by_tokens_and_the_default_names_the_fix(shards):
+    """Before ``balance`` existed every carry run packed by tokens: such a state resumes exactly under
+    balance="tokens", and under the new default (compute) it is refused naming the knob and the fix."""
+    first = loader(shards, workers=0, finite=False, balance="tokens")
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.save_state_rank()
+    reference = keys(next(it) for _ in range(4))  # the uninterrupted run
+    assert _edit(state, "_resume", _strip_added_knobs) == 1
+    again = loader(shards, workers=0, finite=False, balance="tokens")
+    again.restore_state_rank(state)
+    resumed = iter(again)
+    assert keys(next(resumed) for _ in range(4)) == reference
+    refused(loader(shards, workers=0, finite=False), state, "balance", "saved with balance='tokens'")
 
 
 def test_jsonl_state_restored_after_lines_were_appended_is_refused(tmp_path):

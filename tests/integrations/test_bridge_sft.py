@@ -431,9 +431,10 @@ def test_provider_is_a_bridge_dataset_provider(bridge, data):
 def test_provider_passes_compute_balance_to_its_sampler(bridge, data):
     """balance="compute" reaches the sampler: its packs are the compute-balanced plan (not the tokens-only one),
     every usable line once per epoch, and the mode is in the sampler's resume record."""
-    tokens = train_dataset(bridge, provider(data), samples=20)
+    tokens = train_dataset(bridge, provider(data, balance="tokens"), samples=20)
     compute = train_dataset(bridge, provider(data, balance="compute", cost_model="qwen2-vl-2b"), samples=20)
     assert compute.sampler.balance == "compute" and tokens.sampler.balance == "tokens"
+    assert train_dataset(bridge, provider(data), samples=20).sampler.balance == "compute"  # the default
     assert compute.sampler.state_dict()["config"]["balance"] == "compute"
     ds = compute.dataset
     expected = TokenBudgetBatchSampler(ds, WIDTH, balance="compute", cost_model="qwen2-vl-2b", seed=1234)

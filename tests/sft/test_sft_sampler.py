@@ -172,3 +172,23 @@ def test_a_balanced_state_resumes_with_the_packer_tuning_it_was_saved_under():
     fresh = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="compute")
     fresh.load_state_dict(state)
     assert fresh._balance_tuning == (0.03, 0.15)
+
+
+def test_the_default_balances_compute_and_follows_a_tokens_state_on_resume():
+    """balance left unset packs by compute; a state saved by tokens (every state from before this default: no
+    balance key) is continued by tokens, bit for bit; a mode passed explicitly must match, and the error names it."""
+    rng = np.random.default_rng(5)
+    lengths = np.where(rng.random(3000) < 0.2, rng.integers(1500, 4000, 3000), rng.integers(50, 900, 3000))
+    default = TokenBudgetBatchSampler(lengths, 8192, window=1024)
+    compute = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="compute")
+    tokens = TokenBudgetBatchSampler(lengths, 8192, window=1024, balance="tokens")
+    assert default.balance == "compute" and default.plan() == compute.plan() != tokens.plan()
+    state = tokens.state_dict(5)
+    assert "balance" not in state["config"]  # what a tokens run has always saved
+    default.load_state_dict(state)
+    assert default.balance == "tokens" and list(default) == tokens.plan()[5:]
+    with pytest.raises(ValueError, match="it was saved with balance='tokens': pass that"):
+        compute.load_state_dict(state)
+    fresh = TokenBudgetBatchSampler(lengths, 8192, window=1024)
+    fresh.load_state_dict(compute.state_dict(2))  # a balanced state into the default: no switch
+    assert fresh.balance == "compute" and list(fresh) == compute.plan()[2:]
