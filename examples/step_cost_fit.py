@@ -204,19 +204,16 @@ def _narrow(value: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def cost_terms(batch: dict) -> dict[str, float]:
-    """The step-cost model's terms of one pack: token slots computed (the width), real tokens, the sum of segment
-    lengths squared, vision patch rows and the sum of (patches per time slice) squared, images and videos."""
-    cu = batch["cu_seqlens_q"].tolist()
-    lengths = [b - a for a, b in zip(cu, cu[1:])]
-    grids = [g for k in GRID_KEYS if isinstance(batch.get(k), torch.Tensor) for g in batch[k].tolist()]
+    """The step-cost model's terms of one pack (:meth:`StepCostModel.pack_terms`), with the token slots computed
+    (the width) and the video patch rows apart."""
+    from energon_pack.bench.dp_sim import pack_segments
+    from energon_pack.packing import StepCostModel
+
     video = batch.get("video_grid_thw")
     return {
         "slots": float(batch["input_ids"].numel()),
-        "tokens": float(sum(lengths)),
-        "tokens_squared": float(sum(x * x for x in lengths)),
-        "patches": float(sum(t * h * w for t, h, w in grids)),
+        **StepCostModel.pack_terms(*pack_segments(batch)),
         "video_patches": float(video.prod(-1).sum()) if isinstance(video, torch.Tensor) else 0.0,
-        "patches_squared": float(sum(t * (h * w) ** 2 for t, h, w in grids)),
     }
 
 
@@ -422,15 +419,7 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
     full.update({(("intercept", *TERMS)[k]): float(c) for k, c in zip(keep, coef)})
     pred = x @ coef
     r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
-    cost = np.asarray(
-        [
-            t["tokens"] * flops.per_token
-            + t["tokens_squared"] * flops.per_token_squared
-            + t["patches"] * (flops.per_patch + flops.per_window_patch)
-            + t["patches_squared"] * flops.per_patch_squared
-            for t in terms
-        ]
-    )
+    cost = np.asarray([flops.terms_cost(t) for t in terms])
     a, b = np.polyfit(cost, y, 1) if cost.std() > 0 else (0.0, float(y.mean()))
     flop_r2 = 1 - ((y - (a * cost + b)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
     unit = full["slots"]

@@ -22,15 +22,20 @@ from energon_pack.packing.step_cost import StepCostModel, named_cost_model
 MODES = ("tokens", "compute")
 
 
-def pack_step_cost(batch: dict, model: StepCostModel) -> float:
-    """The step cost of one packed THD row: its segments' lengths and its images' and videos' grids (additive)."""
+#: the batch keys of the patch grids
+GRID_KEYS = ("image_grid_thw", "video_grid_thw")
+
+
+def pack_segments(batch: dict) -> tuple[list[int], list[list[int]]]:
+    """A packed THD row's segment lengths (from ``cu_seqlens_q``) and its images' and videos' (t, h, w) grids."""
     cu = batch["cu_seqlens_q"].tolist()
-    cost = sum(model.sample_cost(b - a) for a, b in zip(cu, cu[1:]))
-    for key in ("image_grid_thw", "video_grid_thw"):
-        grids = batch.get(key)
-        if grids is not None and len(grids):
-            cost += model.sample_cost(0, grids.tolist())
-    return cost
+    grids = [g for key in GRID_KEYS if batch.get(key) is not None for g in batch[key].tolist()]
+    return [b - a for a, b in zip(cu, cu[1:])], grids
+
+
+def pack_step_cost(batch: dict, model: StepCostModel) -> float:
+    """The step cost of one packed THD row under ``model``."""
+    return model.pack_cost(*pack_segments(batch))
 
 
 def rank_stream(

@@ -160,13 +160,34 @@ class StepCostModel:
             source=f"flops:{shape.name}",
         )
 
+    @staticmethod
+    def pack_terms(segment_lengths: Iterable[int], grids: Iterable[Sequence[int]] = ()) -> dict[str, float]:
+        """The cost terms of a pack (or of one sample): real tokens, the sum of segment lengths squared, vision
+        patch rows and the sum of (patches of a time slice) squared over the (t, h, w) patch grids."""
+        lengths, grids = [int(x) for x in segment_lengths], [tuple(int(x) for x in g) for g in grids]
+        return {
+            "tokens": float(sum(lengths)),
+            "tokens_squared": float(sum(x * x for x in lengths)),
+            "patches": float(sum(t * h * w for t, h, w in grids)),
+            "patches_squared": float(sum(t * (h * w) ** 2 for t, h, w in grids)),
+        }
+
+    def terms_cost(self, terms: Mapping[str, float]) -> float:
+        """The cost of :meth:`pack_terms` under this model: the model's one formula."""
+        return (
+            self.per_token * terms["tokens"]
+            + self.per_token_squared * terms["tokens_squared"]
+            + (self.per_patch + self.per_window_patch) * terms["patches"]
+            + self.per_patch_squared * terms["patches_squared"]
+        )
+
+    def pack_cost(self, segment_lengths: Iterable[int], grids: Iterable[Sequence[int]] = ()) -> float:
+        """The cost of a pack: its segments' lengths and its images' and videos' (t, h, w) patch grids."""
+        return self.terms_cost(self.pack_terms(segment_lengths, grids))
+
     def sample_cost(self, tokens: int, grids: Iterable[Sequence[int]] = ()) -> float:
         """The cost of one sample: ``tokens`` in one segment, and its images' and videos' (t, h, w) patch grids."""
-        cost = self.per_token * tokens + self.per_token_squared * tokens * tokens
-        for t, h, w in grids:
-            frame = h * w
-            cost += t * ((self.per_patch + self.per_window_patch) * frame + self.per_patch_squared * frame * frame)
-        return cost
+        return self.pack_cost((tokens,), grids)
 
     def as_dict(self) -> dict:
         return asdict(self)

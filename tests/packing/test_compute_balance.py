@@ -37,6 +37,24 @@ def test_flop_coefficients_of_a_hand_checked_shape():
     assert m.source == "flops:tiny" and StepCostModel.from_dict(json.loads(json.dumps(m.as_dict()))) == m
 
 
+def test_a_pack_costs_the_sum_of_its_samples():
+    """pack_cost over a pack's segments and grids is the sum of its members' sample_cost (the cost is additive),
+    through pack_terms: the terms a step-time fit regresses on."""
+    m = StepCostModel.from_shape("qwen2.5-vl-3b")
+    members = [(391, [(1, 34, 46)]), (1200, []), (80, [(2, 10, 12), (1, 4, 4)])]
+    lengths = [t for t, _ in members]
+    grids = [g for _, gs in members for g in gs]
+    terms = StepCostModel.pack_terms(lengths, grids)
+    assert terms == {
+        "tokens": 1671.0,
+        "tokens_squared": float(391**2 + 1200**2 + 80**2),
+        "patches": float(34 * 46 + 2 * 120 + 16),
+        "patches_squared": float((34 * 46) ** 2 + 2 * 120**2 + 16**2),
+    }
+    assert m.pack_cost(lengths, grids) == pytest.approx(sum(m.sample_cost(t, g) for t, g in members), rel=1e-12)
+    assert m.terms_cost(terms) == m.pack_cost(lengths, grids)
+
+
 def test_named_shapes_and_an_unknown_one():
     big, small = StepCostModel.from_shape("qwen2.5-vl-7b"), StepCostModel.from_shape("qwen2.5-vl-3b")
     assert 0 < big.per_patch < small.per_patch  # the same vision tower weighs less against a larger LLM
