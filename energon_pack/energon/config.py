@@ -11,6 +11,8 @@ from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 PACKING_MODES = ("carry", "rounds")
 #: what the carry packer makes equal across packs: tokens only, or tokens and step cost
 BALANCE_MODES = ("tokens", "compute")
+#: knobs only the tokens-only carry packer has (setting one, with balance unset, selects it)
+TOKENS_PACKER_KNOBS = ("lookahead_packs", "min_fill", "max_age")
 #: Knobs that may change between save and restore (they do not change which packs come next).
 RESUME_SAFE_KNOBS = ("skip_guard", "skip_warn_rate", "skip_warn_window")
 
@@ -76,7 +78,9 @@ class PackingConfig:
             ComputeBalancedPacker`, holding ``packing_buffer_size`` samples). Default None: ``"compute"`` in
             carry mode (on the bench mix it costs 0.15 fill points at K=256, 0.21 at K=64, and lifts the
             predicted DP-8 efficiency from 0.91 to 0.98: ``python -m energon_pack.bench.balance_bench``),
-            ``"tokens"`` in rounds mode (Energon's rounds are packed by tokens). A checkpoint saved under the
+            ``"tokens"`` in rounds mode (Energon's rounds are packed by tokens) or when ``lookahead_packs``,
+            ``min_fill`` or ``max_age`` is set (knobs of the tokens-only packer; with ``"compute"`` they are
+            an error). A checkpoint saved under the
             other mode (every one saved before this default packed by tokens) is refused by name: restore it with
             ``balance="tokens"``.
         cost_model: the step-cost model ``balance="compute"`` equalises: a shape of
@@ -123,9 +127,18 @@ class PackingConfig:
     def __post_init__(self) -> None:
         if self.packing_mode not in PACKING_MODES:
             raise ConfigError("packing_mode", f"unknown mode {self.packing_mode!r}", f"use one of {PACKING_MODES}")
-        if self.balance is None:  # the default follows the mode: only the carry packer balances compute
-            object.__setattr__(self, "balance", "compute" if self.packing_mode == "carry" else "tokens")
+        tokens_knobs = [k for k in TOKENS_PACKER_KNOBS if getattr(self, k) is not None]
+        if self.balance is None:  # the default follows the mode and the knobs: only carry balances compute
+            balanced = self.packing_mode == "carry" and not tokens_knobs
+            object.__setattr__(self, "balance", "compute" if balanced else "tokens")
             object.__setattr__(self, "_balance_defaulted", True)  # build() re-derives it (not a field)
+        if self.balance == "compute" and tokens_knobs:
+            raise ConfigError(
+                tokens_knobs[0],
+                "is a knob of the tokens-only carry packer; balance='compute' builds each pack from the "
+                "packing_buffer_size samples it holds",
+                f"drop {tokens_knobs[0]}, or pass balance='tokens' to keep it",
+            )
         if self.balance not in BALANCE_MODES:
             raise ConfigError("balance", f"unknown mode {self.balance!r}", f"use one of {BALANCE_MODES}")
         if self.balance == "compute" and self.packing_mode != "carry":

@@ -226,3 +226,20 @@ def test_our_errors_cross_process_boundaries_intact():
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc) and vars(back) == vars(exc)
     assert pickle.loads(pickle.dumps(ConfigError("a", "b", "c"))).fix == "c"
+
+
+def test_the_balance_default_follows_the_mode_and_the_tokens_packer_knobs():
+    """Unset, balance is "compute" in carry mode; "tokens" in rounds mode or where a knob only the tokens-only packer
+    has is set (never silently ignored); those knobs with balance="compute" are one error naming the knob."""
+    assert PackingConfig().balance == "compute" and PackingConfig(packing_mode="rounds").balance == "tokens"
+    for knob, value in (("lookahead_packs", 2.0), ("min_fill", 0.9), ("max_age", 50)):
+        assert PackingConfig(**{knob: value}).balance == "tokens"
+        with pytest.raises(ConfigError, match=rf"{knob}: is a knob of the tokens-only carry packer") as err:
+            PackingConfig(balance="compute", **{knob: value})
+        assert err.value.knob == knob and "balance='tokens'" in err.value.fix
+    encoder = TextPackingTaskEncoder(tokenizer="demo", seq_length=256, min_fill=0.9)
+    assert encoder.packing.balance == "tokens" and encoder.make_packer(8).__class__.__name__ == "OnlinePacker"
+    # a defaulted balance is derived again when a config is rebuilt with another mode or knob
+    assert PackingConfig.build(PackingConfig(), packing_mode="rounds").balance == "tokens"
+    assert PackingConfig.build(PackingConfig(min_fill=0.9), min_fill=None).balance == "compute"
+    assert PackingConfig.build(PackingConfig(balance="tokens")).balance == "tokens"
