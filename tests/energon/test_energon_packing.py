@@ -208,54 +208,36 @@ def test_save_restore_gives_identical_next_packs(demo_shards, workers):
             _same(next(rit), expected)
 
 
-def test_restore_mid_buffer_holds_open_bins(demo_shards):
-    """With one worker the wrapper is visible: save while samples sit in open bins."""
-    from energon_pack.energon.carry_over import CarryOverPackingDataset
-
-    ds = train_ds(demo_shards, encoder(seq_length=2048, balance="tokens"), buffer=40, repeat=True)
-    loader = get_savable_loader(ds)
-    it = iter(loader)
-    first = [next(it) for _ in range(3)]
-    wrapper = ds
-    while not isinstance(wrapper, CarryOverPackingDataset):
-        wrapper = wrapper.dataset
-    assert wrapper._packer.held > 0 and wrapper._packer.open_bins > 0
-    state = loader.save_state_rank()
-    ref = [next(it) for _ in range(5)]
-    restored = get_savable_loader(
-        train_ds(demo_shards, encoder(seq_length=2048, balance="tokens"), buffer=40, repeat=True)
-    )
-    restored.restore_state_rank(state)
-    rit = iter(restored)
-    for expected in ref:
-        _same(next(rit), expected)
-    assert first
-
-
-def test_the_default_balances_compute_in_carry_mode_and_tokens_in_rounds(demo_shards):
-    """balance left unset: the carry packer is the compute-balanced one (mid-buffer samples held and restored
-    exactly), rounds mode packs by tokens; both are in the resume fingerprint."""
+@pytest.mark.parametrize("balance", ["tokens", None], ids=["tokens", "default-compute"])
+def test_restore_mid_buffer_holds_the_packers_samples(demo_shards, balance):
+    """With one worker the wrapper is visible: save while samples sit in the packer (the tokens-only packer's
+    open bins; the compute-balanced packer's held buffer, the default) and resume exactly."""
     from energon_pack.energon.carry_over import CarryOverPackingDataset
     from energon_pack.packing import ComputeBalancedPacker
 
-    assert encoder(packing_mode="rounds").packing.balance == "tokens"
-    assert encoder().packing.balance == "compute" and encoder().resume_knobs()["balance"] == "compute"
-    ds = train_ds(demo_shards, encoder(seq_length=2048), buffer=40, repeat=True)
+    kw = {} if balance is None else {"balance": balance}
+    ds = train_ds(demo_shards, encoder(seq_length=2048, **kw), buffer=40, repeat=True)
     loader = get_savable_loader(ds)
     it = iter(loader)
     first = [next(it) for _ in range(3)]
     wrapper = ds
     while not isinstance(wrapper, CarryOverPackingDataset):
         wrapper = wrapper.dataset
-    assert isinstance(wrapper._packer, ComputeBalancedPacker) and wrapper._packer.held > 0
+    packer = wrapper._packer
+    assert packer.held > 0 and (isinstance(packer, ComputeBalancedPacker) if balance is None else packer.open_bins > 0)
     state = loader.save_state_rank()
     ref = [next(it) for _ in range(5)]
-    restored = get_savable_loader(train_ds(demo_shards, encoder(seq_length=2048), buffer=40, repeat=True))
+    restored = get_savable_loader(train_ds(demo_shards, encoder(seq_length=2048, **kw), buffer=40, repeat=True))
     restored.restore_state_rank(state)
     rit = iter(restored)
     for expected in ref:
         _same(next(rit), expected)
     assert all(int(b["real_tokens"]) > 0 for b in first)
+
+
+def test_the_default_balances_compute_in_carry_mode_and_tokens_in_rounds():
+    assert encoder(packing_mode="rounds").packing.balance == "tokens"
+    assert encoder().packing.balance == "compute" and encoder().resume_knobs()["balance"] == "compute"
 
 
 @pytest.mark.parametrize("mode", ["carry", "rounds"])
