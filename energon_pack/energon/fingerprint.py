@@ -150,8 +150,10 @@ def _check_knobs(saved: dict | None, current: dict | None) -> None:
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return  # a state saved without packing (or before knobs were stored): nothing to compare
     saved = {**{k: v for k, v in KNOBS_ADDED.items() if k in current}, **saved}
-    # packing_mode first: a defaulted balance follows it, and the mode is what the user changed
-    for knob in sorted(set(saved) | set(current), key=lambda k: (k != "packing_mode", k)):
+    # a defaulted balance follows packing_mode and the tokens-only packer's knobs: name what the user changed
+    # (the mode first, balance last)
+    order = {"packing_mode": 0, "balance": 2}
+    for knob in sorted(set(saved) | set(current), key=lambda k: (order.get(k, 1), k)):
         old, new = saved.get(knob), current.get(knob)
         if _plain(old) != _plain(new):
             raise ResumeConfigError(
