@@ -6,11 +6,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from energon_pack.errors import ConfigError
+from energon_pack.packing.balanced import BALANCE_MODES
 from energon_pack.thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 
 PACKING_MODES = ("carry", "rounds")
-#: what the carry packer makes equal across packs: tokens only, or tokens and step cost
-BALANCE_MODES = ("tokens", "compute")
 #: knobs only the tokens-only carry packer has (setting one, with balance unset, selects it)
 TOKENS_PACKER_KNOBS = ("lookahead_packs", "min_fill", "max_age")
 #: Knobs that may change between save and restore (they do not change which packs come next).
@@ -80,9 +79,8 @@ class PackingConfig:
             predicted DP-8 efficiency from 0.91 to 0.98: ``python -m energon_pack.bench.balance_bench``),
             ``"tokens"`` in rounds mode (Energon's rounds are packed by tokens) or when ``lookahead_packs``,
             ``min_fill`` or ``max_age`` is set (knobs of the tokens-only packer; with ``"compute"`` they are
-            an error). A checkpoint saved under the
-            other mode (every one saved before this default packed by tokens) is refused by name: restore it with
-            ``balance="tokens"``.
+            an error). A checkpoint saved under the other mode (every one saved before this default packed by
+            tokens) is refused by name: restore it with ``balance="tokens"``.
         cost_model: the step-cost model ``balance="compute"`` equalises: a shape of
             :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``, FLOP-derived) or a fitted
             model of :data:`~energon_pack.packing.step_cost.FITTED`. Default None: the encoder's
@@ -132,6 +130,8 @@ class PackingConfig:
             balanced = self.packing_mode == "carry" and not tokens_knobs
             object.__setattr__(self, "balance", "compute" if balanced else "tokens")
             object.__setattr__(self, "_balance_defaulted", True)  # build() re-derives it (not a field)
+        if self.balance not in BALANCE_MODES:
+            raise ConfigError("balance", f"unknown mode {self.balance!r}", f"use one of {BALANCE_MODES}")
         if self.balance == "compute" and tokens_knobs:
             raise ConfigError(
                 tokens_knobs[0],
@@ -139,8 +139,6 @@ class PackingConfig:
                 "packing_buffer_size samples it holds",
                 f"drop {tokens_knobs[0]}, or pass balance='tokens' to keep it",
             )
-        if self.balance not in BALANCE_MODES:
-            raise ConfigError("balance", f"unknown mode {self.balance!r}", f"use one of {BALANCE_MODES}")
         if self.balance == "compute" and self.packing_mode != "carry":
             raise ConfigError(
                 "balance",

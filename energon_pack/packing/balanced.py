@@ -40,6 +40,8 @@ DEFAULT_SLACK = 0.03
 #: mix 0.2 loses 0.15 fill points to tokens-only packing at K=256 (0.15: 0.35) for the same DP efficiency
 DEFAULT_ROOM_WEIGHT = 0.2
 DEFAULT_BUFFER_SIZE = 256
+#: what a packer makes equal across packs: tokens only, or tokens and step cost (the ``balance`` knob)
+BALANCE_MODES = ("tokens", "compute")
 
 
 class ComputeBalancedPacker:

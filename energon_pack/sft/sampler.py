@@ -31,13 +31,12 @@ import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
 from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing, named_cost_model
-from ..packing.balanced import DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
+from ..packing.balanced import BALANCE_MODES, DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
 from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
 OVERSIZE = "oversize"
-BALANCE_MODES = ("tokens", "compute")
 #: the shape ``balance="compute"`` prices when ``cost_model`` names none (its LLM: these are text samples)
 DEFAULT_COST_SHAPE = "qwen2.5-vl-7b"
 #: samples the compute-balanced packer holds (at most the window)
