@@ -33,6 +33,8 @@ import json
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +105,18 @@ def _write_clip(path: Path, rng: np.random.Generator) -> None:
 
 
 def mode_packing(mode: str, buffer: int) -> dict[str, Any]:
-    """The encoder and loader settings of a packing ``mode``: tokens, compute or roundsN."""
+    """The encoder and loader settings of a packing ``mode``: tokens, compute, compute:COST_MODEL (balanced by that
+    named step-cost model instead of ``--cost-model``) or roundsN."""
     if mode in ("tokens", "compute"):
         return {"balance": mode, "packing_mode": "carry", "buffer": buffer}
+    if mode.startswith("compute:"):
+        from energon_pack.packing import named_cost_model
+
+        named_cost_model(mode.removeprefix("compute:"))  # an unknown name fails here, naming the choices
+        return {"balance": "compute", "packing_mode": "carry", "buffer": buffer, "cost_model": mode[8:]}
     if mode.startswith("rounds") and mode[len("rounds") :].isdigit():
         return {"balance": "tokens", "packing_mode": "rounds", "buffer": int(mode[len("rounds") :])}
-    raise SystemExit(f"--modes: unknown mode {mode!r} (tokens, compute or roundsN, e.g. rounds16)")
+    raise SystemExit(f"--modes: unknown mode {mode!r} (tokens, compute, compute:COST_MODEL or roundsN, e.g. rounds16)")
 
 
 def take_packs(shards: Path, args: argparse.Namespace, mode: str, width: int, count: int) -> tuple[list, Any]:
@@ -124,7 +132,7 @@ def take_packs(shards: Path, args: argparse.Namespace, mode: str, width: int, co
         pad_to_max_length=True,
         balance=how["balance"],
         packing_mode=how["packing_mode"],
-        cost_model=args.cost_model,
+        cost_model=how.get("cost_model", args.cost_model),
     )
     ds = get_train_dataset(
         str(shards),
@@ -275,6 +283,60 @@ def time_vision(model: Any, batch: dict, device: torch.device) -> float | None:
     return ev0.elapsed_time(ev1)
 
 
+def timed_step(model: Any, opt: Any, batch: dict, device: torch.device, *, watch_syncs: bool = False) -> dict:
+    """One training step (forward, backward, AdamW) of ``batch``, timed with CUDA events, with what can make
+    the same pack's step vary: ``host_ms`` (the host's time to issue the step; near ``ms`` when the GPU waits
+    for the host), ``syncs`` (device-to-host synchronisations inside the step, with their source lines when
+    ``watch_syncs``), ``device_allocs`` (cudaMalloc calls of the caching allocator), and the SM clock and power
+    read while the step runs (NVML; None without it)."""
+    import finetune_multi_gpu as ft
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        allocs = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev0.record()
+    graphs = ft.compiled_graphs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        t0 = time.perf_counter()
+        loss, _, _ = ft.forward_loss(model, batch, device=device)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if cuda:
+            torch.cuda.set_sync_debug_mode(0)
+    row: dict[str, Any] = {"host_ms": host_ms, "compiled": ft.compiled_graphs() != graphs}
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    row["syncs"] = len(syncs)
+    if watch_syncs:
+        sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+        row["sync_sites"] = dict(sites.most_common())
+    row.update(gpu_sample(device))
+    if cuda:
+        ev1.record()
+        torch.cuda.synchronize(device)
+        row["ms"] = ev0.elapsed_time(ev1)
+        row["device_allocs"] = torch.cuda.memory_stats(device).get("num_device_alloc", 0) - allocs
+    else:
+        row["ms"] = (time.perf_counter() - t0) * 1e3
+    return row
+
+
+def gpu_sample(device: torch.device) -> dict[str, float | None]:
+    """The SM clock (MHz) and board power (W) now, through NVML (``torch.cuda.clock_rate`` / ``power_draw``); None
+    off CUDA or without NVML."""
+    try:
+        return {"sm_mhz": float(torch.cuda.clock_rate(device)), "power_w": torch.cuda.power_draw(device) / 1e3}
+    except Exception:  # no CUDA, no pynvml, or a driver that does not report it
+        return {"sm_mhz": None, "power_w": None}
+
+
 def fit(args: argparse.Namespace) -> None:
     from types import SimpleNamespace
 
@@ -303,29 +365,16 @@ def fit(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.gc == "manual":  # as Megatron's --manual-gc: collect between steps, never inside a timed one
         gc.disable()
-    for mode, i in schedule(packs, calibration, args.steps + args.warmup, args.warmup):
+    watched: set[str] = set()  # the modes whose first step had its device syncs located
+    for seq, (mode, i) in enumerate(schedule(packs, calibration, args.steps + args.warmup, args.warmup)):
         pack = groups[mode][i]
         batch = restore(pack, device, dtype)
         if args.gc == "manual":
             gc.collect()
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
-        t0 = time.perf_counter()
-        graphs = ft.compiled_graphs()
-        loss, _, _ = ft.forward_loss(model, batch, device=device)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if cuda:
-            ev1.record()
-            torch.cuda.synchronize(device)
-            ms = ev0.elapsed_time(ev1)
-        else:
-            ms = (time.perf_counter() - t0) * 1e3
-        row = {"ms": ms, "compiled": ft.compiled_graphs() != graphs, "terms": pack["terms"]}
+        watch = mode not in watched and (i >= args.warmup or mode == "calibration")
+        row = timed_step(model, opt, batch, device, watch_syncs=watch)
+        watched |= {mode} if watch else set()
+        row.update(terms=pack["terms"], seq=seq)
         row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         cu = batch["cu_seqlens_q"].tolist()
         row["attention_flops"] = attention_flops([b - a for a, b in zip(cu, cu[1:])], model.config)
@@ -334,6 +383,8 @@ def fit(args: argparse.Namespace) -> None:
             model.zero_grad(set_to_none=True)
         if i >= args.warmup or mode == "calibration":
             rows[mode].append(row)
+    repeated = repeat_pack(model, opt, groups, args, device, dtype) if args.repeat else None
+    idle = profile_idle(model, opt, groups, args, device, dtype) if args.profile and cuda else None
     gc.enable()
     flops = named_cost_model(saved["cost_model"])  # the model the packs were balanced with
     result: dict[str, Any] = {
@@ -351,8 +402,13 @@ def fit(args: argparse.Namespace) -> None:
         "wall_s": round(time.perf_counter() - start, 1),
         "modes": {m: summarize(rows[m], counts, dp_efficiency) for m in packs},
     }
-    timed = [r for m in groups for r in rows[m] if not r["compiled"]]
+    timed = sorted((r for m in groups for r in rows[m] if not r["compiled"]), key=lambda r: r["seq"])
     result["fit"] = fit_terms([r["terms"] for r in timed], [r["ms"] for r in timed], flops)
+    result["diagnosis"] = diagnose(timed, result["fit"].pop("residuals_ms"))
+    if repeated is not None:
+        result["repeat"] = repeated
+    if idle is not None:
+        result["gpu_idle"] = idle
     result["fit"]["steps"] = len(timed)
     result["fit"]["calibration_steps"] = sum(not r["compiled"] for r in rows["calibration"])
     out = Path(args.out)
@@ -360,6 +416,124 @@ def fit(args: argparse.Namespace) -> None:
     out.write_text(json.dumps(result, indent=1))
     print(table(result))
     print(f"wrote {out}")
+
+
+def repeat_pack(model: Any, opt: Any, groups: dict, args: argparse.Namespace, device: Any, dtype: Any) -> dict:
+    """The first timed pack of the first mode, trained ``--repeat`` times in a row: how much the step time of one
+    and the same pack varies (what no cost model can balance)."""
+    mode = next(iter(groups))
+    pack = groups[mode][min(args.warmup, len(groups[mode]) - 1)]
+    rows = []
+    for _ in range(args.repeat):
+        batch = restore(pack, device, dtype)
+        if args.gc == "manual":
+            gc.collect()
+        rows.append(timed_step(model, opt, batch, device))
+    ms = np.asarray([r["ms"] for r in rows])
+    return {
+        "pack": f"{mode} {min(args.warmup, len(groups[mode]) - 1)}",
+        "steps": len(rows),
+        "median_ms": round(float(np.median(ms)), 1),
+        "cv": round(float(ms.std() / ms.mean()), 4),
+        "lag1_autocorrelation": _lag1(ms),
+        **_per_step(rows),
+    }
+
+
+def profile_idle(model: Any, opt: Any, groups: dict, args: argparse.Namespace, device: Any, dtype: Any) -> dict:
+    """``--profile`` steps of the repeated pack under ``torch.profiler``: how much of the step the GPU sits idle,
+    how much of that idle time waits for a kernel the host had not launched yet (the step is host-bound there,
+    and so varies with the host's speed), and the longest such waits with the operator that launched the late
+    kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mode = next(iter(groups))
+    pack = groups[mode][min(args.warmup, len(groups[mode]) - 1)]
+    batches = [restore(pack, device, dtype) for _ in range(args.profile)]
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for batch in batches:
+            timed_step(model, opt, batch, device)
+    trace = Path(tempfile.mkdtemp(prefix="step_trace_")) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    return idle_summary(json.loads(trace.read_text())["traceEvents"], args.profile)
+
+
+def idle_summary(events: list[dict], steps: int, gap_us: float = 10.0) -> dict[str, Any]:
+    """GPU busy and idle time of a chrome trace (kernels, copies and sets as the GPU's work), and the idle time
+    before kernels whose launch the host issued after the GPU ran dry (host-bound gaps), per step; the ten
+    longest host-bound gaps with the CPU operator around the late launch."""
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    starts = [o["ts"] for o in ops]
+    busy = idle = host_bound = 0.0
+    late: list[tuple[float, str]] = []
+    end = gpu[0]["ts"] if gpu else 0.0
+    for e in gpu:
+        gap = e["ts"] - end
+        if gap > gap_us:
+            idle += gap
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            if launch is not None and launch["ts"] > end:  # launched after the GPU had run out of work
+                host_bound += gap
+                late.append((gap, _innermost(ops, starts, launch)))
+        busy += max(0.0, e["ts"] + e.get("dur", 0) - max(end, e["ts"]))
+        end = max(end, e["ts"] + e.get("dur", 0))
+    span = (end - gpu[0]["ts"]) if gpu else 0.0
+    late.sort(reverse=True)
+    return {
+        "steps": steps,
+        "step_ms": round(span / steps / 1e3, 2),
+        "busy_share": round(busy / span, 4) if span else None,
+        "idle_ms_per_step": round(idle / steps / 1e3, 2),
+        "host_bound_idle_ms_per_step": round(host_bound / steps / 1e3, 2),
+        "longest_host_bound_gaps": [{"us": round(g, 1), "op": name} for g, name in late[:10]],
+    }
+
+
+def _innermost(ops: list[dict], starts: list[float], launch: dict) -> str:
+    """The name of the latest-starting CPU operator (``ops`` sorted by start) still running at ``launch``."""
+    from bisect import bisect_right
+
+    for k in range(bisect_right(starts, launch["ts"]) - 1, -1, -1):
+        if ops[k]["ts"] + ops[k].get("dur", 0) >= launch["ts"]:
+            return ops[k]["name"]
+    return launch["name"]
+
+
+def _lag1(x: Any) -> float | None:
+    x = np.asarray(x, dtype=float)
+    return round(float(np.corrcoef(x[1:], x[:-1])[0, 1]), 3) if len(x) > 2 and x.std() > 0 else None
+
+
+def _per_step(rows: list[dict]) -> dict[str, list]:
+    """The per-step readings of :func:`timed_step`, one list each, rounded (None where not read)."""
+    keys = ("ms", "host_ms", "syncs", "device_allocs", "sm_mhz", "power_w")
+    return {f"{k}_all": [None if r.get(k) is None else round(float(r[k]), 2) for r in rows] for k in keys}
+
+
+def diagnose(rows: list[dict], residuals: list[float]) -> dict[str, Any]:
+    """What the fit's residual (step time the packs' composition does not explain) follows, over the timed steps
+    in timing order: its correlation with the host's issue time, the syncs, cudaMalloc calls, SM clock and
+    power, and with itself one step later (a residual that persists over steps is a state of the machine, not a
+    property of the pack); plus the medians of those readings and where the steps synchronise."""
+    res = np.asarray(residuals, dtype=float)
+    out: dict[str, Any] = {"residual_lag1_autocorrelation": _lag1(res), "correlation_with_residual": {}}
+    for key in ("host_ms", "syncs", "device_allocs", "sm_mhz", "power_w"):
+        v = np.asarray([np.nan if r.get(key) is None else r[key] for r in rows], dtype=float)
+        ok = ~np.isnan(v)
+        if ok.sum() > 2 and v[ok].std() > 0:
+            out["correlation_with_residual"][key] = round(float(np.corrcoef(res[ok], v[ok])[0, 1]), 3)
+        out[f"median_{key}"] = round(float(np.median(v[ok])), 2) if ok.any() else None
+    host = np.asarray([r["host_ms"] / r["ms"] for r in rows])
+    out["host_share_median"] = round(float(np.median(host)), 3)
+    out["sync_sites"] = {str(r["seq"]): r["sync_sites"] for r in rows if "sync_sites" in r}
+    return out
 
 
 def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, Any]:
@@ -393,6 +567,8 @@ def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, A
         "vision_share": round(sum(v for v, _ in split) / sum(s for _, s in split), 3) if split else None,
         "vision_timed_steps": len(split),
         "step_ms_all": [round(float(x), 2) for x in t],
+        **{k: v for k, v in _per_step(rows).items() if k != "ms_all"},
+        "seq_all": [r["seq"] for r in rows],
         "terms": [r["terms"] for r in rows],
     }
 
@@ -438,6 +614,7 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
         "terms_kept": [("intercept", *TERMS)[k] for k in keep],
         "r2": round(float(r2), 4),
         "residual_cv": round(float((y - pred).std() / y.mean()), 4),
+        "residuals_ms": (y - pred).tolist(),
         "fitted_token_equivalents": fitted,
         "flop_model_r2": round(float(flop_r2), 4),
         "ms_per_token_equivalent": float(a),
@@ -469,6 +646,29 @@ def table(result: dict) -> str:
         lines.append(
             "fitted, token-equivalents: " + ", ".join(f"{k} {v:.4g}" for k, v in f["fitted_token_equivalents"].items())
         )
+    d = result.get("diagnosis")
+    if d:
+        lines.append(
+            f"residual: lag-1 autocorrelation {d['residual_lag1_autocorrelation']}, correlation with "
+            + ", ".join(f"{k} {v:+.2f}" for k, v in d["correlation_with_residual"].items())
+            + f"; host issues {d['host_share_median']:.0%} of a step, median {d['median_syncs']} syncs"
+        )
+        for seq, sites in d["sync_sites"].items():
+            lines.append(f"  syncs of step {seq}: " + ", ".join(f"{k} x{v}" for k, v in list(sites.items())[:8]))
+    g = result.get("gpu_idle")
+    if g:
+        lines.append(
+            f"profiled ({g['steps']} steps of that pack): GPU busy {g['busy_share']:.1%}, "
+            f"idle {g['idle_ms_per_step']} ms a step, {g['host_bound_idle_ms_per_step']} ms of it waiting for the "
+            "host's next launch; longest: "
+            + ", ".join(f"{x['op']} {x['us'] / 1e3:.2f} ms" for x in g["longest_host_bound_gaps"][:5])
+        )
+    r = result.get("repeat")
+    if r:
+        lines.append(
+            f"one pack ({r['pack']}) {r['steps']} times: median {r['median_ms']} ms, cv {r['cv']:.2%}, "
+            f"lag-1 autocorrelation {r['lag1_autocorrelation']}"
+        )
     return "\n".join(lines)
 
 
@@ -479,7 +679,9 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--out", default=".calib/packs.pt")
     a.add_argument("--mix", default="photos", choices=("photos", "video"))
     a.add_argument("--videos", type=int, default=60, help="records given a clip in --mix video")
-    a.add_argument("--modes", default="tokens,compute", help="comma list of tokens, compute, roundsN")
+    a.add_argument(
+        "--modes", default="tokens,compute", help="comma list of tokens, compute, compute:COST_MODEL, roundsN"
+    )
     a.add_argument("--samples", type=int, default=2000)
     a.add_argument("--packs", type=int, default=60)
     a.add_argument("--width", type=int, default=8192)
@@ -497,6 +699,10 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--warmup", type=int, default=6)
     b.add_argument("--calibration", type=int, default=None, help="calibration packs timed (all by default)")
     b.add_argument("--split-every", type=int, default=4, help="time the vision tower alone every k-th pack (0: never)")
+    b.add_argument(
+        "--repeat", type=int, default=0, help="then train one pack this many times in a row (its own spread)"
+    )
+    b.add_argument("--profile", type=int, default=0, help="then profile this many steps of that pack (GPU idle time)")
     b.add_argument("--compile", action="store_true", help="torch.compile of the elementwise pieces")
     b.add_argument(
         "--gc",

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from energon_pack.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the script run with the Qwen tokenizer package unimportable, as on the GPU machine
 NO_TOKENIZER = (
@@ -43,7 +45,7 @@ def test_packs_then_fit_on_cpu(tmp_path):
     code = NO_TOKENIZER.format(path=script)
     fit = subprocess.run(
         [sys.executable, "-c", code, "fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu"]
-        + ["--steps", "1", "--warmup", "0", "--out", str(out)],
+        + ["--steps", "1", "--warmup", "0", "--repeat", "2", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -55,6 +57,14 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert len(result["modes"]["tokens"]["step_ms_all"]) == 1 and "flop_model_r2" in result["fit"]
     assert result["fit"]["steps"] == 3 and result["fit"]["calibration_steps"] == 1
     assert "fit of step ms to intercept" in fit.stdout and "FLOP model alone" in fit.stdout
+    # what the same pack's step varies with: per-step readings, the residual's diagnosis, one pack repeated
+    tokens = result["modes"]["tokens"]
+    assert len(tokens["host_ms_all"]) == 1 and tokens["syncs_all"] == [0] and tokens["sm_mhz_all"] == [None]
+    diagnosis = result["diagnosis"]
+    assert set(diagnosis["sync_sites"]) == {str(s) for m in result["modes"].values() for s in m["seq_all"]} | {"2"}
+    assert 0 < diagnosis["host_share_median"] <= 1.0 and diagnosis["median_syncs"] == 0
+    assert result["repeat"]["pack"] == "tokens 0" and len(result["repeat"]["ms_all"]) == 2
+    assert "one pack (tokens 0) 2 times" in fit.stdout
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +109,28 @@ def test_fit_recovers_known_costs_and_keeps_them_non_negative(fit_module):
     assert "patches_squared" not in f["terms_kept"] and all(v >= 0 for v in f["coefficients_ms"].values())
 
 
+def test_idle_summary_tells_host_bound_gaps_from_queued_work(fit_module):
+    """Three kernels: the second was launched while the first ran (its 5 us gap is queued work below the
+    threshold), the third launched 40 us after the GPU ran dry (host-bound, blamed on the operator around its
+    launch); an early-launched kernel after a gap (a device wait) is idle but not host-bound."""
+    events = [
+        {"cat": "kernel", "ts": 0, "dur": 100, "args": {"correlation": 1}},
+        {"cat": "kernel", "ts": 105, "dur": 50, "args": {"correlation": 2}},
+        {"cat": "kernel", "ts": 200, "dur": 100, "args": {"correlation": 3}},
+        {"cat": "kernel", "ts": 330, "dur": 70, "args": {"correlation": 4}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5, "args": {"correlation": 2}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 195, "dur": 5, "args": {"correlation": 3}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 250, "dur": 5, "args": {"correlation": 4}},
+        {"cat": "cpu_op", "name": "aten::outer", "ts": 150, "dur": 60},
+        {"cat": "cpu_op", "name": "aten::inner", "ts": 190, "dur": 12},
+    ]
+    out = fit_module.idle_summary(events, steps=2)
+    assert out["step_ms"] == 0.2 and out["busy_share"] == 0.8
+    assert out["idle_ms_per_step"] == round((45 + 30) / 2 / 1e3, 2)  # the 5 us gap is under the threshold
+    assert out["longest_host_bound_gaps"] == [{"us": 45.0, "op": "aten::inner"}]
+    assert out["host_bound_idle_ms_per_step"] == 0.02
+
+
 def test_video_mix_records_and_mode_settings(fit_module, tmp_path):
     source = fit_module.write_records(tmp_path, 12, 2048, seed=3, videos=2)
     records = json.loads(source.read_text())
@@ -110,5 +142,14 @@ def test_video_mix_records_and_mode_settings(fit_module, tmp_path):
     )
     assert fit_module.mode_packing("rounds16", 256) == {"balance": "tokens", "packing_mode": "rounds", "buffer": 16}
     assert fit_module.mode_packing("compute", 256) == {"balance": "compute", "packing_mode": "carry", "buffer": 256}
+    fitted = fit_module.mode_packing("compute:qwen2.5-vl-3b@h200-compiled", 64)
+    assert fitted == {
+        "balance": "compute",
+        "packing_mode": "carry",
+        "buffer": 64,
+        "cost_model": "qwen2.5-vl-3b@h200-compiled",
+    }
+    with pytest.raises(ConfigError, match="unknown step-cost model 'nope'"):
+        fit_module.mode_packing("compute:nope", 64)
     with pytest.raises(SystemExit, match="unknown mode 'roundsX'"):
         fit_module.mode_packing("roundsX", 256)

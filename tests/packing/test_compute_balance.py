@@ -3,6 +3,7 @@ sample packed once within the width, deterministic packs and exact resume, and p
 data-parallel step's wait for its slowest rank) is a fraction of tokens-only packing's at about the same fill."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +11,11 @@ import pytest
 from energon_pack.bench.balance_bench import bench_balance, dp_efficiency, format_table
 from energon_pack.bench.mixes import llava_photos
 from energon_pack.errors import ConfigError
-from energon_pack.packing import OnlinePacker
+from energon_pack.packing import FITTED, OnlinePacker, named_cost_model
 from energon_pack.packing.balanced import ComputeBalancedPacker
 from energon_pack.packing.step_cost import LLMShape, ModelShape, StepCostModel, VisionShape
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = ModelShape(
     "tiny",
@@ -61,6 +64,17 @@ def test_named_shapes_and_an_unknown_one():
     with pytest.raises(ConfigError) as caught:
         StepCostModel.from_shape("qwen9-vl")
     assert caught.value.knob == "shape"
+
+
+def test_each_fitted_model_is_its_runs_fit():
+    """A shipped fitted model carries the coefficients of the run its source names (docs/benchmarks/<run>.json),
+    rounded to 4 digits: none drifts from the measurement it cites."""
+    for name, model in FITTED.items():
+        run = json.loads((ROOT / "docs" / "benchmarks" / f"{model.source.removeprefix('fit:')}.json").read_text())
+        fitted = run["fit"]["fitted_token_equivalents"]
+        assert named_cost_model(name) is model and model.per_window_patch == 0.0, name
+        for key, value in fitted.items():
+            assert getattr(model, key) == pytest.approx(value, rel=5e-4), (name, key)
 
 
 def _stream(packer, items, upto=None):
