@@ -52,8 +52,9 @@ def packed_loss(
             f"shape {tuple(logits.shape)} does not match labels {tuple(labels.shape)}",
             "pass the full logits of the packed row (logits_to_keep=0)",
         )
-    labels = labels.to(logits.device)
-    loss_mask = loss_mask.to(logits.device, torch.float32)
+    # non_blocking: a blocking host-to-device copy would wait for the whole forward here (a device sync per step)
+    labels = labels.to(logits.device, non_blocking=True)
+    loss_mask = loss_mask.to(logits.device, torch.float32, non_blocking=True)
     token_loss = F.cross_entropy(logits.reshape(-1, vocab).float(), labels.reshape(-1).clamp(min=0), reduction="none")
     weight = loss_mask.reshape(-1) * (labels.reshape(-1) != IGNORE_INDEX)
     loss = (token_loss * weight).sum()
