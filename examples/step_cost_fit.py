@@ -6,8 +6,9 @@ Two steps, so the GPU machine needs neither Energon nor the data:
    :func:`energon_pack.bench.mixes.llava_photos`; ``--mix video``: the same with ``--videos`` records given
    generated H.264 clips, 4-24 s at 24-30 fps, 270p-360p), converts it, and takes ``--packs`` packs of each
    ``--modes`` packing from the real loader (Qwen2.5-VL tokenizer, ``--width``, every pack padded to the width):
-   ``tokens`` (carry, tokens only), ``compute`` (carry, ``balance="compute"``), ``roundsN`` (Energon-style
-   first-fit per buffer round of N, Bridge's recommended start is 16). For the fit it also saves
+   ``tokens`` (carry, tokens only), ``compute`` (carry, ``balance="compute"``), ``compute:COST_MODEL`` (the same
+   priced by a named model, e.g. ``compute:qwen2.5-vl-3b@h200-compiled``), ``roundsN`` (Energon-style first-fit
+   per buffer round of N, Bridge's recommended start is 16). For the fit it also saves
    ``--calibration-packs`` tokens-only packs at each of ``--calibration-widths`` (steps of other lengths, so
    the per-token cost separates from the fixed one). Pixel values are not saved (random pixels of the same
    shape are made on the GPU: the step time does not depend on them).
@@ -18,11 +19,16 @@ Two steps, so the GPU machine needs neither Energon nor the data:
    FLOPs of ``examples/gpu_benchmark.py``: 989 TFLOP/s spec), peak memory and the vision tower's share of the
    step (``--split-every``: the tower's forward + backward timed alone on every k-th pack); then the fit of
    step time to the cost terms (R^2, residual spread, coefficients >= 0), the fitted model in token-equivalents
-   and how well the FLOP-derived model alone predicts the times.
+   and how well the FLOP-derived model alone predicts the times. Each step also records what can explain a
+   residual the packs do not: host issue time, device syncs (with their source lines), cudaMalloc calls, SM
+   clock and power (NVML). ``--repeat N`` then trains one pack N times in a row (the machine's own spread,
+   no packing in it) and ``--profile N`` profiles N steps of it (GPU busy share, host-bound gaps and the op
+   after each).
 
     python examples/step_cost_fit.py packs --out .calib/packs.pt
     python examples/step_cost_fit.py packs --mix video --modes tokens,compute,rounds16 --out .calib/video.pt
     python examples/step_cost_fit.py fit --packs .calib/packs.pt --size 3b --out bench_results/step_cost.json
+    python examples/step_cost_fit.py fit --packs .calib/packs.pt --compile --repeat 24 --profile 3 --out ...
 """
 
 from __future__ import annotations
