@@ -55,6 +55,8 @@ GRID_KEYS = ("image_grid_thw", "video_grid_thw")
 SPECIAL_IDS = ("image_pad", "video_pad", "vision_start", "vision_end", "im_end", "pad")
 #: the cost terms of a pack the fit regresses step time on
 TERMS = ("slots", "tokens_squared", "patches", "patches_squared")
+#: a pack's counts the fit's residual is checked against (a per-item cost the terms do not price)
+COUNT_TERMS = ("segments", "images", "videos", "slices")
 WORDS = ["the", "photo", "shows", "a", "small", "red", "house", "near", "river", "with", "two", "people"]
 
 
@@ -219,15 +221,21 @@ def _narrow(value: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 def cost_terms(batch: dict) -> dict[str, float]:
     """The step-cost model's terms of one pack (:meth:`StepCostModel.pack_terms`), with the token slots computed
-    (the width) and the video patch rows apart."""
+    (the width), the video patch rows apart and the pack's counts of segments, images, videos and vision time
+    slices (the vision tower's full-attention segments: what a per-item overhead would follow)."""
     from energon_pack.bench.dp_sim import pack_segments
     from energon_pack.packing import StepCostModel
 
-    video = batch.get("video_grid_thw")
+    lengths, grids = pack_segments(batch)
+    image, video = (batch.get(key) for key in GRID_KEYS)
     return {
         "slots": float(batch["input_ids"].numel()),
-        **StepCostModel.pack_terms(*pack_segments(batch)),
+        **StepCostModel.pack_terms(lengths, grids),
         "video_patches": float(video.prod(-1).sum()) if isinstance(video, torch.Tensor) else 0.0,
+        "segments": float(len(lengths)),
+        "images": float(len(image)) if isinstance(image, torch.Tensor) else 0.0,
+        "videos": float(len(video)) if isinstance(video, torch.Tensor) else 0.0,
+        "slices": float(sum(t for t, _, _ in grids)),
     }
 
 
@@ -526,16 +534,20 @@ def _per_step(rows: list[dict]) -> dict[str, list]:
 def diagnose(rows: list[dict], residuals: list[float]) -> dict[str, Any]:
     """What the fit's residual (step time the packs' composition does not explain) follows, over the timed steps
     in timing order: its correlation with the host's issue time, the syncs, cudaMalloc calls, SM clock and
-    power, and with itself one step later (a residual that persists over steps is a state of the machine, not a
-    property of the pack); plus the medians of those readings and where the steps synchronise."""
+    power, the pack's counts of segments, images, videos and vision slices (packs saved before the counts have none), and with
+    itself one step later (a residual that persists over steps is a state of the machine, not a property of the
+    pack); plus the medians of those readings and where the steps synchronise."""
     res = np.asarray(residuals, dtype=float)
     out: dict[str, Any] = {"residual_lag1_autocorrelation": _lag1(res), "correlation_with_residual": {}}
-    for key in ("host_ms", "syncs", "device_allocs", "sm_mhz", "power_w"):
-        v = np.asarray([np.nan if r.get(key) is None else r[key] for r in rows], dtype=float)
+    readings = {key: [r.get(key) for r in rows] for key in ("host_ms", "syncs", "device_allocs", "sm_mhz", "power_w")}
+    counts = {key: [r["terms"].get(key) for r in rows] for key in COUNT_TERMS}
+    for key, values in {**readings, **counts}.items():
+        v = np.asarray([np.nan if x is None else x for x in values], dtype=float)
         ok = ~np.isnan(v)
         if ok.sum() > 2 and v[ok].std() > 0:
             out["correlation_with_residual"][key] = round(float(np.corrcoef(res[ok], v[ok])[0, 1]), 3)
-        out[f"median_{key}"] = round(float(np.median(v[ok])), 2) if ok.any() else None
+        if key in readings:
+            out[f"median_{key}"] = round(float(np.median(v[ok])), 2) if ok.any() else None
     host = np.asarray([r["host_ms"] / r["ms"] for r in rows])
     out["host_share_median"] = round(float(np.median(host)), 3)
     out["sync_sites"] = {str(r["seq"]): r["sync_sites"] for r in rows if "sync_sites" in r}

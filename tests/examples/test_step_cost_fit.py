@@ -41,6 +41,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert pack["position_ids"][0].dtype == torch.int16  # narrowed: positions fit 16 bits
     assert pack["terms"]["tokens"] == int(pack["cu_seqlens_q"][0][-1]) and saved["vocab_rows"] == 151936
     assert pack["terms"]["slots"] == 1024 and [p["terms"]["slots"] for p in saved["calibration"]] == [512]
+    images = pack["image_grid_thw"][0] if "image_grid_thw" in pack else torch.empty(0, 3)
+    assert pack["terms"]["segments"] == len(pack["cu_seqlens_q"][0]) - 1 and pack["terms"]["videos"] == 0
+    assert pack["terms"]["images"] == len(images) and pack["terms"]["slices"] == int(images[:, 0].sum())
     out = tmp_path / "fit.json"
     code = NO_TOKENIZER.format(path=script)
     fit = subprocess.run(
@@ -107,6 +110,25 @@ def test_fit_recovers_known_costs_and_keeps_them_non_negative(fit_module):
     ms = [m - 1e-9 * t["patches_squared"] * 40 + rng.normal(0, 0.01) for m, t in zip(ms, terms)]
     f = fit_module.fit_terms(terms, ms, StepCostModel.from_shape("qwen2.5-vl-3b"))
     assert "patches_squared" not in f["terms_kept"] and all(v >= 0 for v in f["coefficients_ms"].values())
+
+
+def test_diagnosis_follows_the_residual_to_a_per_item_count(fit_module):
+    """A residual that grows with a pack's image count is named by its correlation (and packs saved before the
+    counts existed leave the count out); the residual's lag-1 autocorrelation tells drift from noise."""
+    images = [1, 4, 2, 6, 3, 5, 0, 2]
+    rows = [
+        {"ms": 500.0, "host_ms": 400.0 + i, "seq": i, "terms": {"segments": 3, "images": n, "videos": 0}}
+        for i, n in enumerate(images)
+    ]
+    out = fit_module.diagnose(rows, residuals=[2.0 * n for n in images])
+    assert out["correlation_with_residual"]["images"] == 1.0
+    assert "segments" not in out["correlation_with_residual"]  # constant: nothing to correlate
+    assert "median_images" not in out and out["median_host_ms"] == 403.5 and out["host_share_median"] == 0.807
+    old = fit_module.diagnose([{**r, "terms": {}} for r in rows], residuals=[2.0 * n for n in images])
+    assert "images" not in old["correlation_with_residual"] and "host_ms" in old["correlation_with_residual"]
+    assert fit_module.diagnose(rows, residuals=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])[
+        "residual_lag1_autocorrelation"
+    ] > 0.5
 
 
 def test_idle_summary_tells_host_bound_gaps_from_queued_work(fit_module):
