@@ -534,9 +534,9 @@ def _per_step(rows: list[dict]) -> dict[str, list]:
 def diagnose(rows: list[dict], residuals: list[float]) -> dict[str, Any]:
     """What the fit's residual (step time the packs' composition does not explain) follows, over the timed steps
     in timing order: its correlation with the host's issue time, the syncs, cudaMalloc calls, SM clock and
-    power, the pack's counts of segments, images, videos and vision slices (packs saved before the counts have none), and with
-    itself one step later (a residual that persists over steps is a state of the machine, not a property of the
-    pack); plus the medians of those readings and where the steps synchronise."""
+    power, the pack's counts of segments, images, videos and vision slices (packs saved before the counts have
+    none), and with itself one step later (a residual that persists over steps is a state of the machine, not a
+    property of the pack); plus the medians of those readings and where the steps synchronise."""
     res = np.asarray(residuals, dtype=float)
     out: dict[str, Any] = {"residual_lag1_autocorrelation": _lag1(res), "correlation_with_residual": {}}
     readings = {key: [r.get(key) for r in rows] for key in ("host_ms", "syncs", "device_allocs", "sm_mhz", "power_w")}

@@ -126,9 +126,10 @@ def test_diagnosis_follows_the_residual_to_a_per_item_count(fit_module):
     assert "median_images" not in out and out["median_host_ms"] == 403.5 and out["host_share_median"] == 0.807
     old = fit_module.diagnose([{**r, "terms": {}} for r in rows], residuals=[2.0 * n for n in images])
     assert "images" not in old["correlation_with_residual"] and "host_ms" in old["correlation_with_residual"]
-    assert fit_module.diagnose(rows, residuals=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])[
-        "residual_lag1_autocorrelation"
-    ] > 0.5
+    assert (
+        fit_module.diagnose(rows, residuals=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])["residual_lag1_autocorrelation"]
+        > 0.5
+    )
 
 
 def test_idle_summary_tells_host_bound_gaps_from_queued_work(fit_module):
