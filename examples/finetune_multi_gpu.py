@@ -358,7 +358,13 @@ def grad_checkpoint(model: Any) -> None:
 
 
 def forward_loss(
-    model: Any, batch: dict, *, runner: Any = None, device: Any = None, touch_vision: list | None = None
+    model: Any,
+    batch: dict,
+    *,
+    runner: Any = None,
+    device: Any = None,
+    touch_vision: list | None = None,
+    one_vision_call: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training loss of one packed row: ``(loss, loss_sum, local_count)``.
 
@@ -371,9 +377,12 @@ def forward_loss(
     ``0 * sum(p)`` for such packs only: exact zero gradients, one cheap elementwise pass over the
     vision weights on the rare image-free pack, and nothing on all others. The alternative,
     ``find_unused_parameters=True``, walks the autograd graph after every forward, for all packs.
+
+    ``one_vision_call=False`` runs HF's vision-tower call per kind (images, then videos) instead of one for both
+    (:func:`~energon_pack.integrations.hf.hf_forward_kwargs`): the benchmarks' comparison.
     """
     device = device if device is not None else next(model.parameters()).device
-    kwargs = hf_forward_kwargs(batch, model=model, device=device)
+    kwargs = hf_forward_kwargs(batch, model=model, device=device, one_vision_call=one_vision_call)
     out = (runner or model)(**kwargs)
     loss_sum, count = packed_loss(out.logits, batch)
     if touch_vision and not has_visual(batch):

@@ -23,7 +23,8 @@ Two steps, so the GPU machine needs neither Energon nor the data:
    residual the packs do not: host issue time, device syncs (with their source lines), cudaMalloc calls, SM
    clock and power (NVML). ``--repeat N`` then trains one pack N times in a row (the machine's own spread,
    no packing in it) and ``--profile N`` profiles N steps of it (GPU busy share, host-bound gaps and the op
-   after each).
+   after each). ``--vision-calls both`` times every mode twice, side by side: a pack's images and videos through
+   the vision tower in one call (``hf_forward_kwargs``' default) and through HF's call per kind.
 
     python examples/step_cost_fit.py packs --out .calib/packs.pt
     python examples/step_cost_fit.py packs --mix video --modes tokens,compute,rounds16 --out .calib/video.pt
@@ -57,6 +58,8 @@ SPECIAL_IDS = ("image_pad", "video_pad", "vision_start", "vision_end", "im_end",
 TERMS = ("slots", "tokens_squared", "patches", "patches_squared")
 #: a pack's counts the fit's residual is checked against (a per-item cost the terms do not price)
 COUNT_TERMS = ("segments", "images", "videos", "slices")
+#: the suffix of a mode whose packs run HF's vision-tower call per kind (``--vision-calls both``)
+PER_KIND = "+2calls"
 WORDS = ["the", "photo", "shows", "a", "small", "red", "house", "near", "river", "with", "two", "people"]
 
 
@@ -297,12 +300,14 @@ def time_vision(model: Any, batch: dict, device: torch.device) -> float | None:
     return ev0.elapsed_time(ev1)
 
 
-def timed_step(model: Any, opt: Any, batch: dict, device: torch.device, *, watch_syncs: bool = False) -> dict:
+def timed_step(
+    model: Any, opt: Any, batch: dict, device: torch.device, *, watch_syncs: bool = False, one_vision_call: bool = True
+) -> dict:
     """One training step (forward, backward, AdamW) of ``batch``, timed with CUDA events, with what can make
     the same pack's step vary: ``host_ms`` (the host's time to issue the step; near ``ms`` when the GPU waits
     for the host), ``syncs`` (device-to-host synchronisations inside the step, with their source lines when
     ``watch_syncs``), ``device_allocs`` (cudaMalloc calls of the caching allocator), and the SM clock and power
-    read while the step runs (NVML; None without it)."""
+    read while the step runs (NVML; None without it). ``one_vision_call=False``: HF's tower call per kind."""
     import finetune_multi_gpu as ft
 
     cuda = device.type == "cuda"
@@ -318,7 +323,7 @@ def timed_step(model: Any, opt: Any, batch: dict, device: torch.device, *, watch
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
         t0 = time.perf_counter()
-        loss, _, _ = ft.forward_loss(model, batch, device=device)
+        loss, _, _ = ft.forward_loss(model, batch, device=device, one_vision_call=one_vision_call)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -373,6 +378,8 @@ def fit(args: argparse.Namespace) -> None:
         ft.compile_elementwise(model)
     opt = ft.make_optimizer(model, 1e-5, device)
     packs = {m: p[: args.steps + args.warmup] for m, p in saved["modes"].items()}
+    if args.vision_calls == "both":  # every mode's packs again, through HF's tower call per kind
+        packs.update({f"{m}{PER_KIND}": p for m, p in list(packs.items())})
     calibration = saved.get("calibration", [])[: args.calibration]
     groups = {**packs, "calibration": calibration}
     rows: dict[str, list[dict]] = {m: [] for m in groups}
@@ -386,7 +393,8 @@ def fit(args: argparse.Namespace) -> None:
         if args.gc == "manual":
             gc.collect()
         watch = mode not in watched and (i >= args.warmup or mode == "calibration")
-        row = timed_step(model, opt, batch, device, watch_syncs=watch)
+        per_kind = args.vision_calls == "per-kind" or mode.endswith(PER_KIND)
+        row = timed_step(model, opt, batch, device, watch_syncs=watch, one_vision_call=not per_kind)
         watched |= {mode} if watch else set()
         row.update(terms=pack["terms"], seq=seq)
         row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
@@ -408,6 +416,7 @@ def fit(args: argparse.Namespace) -> None:
         "gc": args.gc,
         "width": saved["width"],
         "mix": saved.get("mix", "photos"),
+        "vision_calls": args.vision_calls,
         "videos": saved.get("videos", 0),
         "samples": saved.get("samples"),
         "buffer": saved.get("buffer"),
@@ -416,7 +425,10 @@ def fit(args: argparse.Namespace) -> None:
         "wall_s": round(time.perf_counter() - start, 1),
         "modes": {m: summarize(rows[m], counts, dp_efficiency) for m in packs},
     }
-    timed = sorted((r for m in groups for r in rows[m] if not r["compiled"]), key=lambda r: r["seq"])
+    # the fit and its diagnosis: the steps of one vision path (a second tower call is a cost the terms do not price)
+    timed = sorted(
+        (r for m in groups if not m.endswith(PER_KIND) for r in rows[m] if not r["compiled"]), key=lambda r: r["seq"]
+    )
     result["fit"] = fit_terms([r["terms"] for r in timed], [r["ms"] for r in timed], flops)
     result["diagnosis"] = diagnose(timed, result["fit"].pop("residuals_ms"))
     if repeated is not None:
@@ -645,14 +657,14 @@ def table(result: dict) -> str:
         f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}, "
         f"gc {result['gc']}, "
         f"mix {result['mix']} ({result['videos']} videos)",
-        f"{'mode':<12}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'fill':>8}"
+        f"{'mode':<20}{'steps':>6}{'median ms':>11}{'cv':>8}{'DP-8':>8}{'DP-64':>8}{'tok/s':>9}{'fill':>8}"
         f"{'MFU':>7}{'vision':>8}{'GiB':>7}{'compiled':>10}",
     ]
     for mode, r in result["modes"].items():
         vision = f"{r['vision_share']:7.1%}" if r["vision_share"] is not None else "    n/a"
         peak = f"{r['peak_gib']:7.1f}" if r["peak_gib"] is not None else "    n/a"
         lines.append(
-            f"{mode:<12}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
+            f"{mode:<20}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
             f"{r['tokens_per_s']:9.0f}{r['fill']:8.2%}{r['mfu_spec']:7.1%} {vision}{peak}{r['steps_that_compiled']:>10}"
         )
     f = result["fit"]
@@ -727,6 +739,13 @@ def main(argv: list[str] | None = None) -> None:
         default="manual",
         choices=("manual", "auto"),
         help="manual: Python's garbage collector runs between steps only (Megatron's --manual-gc); auto: its own",
+    )
+    b.add_argument(
+        "--vision-calls",
+        default="one",
+        choices=("one", "per-kind", "both"),
+        help="one: a pack's images and videos through the vision tower in one call (hf_forward_kwargs' default); "
+        f"per-kind: HF's call per kind; both: every mode both ways (the per-kind ones named MODE{PER_KIND})",
     )
     b.add_argument("--out", default="bench_results/step_cost.json")
     args = p.parse_args(argv)

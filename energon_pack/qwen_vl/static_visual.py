@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .media_order import media_row_spans
+
 #: Batch keys of a static pack's vision input (the contract's pixel keys are None then).
 STATIC_PIXELS_KEY = "visual_pixel_values"
 STATIC_GRID_KEY = "visual_grid_thw"
@@ -28,44 +30,10 @@ __all__ = [
     "STATIC_MAX_FRAME_KEY",
     "STATIC_PIXELS_KEY",
     "full_segment_count",
-    "media_in_token_order",
     "pad_segments",
     "static_segment_count",
     "static_visual_rows",
 ]
-
-
-def media_in_token_order(
-    input_ids: torch.Tensor,
-    image_grid: torch.Tensor | None,
-    video_grid: torch.Tensor | None,
-    image_pad: int,
-    video_pad: int,
-    merge: int,
-) -> list[tuple[str, int]]:
-    """``[("image" | "video", index)]`` in the order the media's tokens appear in ``input_ids``.
-
-    Walks the image/video pad tokens: the kind of the next one says which list's next item comes, and
-    that item's ``t*h*w / merge**2`` tokens are consumed (a Qwen3-VL video's frames are several runs)."""
-    ids = input_ids.reshape(-1)
-    kinds = ids[(ids == image_pad) | (ids == video_pad)] == video_pad
-    grids = {False: image_grid, True: video_grid}
-    nxt = {False: 0, True: 0}
-    order, pos, total = [], 0, int(kinds.numel())
-    while pos < total:
-        kind = bool(kinds[pos])
-        grid = grids[kind]
-        if grid is None or nxt[kind] >= len(grid):
-            raise ValueError(
-                f"more {'video' if kind else 'image'} tokens than {'video' if kind else 'image'}_grid_thw entries"
-            )
-        order.append(("video" if kind else "image", nxt[kind]))
-        pos += int(grid[nxt[kind]].prod()) // (merge * merge)
-        nxt[kind] += 1
-    for kind, grid in grids.items():
-        if grid is not None and nxt[kind] != len(grid):
-            raise ValueError("visual tokens and *_grid_thw entries disagree")
-    return order
 
 
 def static_visual_rows(
@@ -85,15 +53,13 @@ def static_visual_rows(
     become None. Raises when the rows exceed ``budget`` (the packer's patch budget prevents it)."""
     image_grid, video_grid = batch.get("image_grid_thw"), batch.get("video_grid_thw")
     sources = {"image": batch.get("pixel_values"), "video": batch.get("pixel_values_videos")}
-    starts = {kind: _row_starts(grid) for kind, grid in (("image", image_grid), ("video", video_grid))}
-    order = media_in_token_order(batch["input_ids"], image_grid, video_grid, image_pad, video_pad, merge)
-    used = sum(int(starts[k][-1]) for k in starts if starts[k] is not None)
+    spans = media_row_spans(batch["input_ids"], image_grid, video_grid, image_pad, video_pad, merge)
+    used = sum(hi - lo for *_, lo, hi in spans)
     if used > budget:
         raise ValueError(f"{used} patch rows exceed the static budget {budget} (max_patches_per_pack)")
     out = torch.zeros((budget, row_width), dtype=dtype)
     grids, at = [], 0
-    for kind, i in order:
-        lo, hi = int(starts[kind][i]), int(starts[kind][i + 1])
+    for kind, i, lo, hi in spans:
         out[at : at + hi - lo] = sources[kind][lo:hi]
         at += hi - lo
         grids.append((image_grid if kind == "image" else video_grid)[i])
@@ -109,12 +75,6 @@ def static_visual_rows(
         }
     )
     return batch
-
-
-def _row_starts(grid: torch.Tensor | None) -> torch.Tensor | None:
-    if grid is None:
-        return None
-    return torch.cat([torch.zeros(1, dtype=torch.int64), grid.to(torch.int64).prod(-1).cumsum(0)])
 
 
 def static_segment_count(budget: int, merge: int) -> int:

@@ -48,7 +48,7 @@ def test_packs_then_fit_on_cpu(tmp_path):
     code = NO_TOKENIZER.format(path=script)
     fit = subprocess.run(
         [sys.executable, "-c", code, "fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu"]
-        + ["--steps", "1", "--warmup", "0", "--repeat", "2", "--out", str(out)],
+        + ["--steps", "1", "--warmup", "0", "--repeat", "2", "--vision-calls", "both", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -56,7 +56,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     )
     assert fit.returncode == 0, fit.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert [result["modes"][m]["steps"] for m in ("tokens", "compute")] == [1, 1]
+    # every mode twice: one vision-tower call (fitted) and HF's call per kind (compared, not fitted)
+    assert list(result["modes"]) == ["tokens", "compute", "tokens+2calls", "compute+2calls"]
+    assert [m["steps"] for m in result["modes"].values()] == [1, 1, 1, 1] and result["vision_calls"] == "both"
     assert len(result["modes"]["tokens"]["step_ms_all"]) == 1 and "flop_model_r2" in result["fit"]
     assert result["fit"]["steps"] == 3 and result["fit"]["calibration_steps"] == 1
     assert "fit of step ms to intercept" in fit.stdout and "FLOP model alone" in fit.stdout
@@ -64,7 +66,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     tokens = result["modes"]["tokens"]
     assert len(tokens["host_ms_all"]) == 1 and tokens["syncs_all"] == [0] and tokens["sm_mhz_all"] == [None]
     diagnosis = result["diagnosis"]
-    assert set(diagnosis["sync_sites"]) == {str(s) for m in result["modes"].values() for s in m["seq_all"]} | {"2"}
+    one_call = [result["modes"][m] for m in ("tokens", "compute")]
+    calibration_seq = {"4"}  # after warm-up round 0's four modes
+    assert set(diagnosis["sync_sites"]) == {str(s) for m in one_call for s in m["seq_all"]} | calibration_seq
     assert 0 < diagnosis["host_share_median"] <= 1.0 and diagnosis["median_syncs"] == 0
     assert result["repeat"]["pack"] == "tokens 0" and len(result["repeat"]["ms_all"]) == 2
     assert "one pack (tokens 0) 2 times" in fit.stdout

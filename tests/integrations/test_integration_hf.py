@@ -58,7 +58,8 @@ def _turns(user, answer):
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """7 samples: text-only, one/two images (``json`` + ``0.jpg``...), videos (pickled ``videos``), image + video."""
+    """8 samples: text-only, one/two images (``json`` + ``0.jpg``...), videos (pickled ``videos``), image + video,
+    video + image."""
     root = tmp_path_factory.mktemp("hf_shards")
     samples = [
         ("t0", _turns("what is a pack?", "many samples in one row."), [], []),
@@ -83,6 +84,12 @@ def shards(tmp_path_factory):
             [],
         ),
         ("v6", _turns("<video>\nhow long?", "two steps."), [], [[_jpeg(40, 60, 60 + f) for f in range(2)]]),
+        (
+            "vi7",
+            _turns("<video>\n<image>\nwhich came first?", "the clip."),
+            [_jpeg(44, 52, 7)],
+            [[_jpeg(48, 40, 70 + f) for f in range(2)]],
+        ),
     ]
     with wds.ShardWriter(str(root / "hf-%06d.tar"), maxcount=100, verbose=0) as sink:
         for key, conv, images, videos in samples:
@@ -125,7 +132,7 @@ def setup(request, shards):
 def test_packs_cover_images_videos_text_and_gaps(setup):
     name, tok, packs, te, *_ = setup
     assert te.layout.pad_multiple == 4
-    assert sorted(k for b in packs for k in b["__keys__"]) == ["i1", "i4", "iv3", "t0", "t5", "v2", "v6"]
+    assert sorted(k for b in packs for k in b["__keys__"]) == ["i1", "i4", "iv3", "t0", "t5", "v2", "v6", "vi7"]
     big = max(packs, key=lambda b: b["num_segments"])
     ids = big["input_ids"][0]
     for b in packs:
@@ -250,7 +257,8 @@ def test_stock_sdpa_with_our_kwargs_equals_alone_and_the_checks_bite(setup):
 
 
 def test_vision_towers_take_the_varlen_path(setup):
-    """Our attention sees the vision cu_seqlens (non-causal) and the LLM's padded cu_seqlens (causal)."""
+    """Our attention sees the vision cu_seqlens (non-causal) and the LLM's padded cu_seqlens (causal); a pack's
+    images and videos go through the tower together (one_vision_call)."""
     from transformers import AttentionInterface
 
     name, tok, packs, te, ref, packed = setup
@@ -281,10 +289,9 @@ def test_vision_towers_take_the_varlen_path(setup):
     n_img_patches = int(batch["image_grid_thw"].prod(1).sum())
     n_vid_patches = int(batch["video_grid_thw"].prod(1).sum())
     if vision_varlen_in_one_call(packed.config.model_type):
-        assert len(vision) == 2 * 2  # 2 blocks, images and videos each
+        # 2 blocks, one tower call: every image and video of the pack in one attention call per block
+        assert [c[2] for c in vision] == [n_img_patches + n_vid_patches] * 2
         assert all(c[1] is False and c[3] for c in vision)
-        # one call covers all images of the pack (not one call per image)
-        assert n_img_patches in [c[2] for c in vision]
     else:  # the tower hands cu_seqlens to flash_attention_2 only: one call per image / frame group / window
         assert len(vision) > 2 * 2 and all(c[1] is False and not c[3] for c in vision)
         assert sum(c[2] for c in vision) == 2 * (n_img_patches + n_vid_patches)  # 2 blocks, every patch once
@@ -507,7 +514,7 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
 
     name, tok, packs, te, ref, packed = setup
     batch = max(packs, key=lambda b: b["num_segments"])
-    kw = H.hf_forward_kwargs(batch, model=packed, device="cpu")
+    kw = H.hf_forward_kwargs(batch, model=packed, device="cpu", one_vision_call=False)  # HF's call per kind
     assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
     model_type = packed.config.model_type
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
@@ -539,7 +546,7 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
             assert seen and all("cu_seqlens" in s and ("max_seqlen" in s) == ("max_seqlen" in keys) for s in seen), seen
             seen.clear()
             monkeypatch.setattr(hf_batch, "vision_precompute_keys", lambda model_type: frozenset())
-            kw_plain = H.hf_forward_kwargs(batch, model=packed)
+            kw_plain = H.hf_forward_kwargs(batch, model=packed, one_vision_call=False)
             assert not any(k.startswith(("image_cu", "video_cu")) for k in kw_plain)
             plain = packed(**kw_plain).logits
             assert seen and not any("cu_seqlens" in s for s in seen)
@@ -549,6 +556,64 @@ def test_precomputed_vision_kwargs_equal_hf_and_skip_the_tower_syncs(setup, monk
     bad["cu_seqlens_kv_padded"][-1] -= 1
     with pytest.raises(ConfigError, match="cu_seqlens_kv_padded"):
         H.hf_forward_kwargs(bad, model=packed)
+
+
+def test_images_and_videos_go_through_the_tower_in_one_call_with_the_same_numbers(setup):
+    """one_vision_call (the default): a pack with images and videos reaches the model as one stream of media in
+    token order (video tokens relabelled as image tokens, the rows gathered in token order), so the vision tower
+    runs once instead of once per kind, with HF's logits and gradients of the call per kind, under our varlen
+    attention and HF's own sdpa. The batch is not changed; a pack of one kind is passed as it is."""
+    from energon_pack.qwen_vl.media_order import media_row_spans
+
+    name, tok, packs, te, ref, packed = setup
+    image_pad, video_pad = tok.special.image_pad, tok.special.video_pad
+    merge = packed.config.vision_config.spatial_merge_size
+
+    def kinds(b):
+        spans = media_row_spans(b["input_ids"], b["image_grid_thw"], b["video_grid_thw"], image_pad, video_pad, merge)
+        return [kind for kind, *_ in spans]
+
+    both = [b for b in packs if b.get("image_grid_thw") is not None and b.get("video_grid_thw") is not None]
+    interleaved = [b for b in both if kinds(b) != sorted(kinds(b))]  # a video before an image (vi7's pack)
+    assert interleaved, f"{name}: no pack interleaves images and videos: {[kinds(b) for b in both]}"
+    batch = interleaved[0]
+    order = kinds(batch)
+    ids_before = batch["input_ids"].clone()
+    kw = H.hf_forward_kwargs(batch, model=packed)
+    assert torch.equal(batch["input_ids"], ids_before) and int((batch["input_ids"] == video_pad).sum()) > 0
+    assert "pixel_values_videos" not in kw and "video_grid_thw" not in kw
+    assert not any(k.startswith("video_") for k in kw) and "second_per_grid_ts" not in kw
+    assert int((kw["input_ids"] == video_pad).sum()) == 0
+    visual = (kw["input_ids"] == image_pad).sum()
+    assert int(visual) == int((ids_before == image_pad).sum() + (ids_before == video_pad).sum())
+    assert kw["image_grid_thw"].shape[0] == len(order) and kw["pixel_values"].shape[0] == int(
+        kw["image_grid_thw"].prod(-1).sum()
+    )
+    one_kind = dict(batch, pixel_values_videos=None, video_grid_thw=None)
+    assert hf_batch.one_vision_stream(one_kind, packed.config) is None
+
+    for model in (packed, ref):  # our varlen attention; HF's own sdpa
+        tower = getattr(getattr(model, "model", model), "visual", None) or model.visual
+        results = {}
+        for one in (True, False):
+            calls: list[int] = []
+            handle = tower.register_forward_hook(lambda *a, seen=calls: seen.append(1))
+            model.zero_grad(set_to_none=True)
+            try:
+                out = model(**H.hf_forward_kwargs(batch, model=model, one_vision_call=one))
+            finally:
+                handle.remove()
+            H.packed_loss(out.logits, batch)[0].backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results[one] = (out.logits.detach(), grads, len(calls))
+        (logits1, grads1, calls1), (logits2, grads2, calls2) = results[True], results[False]
+        assert (calls1, calls2) == (1, 2), name
+        assert torch.allclose(logits1, logits2, rtol=0, atol=1e-6), float((logits1 - logits2).abs().max())
+        assert grads1.keys() == grads2.keys() and any("visual" in n for n in grads1)
+        for n in grads1:
+            assert torch.allclose(grads1[n], grads2[n], rtol=1e-6, atol=1e-7), (name, n)
+    packed.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
 
 
 def test_uint8_pixels_are_normalised_with_the_preset_or_refused(setup, shards):

@@ -30,6 +30,7 @@ from energon_pack.errors import ConfigError
 from energon_pack.integrations.hf.model import ensure_prepared
 from energon_pack.integrations.hf.static_visual import STATIC_KWARG, static_vision_kwargs
 from energon_pack.integrations.hf.version import check_transformers_version, vision_precompute_keys
+from energon_pack.qwen_vl.media_order import media_row_spans
 from energon_pack.qwen_vl.static_visual import STATIC_PIXELS_KEY
 from energon_pack.thd import VISION_PRESET_KEY, vision_preset_record
 
@@ -38,6 +39,7 @@ __all__ = [
     "hf_forward_kwargs",
     "mm_token_type_ids",
     "mrope_conventions",
+    "one_vision_stream",
     "packed_forward",
     "vision_precomputed_kwargs",
 ]
@@ -335,6 +337,7 @@ def hf_forward_kwargs(
     device: torch.device | str | None = None,
     use_cache: bool = False,
     preset: Any = None,
+    one_vision_call: bool = True,
 ) -> dict[str, Any]:
     """Keyword arguments for a HF Qwen-VL ``forward`` (ForConditionalGeneration or base model).
 
@@ -348,6 +351,12 @@ def hf_forward_kwargs(
     passed only where ``forward`` takes it (Qwen2.5-VL). Without ``model`` a Qwen-VL model is
     assumed. ``labels`` are not passed: HF's loss shifts them again; use
     :func:`~energon_pack.integrations.hf.packed_loss`.
+
+    ``one_vision_call`` (with ``model``): a pack holding images *and* videos reaches the model as one stream of
+    media in token order (:func:`one_vision_stream`), so the vision tower runs once per step instead of once per
+    kind; the same numbers (each medium's features depend on its own rows only), one tower call and one
+    device sync less (compiled, 3B Qwen2.5-VL on an H200: a tower call costs about 110 ms of a 760 ms step).
+    ``False`` keeps HF's call per kind.
 
     Nothing is installed on ``model``: call :func:`~energon_pack.integrations.hf.prepare_model` once first. A
     module it never prepared is prepared here (the model's own attention kept) with a ``DeprecationWarning``.
@@ -449,30 +458,42 @@ def hf_forward_kwargs(
     for key in _VISUAL_FORWARD_KEYS if not static else ():
         if batch.get(key) is not None:
             kwargs[key] = batch[key]
+    stream = None
+    if one_vision_call and not static and config is not None and vision_language:
+        stream = one_vision_stream(batch, config)
+    if stream is not None:  # videos travel as images: HF's one masked_scatter over the visual tokens places them
+        grid, spans = stream
+        kwargs["input_ids"] = input_ids.masked_fill(input_ids == config.video_token_id, config.image_token_id)
+        kwargs["image_grid_thw"] = grid
+        sources = {"image": kwargs.pop("pixel_values"), "video": kwargs.pop("pixel_values_videos")}
+        del kwargs["video_grid_thw"]
     if static:
         kwargs[STATIC_KWARG] = static_vision_kwargs(batch, model)
-    elif batch.get("second_per_grid_ts") is not None:
+    elif stream is None and batch.get("second_per_grid_ts") is not None:
         params = _forward_params(model) if model is not None and hasattr(model, "forward") else None
         if params is None or "second_per_grid_ts" in params:
             kwargs["second_per_grid_ts"] = batch["second_per_grid_ts"]
     if config is not None and vision_language and has_visual:
         if not static:
-            kwargs.update(vision_precomputed_kwargs(batch, config))
+            kwargs.update(vision_precomputed_kwargs(batch if stream is None else {"image_grid_thw": grid}, config))
     if model is not None:
         ensure_prepared(model, static_visual=static, stacklevel=2)  # a no-op on a prepared model or a config
+    moved: dict[int, Any] = {}  # a tensor passed under two names stays one object on the device
+
+    def to_device(v: Any) -> Any:
+        if device is None or not isinstance(v, torch.Tensor):
+            return v
+        if id(v) not in moved:
+            moved[id(v)] = v.to(device, non_blocking=True)
+        return moved[id(v)]
+
     if device is not None:
-        moved: dict[int, Any] = {}  # a tensor passed under two names stays one object on the device
-
-        def to_device(v: Any) -> Any:
-            if not isinstance(v, torch.Tensor):
-                return v
-            if id(v) not in moved:
-                moved[id(v)] = v.to(device, non_blocking=True)
-            return moved[id(v)]
-
         kwargs = {k: to_device(v) for k, v in kwargs.items()}
         if static:
             kwargs[STATIC_KWARG] = {k: to_device(v) for k, v in kwargs[STATIC_KWARG].items()}
+    if stream is not None:  # the rows in token order, gathered where they train (a device copy, no host one)
+        sources = {kind: to_device(rows) for kind, rows in sources.items()}
+        kwargs["pixel_values"] = torch.cat([sources[kind][lo:hi] for kind, _, lo, hi in spans])
     pixels = kwargs[STATIC_KWARG] if static else kwargs
     for key in ("pixel_values", "pixel_values_videos"):
         if isinstance(pixels.get(key), torch.Tensor) and pixels[key].dtype == torch.uint8:
@@ -487,6 +508,29 @@ def hf_forward_kwargs(
 
             pixels[key] = normalize_pixels(pixels[key], preset)
     return kwargs
+
+
+def one_vision_stream(
+    batch: Mapping[str, Any], config: Any
+) -> tuple[torch.Tensor, list[tuple[str, int, int, int]]] | None:
+    """A pack's images and videos as one stream in token order: its ``(t, h, w)`` grid and each medium's pixel
+    rows (:func:`~energon_pack.qwen_vl.media_order.media_row_spans`), for one vision-tower call.
+
+    HF's Qwen-VL towers treat an image and a video alike (a ``(t, h, w)`` grid of patch rows, attention within
+    each frame or window), and the model places the features by ``masked_scatter`` in token order. None where
+    the pack holds one kind only, its ids or grids are not on the CPU (reading them would sync the device), or
+    its tokens and grids disagree (HF's own check then names the mismatch)."""
+    image_grid, video_grid, ids = batch.get("image_grid_thw"), batch.get("video_grid_thw"), batch["input_ids"]
+    tensors = (batch.get("pixel_values"), batch.get("pixel_values_videos"), image_grid, video_grid)
+    if any(t is None for t in tensors) or any(t.device.type != "cpu" for t in (ids, image_grid, video_grid)):
+        return None
+    merge = config.vision_config.spatial_merge_size
+    try:
+        spans = media_row_spans(ids, image_grid, video_grid, config.image_token_id, config.video_token_id, merge)
+    except ValueError:
+        return None
+    grids = {"image": image_grid, "video": video_grid.to(image_grid.dtype)}
+    return torch.stack([grids[kind][i] for kind, i, _, _ in spans]), spans
 
 
 def vision_precomputed_kwargs(batch: Mapping[str, Any], config: Any) -> dict[str, Any]:
