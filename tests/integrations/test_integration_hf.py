@@ -611,7 +611,8 @@ def test_images_and_videos_go_through_the_tower_in_one_call_with_the_same_number
         assert torch.allclose(logits1, logits2, rtol=0, atol=1e-6), float((logits1 - logits2).abs().max())
         assert grads1.keys() == grads2.keys() and any("visual" in n for n in grads1)
         for n in grads1:
-            assert torch.allclose(grads1[n], grads2[n], rtol=1e-6, atol=1e-7), (name, n)
+            # a weight's gradient sums over every row: one call or two sum in another order (fp32 rounding)
+            assert torch.allclose(grads1[n], grads2[n], rtol=1e-5, atol=1e-5), (name, n)
     packed.zero_grad(set_to_none=True)
     ref.zero_grad(set_to_none=True)
 
