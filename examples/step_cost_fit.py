@@ -603,14 +603,15 @@ def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, A
     }
 
 
-def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
-    """Least squares of step ms on (1, slots, tokens^2 sum, patches, patches^2 sum) with every coefficient >= 0
-    (a term whose coefficient comes out negative is dropped and the rest refitted: terms move together in packs,
-    a negative cost would be an artefact), the fitted model in token-equivalents (per slot = 1), and the
-    FLOP-derived model's R^2 alone."""
+def fit_terms(terms: list[dict], ms: list[float], flops: Any, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Least squares of step ms on (1, slots, tokens^2 sum, patches, patches^2 sum, and the ``extra`` terms) with
+    every coefficient >= 0 (a term whose coefficient comes out negative is dropped and the rest refitted: terms
+    move together in packs, a negative cost would be an artefact), the fitted model in token-equivalents (per
+    slot = 1), and the FLOP-derived model's R^2 alone."""
+    names = (*TERMS, *extra)
     y = np.asarray(ms, dtype=float)
-    x_all = np.asarray([[1.0, *(t[k] for k in TERMS)] for t in terms], dtype=float)
-    keep = [0] + [j + 1 for j in range(len(TERMS)) if x_all[:, j + 1].std() > 0]
+    x_all = np.asarray([[1.0, *(t[k] for k in names)] for t in terms], dtype=float)
+    keep = [0] + [j + 1 for j in range(len(names)) if x_all[:, j + 1].std() > 0]
     while True:
         x = x_all[:, keep]
         scale = np.abs(x).max(0)
@@ -621,8 +622,8 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
         if not negative:
             break
         keep.remove(min(negative, key=lambda k: coef[keep.index(k)] * scale[keep.index(k)]))
-    full = dict.fromkeys(("intercept", *TERMS), 0.0)
-    full.update({(("intercept", *TERMS)[k]): float(c) for k, c in zip(keep, coef)})
+    full = dict.fromkeys(("intercept", *names), 0.0)
+    full.update({(("intercept", *names)[k]): float(c) for k, c in zip(keep, coef)})
     pred = x @ coef
     r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
     cost = np.asarray([flops.terms_cost(t) for t in terms])
@@ -641,7 +642,7 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
     )
     return {
         "coefficients_ms": full,
-        "terms_kept": [("intercept", *TERMS)[k] for k in keep],
+        "terms_kept": [("intercept", *names)[k] for k in keep],
         "r2": round(float(r2), 4),
         "residual_cv": round(float((y - pred).std() / y.mean()), 4),
         "residuals_ms": (y - pred).tolist(),
@@ -650,6 +651,61 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any) -> dict[str, Any]:
         "ms_per_token_equivalent": float(a),
         "intercept_ms": float(b),
     }
+
+
+def tower_calls(terms: dict, one_call: bool) -> int:
+    """The vision-tower calls of a pack's step: none without media, one with ``one_call``, else HF's one per kind."""
+    kinds = int(terms["images"] > 0) + int(terms["videos"] > 0)
+    return min(kinds, 1) if one_call else kinds
+
+
+def refit(args: argparse.Namespace) -> None:
+    """A saved run's step times refitted on its packs built again (``packs`` with the run's seed and settings gives
+    the same packs: each pack's terms are checked against the run's), with the counts the run did not record: the
+    pack's samples, images, videos and vision slices, and its vision-tower calls. Prints the fit without and with
+    the tower calls as a term, and the residual's correlation with each count."""
+    from energon_pack.packing import named_cost_model
+
+    result = json.loads(Path(args.result).read_text())
+    saved = torch.load(args.packs, weights_only=False)
+    path = result.get("vision_calls", "per-kind")  # runs before one_vision_call existed: HF's call per kind
+    terms, ms = [], []
+    for mode, run in result["modes"].items():
+        packs = saved["modes"][mode.removesuffix(PER_KIND)][args.warmup :]
+        if len(packs) < len(run["terms"]):
+            raise SystemExit(f"{args.packs}: {len(packs)} packs of {mode} after the warm-up, the run timed more")
+        for step, (recorded, pack) in enumerate(zip(run["terms"], packs)):
+            if any(abs(recorded[k] - pack["terms"][k]) > 1e-6 for k in recorded):
+                raise SystemExit(f"{mode} step {step}: the packs differ from the run's (not the same seed or settings)")
+            one_call = path == "one" or (path == "both" and not mode.endswith(PER_KIND))
+            terms.append({**pack["terms"], "tower_calls": float(tower_calls(pack["terms"], one_call))})
+            ms.append(run["step_ms_all"][step])
+    flops = named_cost_model(saved["cost_model"])
+    fits = {
+        "terms": fit_terms(terms, ms, flops),
+        "terms_and_tower_calls": fit_terms(terms, ms, flops, ("tower_calls",)),
+    }
+    residual = np.asarray(fits["terms"].pop("residuals_ms"))
+    fits["terms_and_tower_calls"].pop("residuals_ms")
+    correlation = {}
+    for key in (*COUNT_TERMS, "tower_calls"):
+        v = np.asarray([t[key] for t in terms], dtype=float)
+        correlation[key] = round(float(np.corrcoef(v, residual)[0, 1]), 3) if v.std() > 0 else None
+    out = {"result": str(args.result), "packs": str(args.packs), "steps": len(ms), "fits": fits}
+    out["correlation_with_residual"] = correlation
+    out["packs_with_both_kinds"] = {
+        m: round(float(np.mean([p["terms"]["images"] > 0 and p["terms"]["videos"] > 0 for p in packs])), 3)
+        for m, packs in saved["modes"].items()
+    }
+    for name, f in fits.items():
+        calls = (
+            f"; per tower call {f['coefficients_ms']['tower_calls']:.1f} ms" if "tower_calls" in f["terms_kept"] else ""
+        )
+        print(f"{name}: R^2 {f['r2']:.3f}, residual {f['residual_cv']:.2%} of the step ({len(ms)} steps){calls}")
+    print("residual's correlation: " + ", ".join(f"{k} {v}" for k, v in correlation.items()))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
 
 
 def table(result: dict) -> str:
@@ -748,8 +804,13 @@ def main(argv: list[str] | None = None) -> None:
         f"per-kind: HF's call per kind; both: every mode both ways (the per-kind ones named MODE{PER_KIND})",
     )
     b.add_argument("--out", default="bench_results/step_cost.json")
+    c = sub.add_parser("refit", help="refit a saved run on its packs built again (what the residual follows; no GPU)")
+    c.add_argument("--result", required=True, help="the run's JSON")
+    c.add_argument("--packs", required=True, help="its packs, built again with the run's seed and settings")
+    c.add_argument("--warmup", type=int, default=6, help="the run's --warmup")
+    c.add_argument("--out", default="bench_results/step_cost_refit.json")
     args = p.parse_args(argv)
-    save_packs(args) if args.step == "packs" else fit(args)
+    {"packs": save_packs, "fit": fit, "refit": refit}[args.step](args)
 
 
 if __name__ == "__main__":

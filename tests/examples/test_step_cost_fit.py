@@ -72,6 +72,33 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert 0 < diagnosis["host_share_median"] <= 1.0 and diagnosis["median_syncs"] == 0
     assert result["repeat"]["pack"] == "tokens 0" and len(result["repeat"]["ms_all"]) == 2
     assert "one pack (tokens 0) 2 times" in fit.stdout
+    # refit: the run's steps matched to its packs (their terms checked), with the tower calls as a term
+    refit_out = tmp_path / "refit.json"
+    refit = subprocess.run(
+        [sys.executable, "-c", code, "refit", "--result", str(out), "--packs", str(packs), "--warmup", "0"]
+        + ["--out", str(refit_out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert refit.returncode == 0, refit.stderr[-2000:]
+    refitted = json.loads(refit_out.read_text())
+    assert refitted["steps"] == 4 and set(refitted["fits"]) == {"terms", "terms_and_tower_calls"}
+    assert "terms: R^2" in refit.stdout and "residual's correlation" in refit.stdout
+    tampered = json.loads(out.read_text())
+    tampered["modes"]["compute"]["terms"][0]["tokens"] += 1
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    wrong = subprocess.run(
+        [sys.executable, "-c", code, "refit", "--result", str(tmp_path / "tampered.json"), "--packs", str(packs)]
+        + ["--warmup", "0", "--out", str(tmp_path / "no.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert wrong.returncode != 0 and "compute step 0: the packs differ" in wrong.stderr
+    assert not (tmp_path / "no.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +161,13 @@ def test_diagnosis_follows_the_residual_to_a_per_item_count(fit_module):
         fit_module.diagnose(rows, residuals=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])["residual_lag1_autocorrelation"]
         > 0.5
     )
+
+
+def test_tower_calls_count_one_per_kind_or_one_in_all(fit_module):
+    calls = fit_module.tower_calls
+    both, images, text = {"images": 2, "videos": 1}, {"images": 3, "videos": 0}, {"images": 0, "videos": 0}
+    assert [calls(t, one_call=False) for t in (both, images, text)] == [2, 1, 0]
+    assert [calls(t, one_call=True) for t in (both, images, text)] == [1, 1, 0]
 
 
 def test_idle_summary_tells_host_bound_gaps_from_queued_work(fit_module):
