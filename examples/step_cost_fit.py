@@ -365,6 +365,10 @@ def fit(args: argparse.Namespace) -> None:
     from gpu_benchmark import attention_flops
 
     saved = torch.load(args.packs, weights_only=False)
+    chosen = [m for m in args.modes.split(",") if m] or list(saved["modes"])
+    unknown = sorted(set(chosen) - set(saved["modes"]))
+    if unknown:
+        raise SystemExit(f"--modes: {', '.join(unknown)} not in {args.packs} (it has {', '.join(saved['modes'])})")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -377,7 +381,7 @@ def fit(args: argparse.Namespace) -> None:
     if args.compile:
         ft.compile_elementwise(model)
     opt = ft.make_optimizer(model, 1e-5, device)
-    packs = {m: p[: args.steps + args.warmup] for m, p in saved["modes"].items()}
+    packs = {m: saved["modes"][m][: args.steps + args.warmup] for m in chosen}
     if args.vision_calls == "both":  # every mode's packs again, through HF's tower call per kind
         packs.update({f"{m}{PER_KIND}": p for m, p in list(packs.items())})
     calibration = saved.get("calibration", [])[: args.calibration]
@@ -782,6 +786,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--size", default="3b", choices=("3b", "tiny"))
     b.add_argument("--device", default="cuda")
     b.add_argument("--steps", type=int, default=60, help="timed steps per mode")
+    b.add_argument("--modes", default="", help="the saved modes to time, comma-separated (all by default)")
     b.add_argument("--warmup", type=int, default=6)
     b.add_argument("--calibration", type=int, default=None, help="calibration packs timed (all by default)")
     b.add_argument("--split-every", type=int, default=4, help="time the vision tower alone every k-th pack (0: never)")

@@ -72,6 +72,15 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert 0 < diagnosis["host_share_median"] <= 1.0 and diagnosis["median_syncs"] == 0
     assert result["repeat"]["pack"] == "tokens 0" and len(result["repeat"]["ms_all"]) == 2
     assert "one pack (tokens 0) 2 times" in fit.stdout
+    unknown = subprocess.run(
+        [sys.executable, "-c", code, "fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu"]
+        + ["--modes", "tokens,rounds16", "--out", str(tmp_path / "none.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert unknown.returncode != 0 and "--modes: rounds16 not in" in unknown.stderr
     # refit: the run's steps matched to its packs (their terms checked), with the tower calls as a term
     refit_out = tmp_path / "refit.json"
     refit = subprocess.run(
