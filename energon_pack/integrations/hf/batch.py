@@ -355,8 +355,8 @@ def hf_forward_kwargs(
     ``one_vision_call`` (with ``model``): a pack holding images *and* videos reaches the model as one stream of
     media in token order (:func:`one_vision_stream`), so the vision tower runs once per step instead of once per
     kind; the same numbers (each medium's features depend on its own rows only), one tower call and one
-    device sync less (compiled, 3B Qwen2.5-VL on an H200: a tower call costs about 110 ms of a 760 ms step).
-    ``False`` keeps HF's call per kind.
+    device sync less (a refit of a compiled 3B Qwen2.5-VL video-mix run on an H200 prices the second call at
+    about 105 ms of a 760 ms step). ``False`` keeps HF's call per kind.
 
     Nothing is installed on ``model``: call :func:`~energon_pack.integrations.hf.prepare_model` once first. A
     module it never prepared is prepared here (the model's own attention kept) with a ``DeprecationWarning``.
