@@ -11,41 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["media_in_token_order", "media_row_spans"]
-
-
-def media_in_token_order(
-    input_ids: torch.Tensor,
-    image_grid: torch.Tensor | None,
-    video_grid: torch.Tensor | None,
-    image_pad: int,
-    video_pad: int,
-    merge: int,
-) -> list[tuple[str, int]]:
-    """``[("image" | "video", index)]`` in the order the media's tokens appear in ``input_ids``.
-
-    Walks the image/video pad tokens: the kind of the next one says which list's next item comes, and
-    that item's ``t*h*w / merge**2`` tokens are consumed (a Qwen3-VL video's frames are several runs).
-    Raises ``ValueError`` where the tokens and the grids disagree."""
-    ids = input_ids.reshape(-1)
-    kinds = ids[(ids == image_pad) | (ids == video_pad)] == video_pad
-    grids = {False: image_grid, True: video_grid}
-    nxt = {False: 0, True: 0}
-    order, pos, total = [], 0, int(kinds.numel())
-    while pos < total:
-        kind = bool(kinds[pos])
-        grid = grids[kind]
-        if grid is None or nxt[kind] >= len(grid):
-            raise ValueError(
-                f"more {'video' if kind else 'image'} tokens than {'video' if kind else 'image'}_grid_thw entries"
-            )
-        order.append(("video" if kind else "image", nxt[kind]))
-        pos += int(grid[nxt[kind]].prod()) // (merge * merge)
-        nxt[kind] += 1
-    for kind, grid in grids.items():
-        if grid is not None and nxt[kind] != len(grid):
-            raise ValueError("visual tokens and *_grid_thw entries disagree")
-    return order
+__all__ = ["media_row_spans"]
 
 
 def media_row_spans(
@@ -56,11 +22,31 @@ def media_row_spans(
     video_pad: int,
     merge: int,
 ) -> list[tuple[str, int, int, int]]:
-    """``[(kind, index, first row, end row)]`` in token order (:func:`media_in_token_order`): each medium's pixel
-    rows in its kind's tensor (``pixel_values`` for ``"image"``, ``pixel_values_videos`` for ``"video"``)."""
-    starts = {kind: _row_starts(grid) for kind, grid in (("image", image_grid), ("video", video_grid))}
-    order = media_in_token_order(input_ids, image_grid, video_grid, image_pad, video_pad, merge)
-    return [(kind, i, int(starts[kind][i]), int(starts[kind][i + 1])) for kind, i in order]
+    """``[(kind, index, first row, end row)]`` in the order the media's tokens appear in ``input_ids``: each
+    medium's kind (``"image"`` or ``"video"``), its index in that kind's grid, and its pixel rows in that kind's
+    tensor (``pixel_values`` or ``pixel_values_videos``).
+
+    Walks the image/video pad tokens: the kind of the next one says which list's next item comes, and that
+    item's ``t*h*w / merge**2`` tokens are consumed (a Qwen3-VL video's frames are several runs). Raises
+    ``ValueError`` where the tokens and the grids disagree."""
+    ids = input_ids.reshape(-1)
+    kinds = ids[(ids == image_pad) | (ids == video_pad)] == video_pad
+    grids = {"image": image_grid, "video": video_grid}
+    starts = {kind: _row_starts(grid) for kind, grid in grids.items()}
+    nxt = {"image": 0, "video": 0}
+    spans, pos, total = [], 0, int(kinds.numel())
+    while pos < total:
+        kind = "video" if bool(kinds[pos]) else "image"
+        grid, i = grids[kind], nxt[kind]
+        if grid is None or i >= len(grid):
+            raise ValueError(f"more {kind} tokens than {kind}_grid_thw entries")
+        spans.append((kind, i, starts[kind][i], starts[kind][i + 1]))
+        pos += (starts[kind][i + 1] - starts[kind][i]) // (merge * merge)
+        nxt[kind] += 1
+    for kind, grid in grids.items():
+        if grid is not None and nxt[kind] != len(grid):
+            raise ValueError("visual tokens and *_grid_thw entries disagree")
+    return spans
 
 
 def _row_starts(grid: torch.Tensor | None) -> list[int] | None:

@@ -22,16 +22,19 @@ NO_TOKENIZER = (
 )
 
 
-def test_packs_then_fit_on_cpu(tmp_path):
+def run_script(*args: str, tokenizer: bool = False) -> subprocess.CompletedProcess:
+    """examples/step_cost_fit.py with ``args`` in a subprocess (without the tokenizer package unless asked)."""
     script = str(ROOT / "examples" / "step_cost_fit.py")
+    head = [script] if tokenizer else ["-c", NO_TOKENIZER.format(path=script)]
+    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_packs_then_fit_on_cpu(tmp_path):
     packs = tmp_path / "packs.pt"
-    made = subprocess.run(
-        [sys.executable, script, "packs", "--out", str(packs), "--samples", "120", "--packs", "1"]
-        + ["--width", "1024", "--buffer", "16", "--calibration-widths", "512", "--calibration-packs", "1"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    made = run_script(
+        *("packs", "--out", str(packs), "--samples", "120", "--packs", "1", "--width", "1024", "--buffer", "16"),
+        *("--calibration-widths", "512", "--calibration-packs", "1"),
+        tokenizer=True,
     )
     assert made.returncode == 0, made.stderr[-2000:]
     saved = torch.load(packs, weights_only=False)
@@ -45,14 +48,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert pack["terms"]["segments"] == len(pack["cu_seqlens_q"][0]) - 1 and pack["terms"]["videos"] == 0
     assert pack["terms"]["images"] == len(images) and pack["terms"]["slices"] == int(images[:, 0].sum())
     out = tmp_path / "fit.json"
-    code = NO_TOKENIZER.format(path=script)
-    fit = subprocess.run(
-        [sys.executable, "-c", code, "fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu"]
-        + ["--steps", "1", "--warmup", "0", "--repeat", "2", "--vision-calls", "both", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    fit = run_script(
+        *("fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0"),
+        *("--repeat", "2", "--vision-calls", "both", "--out", str(out)),
     )
     assert fit.returncode == 0, fit.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -72,25 +70,14 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert 0 < diagnosis["host_share_median"] <= 1.0 and diagnosis["median_syncs"] == 0
     assert result["repeat"]["pack"] == "tokens 0" and len(result["repeat"]["ms_all"]) == 2
     assert "one pack (tokens 0) 2 times" in fit.stdout
-    unknown = subprocess.run(
-        [sys.executable, "-c", code, "fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu"]
-        + ["--modes", "tokens,rounds16", "--out", str(tmp_path / "none.json")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    unknown = run_script(
+        *("fit", "--packs", str(packs), "--size", "tiny", "--device", "cpu", "--modes", "tokens,rounds16"),
+        *("--out", str(tmp_path / "none.json")),
     )
     assert unknown.returncode != 0 and "--modes: rounds16 not in" in unknown.stderr
     # refit: the run's steps matched to its packs (their terms checked), with the tower calls as a term
     refit_out = tmp_path / "refit.json"
-    refit = subprocess.run(
-        [sys.executable, "-c", code, "refit", "--result", str(out), "--packs", str(packs), "--warmup", "0"]
-        + ["--out", str(refit_out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    refit = run_script("refit", "--result", str(out), "--packs", str(packs), "--warmup", "0", "--out", str(refit_out))
     assert refit.returncode == 0, refit.stderr[-2000:]
     refitted = json.loads(refit_out.read_text())
     assert refitted["steps"] == 4 and set(refitted["fits"]) == {"terms", "terms_and_tower_calls"}
@@ -98,13 +85,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     tampered = json.loads(out.read_text())
     tampered["modes"]["compute"]["terms"][0]["tokens"] += 1
     (tmp_path / "tampered.json").write_text(json.dumps(tampered))
-    wrong = subprocess.run(
-        [sys.executable, "-c", code, "refit", "--result", str(tmp_path / "tampered.json"), "--packs", str(packs)]
-        + ["--warmup", "0", "--out", str(tmp_path / "no.json")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    wrong = run_script(
+        *("refit", "--result", str(tmp_path / "tampered.json"), "--packs", str(packs), "--warmup", "0"),
+        *("--out", str(tmp_path / "no.json")),
     )
     assert wrong.returncode != 0 and "compute step 0: the packs differ" in wrong.stderr
     assert not (tmp_path / "no.json").exists()
