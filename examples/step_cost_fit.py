@@ -667,7 +667,7 @@ def refit(args: argparse.Namespace) -> None:
     """A saved run's step times refitted on its packs built again (``packs`` with the run's seed and settings gives
     the same packs: each pack's terms are checked against the run's), with the counts the run did not record: the
     pack's samples, images, videos and vision slices, and its vision-tower calls. Prints the fit without and with
-    the tower calls as a term, and the residual's correlation with each count."""
+    video rows priced apart, and with the tower calls as a term, and the residual's correlation with each count."""
     from energon_pack.packing import named_cost_model
 
     result = json.loads(Path(args.result).read_text())
@@ -687,10 +687,12 @@ def refit(args: argparse.Namespace) -> None:
     flops = named_cost_model(saved["cost_model"])
     fits = {
         "terms": fit_terms(terms, ms, flops),
+        "terms_and_video_rows": fit_terms(terms, ms, flops, ("video_patches",)),  # a video row priced apart
         "terms_and_tower_calls": fit_terms(terms, ms, flops, ("tower_calls",)),
     }
     residual = np.asarray(fits["terms"].pop("residuals_ms"))
-    fits["terms_and_tower_calls"].pop("residuals_ms")
+    for f in fits.values():
+        f.pop("residuals_ms", None)
     correlation = {}
     for key in (*COUNT_TERMS, "tower_calls"):
         v = np.asarray([t[key] for t in terms], dtype=float)
