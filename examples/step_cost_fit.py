@@ -441,11 +441,8 @@ def fit(args: argparse.Namespace) -> None:
         result["gpu_idle"] = idle
     result["fit"]["steps"] = len(timed)
     result["fit"]["calibration_steps"] = sum(not r["compiled"] for r in rows["calibration"])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     print(table(result))
-    print(f"wrote {out}")
+    print(write_result(args.out, result))
 
 
 def repeat_pack(model: Any, opt: Any, groups: dict, args: argparse.Namespace, device: Any, dtype: Any) -> dict:
@@ -657,6 +654,16 @@ def fit_terms(terms: list[dict], ms: list[float], flops: Any, extra: tuple[str, 
     }
 
 
+def write_result(out: str | Path, value: dict) -> str:
+    """Write a result JSON whole or not at all, an earlier run's file there kept under its time
+    (:class:`energon_pack.bench.outputs.RunFiles`); returns the line that says where."""
+    from energon_pack.bench.outputs import RunFiles
+
+    files, name = RunFiles.for_file(out)
+    files.write_text(name, json.dumps(value, indent=1))
+    return files.announce()
+
+
 def tower_calls(terms: dict, one_call: bool) -> int:
     """The vision-tower calls of a pack's step: none without media, one with ``one_call``, else HF's one per kind."""
     kinds = int(terms["images"] > 0) + int(terms["videos"] > 0)
@@ -709,9 +716,7 @@ def refit(args: argparse.Namespace) -> None:
         )
         print(f"{name}: R^2 {f['r2']:.3f}, residual {f['residual_cv']:.2%} of the step ({len(ms)} steps){calls}")
     print("residual's correlation: " + ", ".join(f"{k} {v}" for k, v in correlation.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    print(write_result(args.out, out))
 
 
 def table(result: dict) -> str:

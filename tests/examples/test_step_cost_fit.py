@@ -83,6 +83,9 @@ def test_packs_then_fit_on_cpu(tmp_path):
     assert refitted["steps"] == 4
     assert set(refitted["fits"]) == {"terms", "terms_and_video_rows", "terms_and_tower_calls"}
     assert "terms: R^2" in refit.stdout and "residual's correlation" in refit.stdout
+    again = run_script("refit", "--result", str(out), "--packs", str(packs), "--warmup", "0", "--out", str(refit_out))
+    assert again.returncode == 0 and "kept it with the earlier run's time" in again.stdout  # never clobbered
+    assert json.loads(refit_out.read_text()) == refitted and len(list(tmp_path.glob("refit.*.json"))) == 1
     tampered = json.loads(out.read_text())
     tampered["modes"]["compute"]["terms"][0]["tokens"] += 1
     (tmp_path / "tampered.json").write_text(json.dumps(tampered))
