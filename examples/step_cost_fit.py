@@ -360,7 +360,6 @@ def fit(args: argparse.Namespace) -> None:
     from types import SimpleNamespace
 
     import finetune_multi_gpu as ft
-    from energon_pack.bench.balance_bench import dp_efficiency
     from energon_pack.packing import named_cost_model
     from gpu_benchmark import attention_flops
 
@@ -427,7 +426,7 @@ def fit(args: argparse.Namespace) -> None:
         "params": counts,
         "cost_model": flops.as_dict(),
         "wall_s": round(time.perf_counter() - start, 1),
-        "modes": {m: summarize(rows[m], counts, dp_efficiency) for m in packs},
+        "modes": {m: summarize(rows[m], counts) for m in packs},
     }
     # the fit and its diagnosis: the steps of one vision path (a second tower call is a cost the terms do not price)
     timed = sorted(
@@ -448,6 +447,8 @@ def fit(args: argparse.Namespace) -> None:
 def repeat_pack(model: Any, opt: Any, groups: dict, args: argparse.Namespace, device: Any, dtype: Any) -> dict:
     """The first timed pack of the first mode, trained ``--repeat`` times in a row: how much the step time of one
     and the same pack varies (what no cost model can balance)."""
+    from gpu_benchmark import step_spread
+
     mode = next(iter(groups))
     pack = groups[mode][min(args.warmup, len(groups[mode]) - 1)]
     rows = []
@@ -461,7 +462,7 @@ def repeat_pack(model: Any, opt: Any, groups: dict, args: argparse.Namespace, de
         "pack": f"{mode} {min(args.warmup, len(groups[mode]) - 1)}",
         "steps": len(rows),
         "median_ms": round(float(np.median(ms)), 1),
-        "cv": round(float(ms.std() / ms.mean()), 4),
+        "cv": _round(step_spread(ms.tolist())["step_cv"]),
         "lag1_autocorrelation": _lag1(ms),
         **_per_step(rows),
     }
@@ -533,6 +534,11 @@ def _innermost(ops: list[dict], starts: list[float], launch: dict) -> str:
     return launch["name"]
 
 
+def _round(x: float | None) -> float | None:
+    """A JSON figure to four places; ``None`` (too few steps to say) stays ``None``."""
+    return None if x is None else round(float(x), 4)
+
+
 def _lag1(x: Any) -> float | None:
     x = np.asarray(x, dtype=float)
     return round(float(np.corrcoef(x[1:], x[:-1])[0, 1]), 3) if len(x) > 2 and x.std() > 0 else None
@@ -567,12 +573,13 @@ def diagnose(rows: list[dict], residuals: list[float]) -> dict[str, Any]:
     return out
 
 
-def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, Any]:
+def summarize(rows: list[dict], counts: dict) -> dict[str, Any]:
     """One mode's timed steps: median, cv, bootstrap DP-8 / DP-64 efficiency, real tokens/s, fill, MFU (spec
     peak), peak memory and the vision tower's share of the steps it was timed alone on."""
-    from gpu_benchmark import PEAK_SPEC
+    from gpu_benchmark import PEAK_SPEC, step_spread
 
     t = np.asarray([r["ms"] for r in rows])
+    spread = step_spread(t.tolist())
     quiet = t[~np.asarray([r["compiled"] for r in rows], dtype=bool)]
     real = sum(r["terms"]["tokens"] for r in rows)
     useful = sum(
@@ -586,11 +593,11 @@ def summarize(rows: list[dict], counts: dict, dp_efficiency: Any) -> dict[str, A
     return {
         "steps": len(t),
         "steps_that_compiled": int(len(t) - len(quiet)),
-        "cv_without_compiling_steps": round(float(quiet.std() / quiet.mean()), 4) if len(quiet) else None,
+        "cv_without_compiling_steps": _round(step_spread(quiet.tolist())["step_cv"]),
         "median_ms": round(float(np.median(t)), 1),
-        "cv": round(float(t.std() / t.mean()), 4),
-        "dp8": round(dp_efficiency(t, 8), 4),
-        "dp64": round(dp_efficiency(t, 64), 4),
+        "cv": _round(spread["step_cv"]),
+        "dp8": _round(spread["dp_efficiency"].get("8")),
+        "dp64": _round(spread["dp_efficiency"].get("64")),
         "tokens_per_s": round(float(real / (t.sum() / 1e3)), 0),
         "fill": round(real / sum(r["terms"]["slots"] for r in rows), 4),
         "mfu_spec": round(useful / (t.sum() / 1e3) / PEAK_SPEC, 4),
@@ -719,6 +726,11 @@ def refit(args: argparse.Namespace) -> None:
     print(write_result(args.out, out))
 
 
+def _cell(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``, or ``n/a`` right-aligned to its width where there is nothing to say."""
+    return format(value, spec) if value is not None else "n/a".rjust(int(spec.split(".")[0] or 0))
+
+
 def table(result: dict) -> str:
     lines = [
         f"{result['device']}, size {result['size']}, width {result['width']}, compile {result['compile']}, "
@@ -728,11 +740,10 @@ def table(result: dict) -> str:
         f"{'MFU':>7}{'vision':>8}{'GiB':>7}{'compiled':>10}",
     ]
     for mode, r in result["modes"].items():
-        vision = f"{r['vision_share']:7.1%}" if r["vision_share"] is not None else "    n/a"
-        peak = f"{r['peak_gib']:7.1f}" if r["peak_gib"] is not None else "    n/a"
         lines.append(
-            f"{mode:<20}{r['steps']:>6}{r['median_ms']:>11.1f}{r['cv'] * 100:7.2f}%{r['dp8']:8.3f}{r['dp64']:8.3f}"
-            f"{r['tokens_per_s']:9.0f}{r['fill']:8.2%}{r['mfu_spec']:7.1%} {vision}{peak}{r['steps_that_compiled']:>10}"
+            f"{mode:<20}{r['steps']:>6}{r['median_ms']:>11.1f}{_cell(r['cv'], '8.2%')}{_cell(r['dp8'], '8.3f')}"
+            f"{_cell(r['dp64'], '8.3f')}{r['tokens_per_s']:9.0f}{r['fill']:8.2%}{r['mfu_spec']:7.1%} "
+            f"{_cell(r['vision_share'], '7.1%')}{_cell(r['peak_gib'], '7.1f')}{r['steps_that_compiled']:>10}"
         )
     f = result["fit"]
     lines.append(
@@ -763,7 +774,7 @@ def table(result: dict) -> str:
     r = result.get("repeat")
     if r:
         lines.append(
-            f"one pack ({r['pack']}) {r['steps']} times: median {r['median_ms']} ms, cv {r['cv']:.2%}, "
+            f"one pack ({r['pack']}) {r['steps']} times: median {r['median_ms']} ms, cv {_cell(r['cv'], '.2%')}, "
             f"lag-1 autocorrelation {r['lag1_autocorrelation']}"
         )
     return "\n".join(lines)
