@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import math
 import os
@@ -82,6 +83,22 @@ def vocab_size(tokenizer: Any, multiple: int = 64) -> int:
         assert n <= QWEN_VL_VOCAB_ROWS, n
         return QWEN_VL_VOCAB_ROWS
     return int(math.ceil(n / multiple) * multiple)
+
+
+def rope_settings(name: str, theta: float, mrope_section: list[int]) -> dict[str, Any]:
+    """The text config's M-RoPE settings in the form the installed transformers takes: ``rope_parameters`` from
+    5.0, ``rope_theta`` with ``rope_scaling`` in 4.57 (read off the text config class's signature)."""
+    import transformers as tf
+
+    text_config_cls = {
+        "qwen2-vl": tf.Qwen2VLTextConfig,
+        "qwen2.5-vl": tf.Qwen2_5_VLTextConfig,
+        "qwen3-vl": tf.Qwen3VLTextConfig,
+    }[name]
+    rope = {"rope_type": "default", "mrope_section": list(mrope_section)}
+    if "rope_parameters" in inspect.signature(text_config_cls.__init__).parameters:
+        return {"rope_parameters": {**rope, "rope_theta": theta}}
+    return {"rope_theta": theta, "rope_scaling": rope}
 
 
 def model_config(name: str, size: str, tokenizer: Any) -> Any:
@@ -128,11 +145,7 @@ def model_config(name: str, size: str, tokenizer: Any) -> Any:
         eos_token_id=sp.im_end,
         pad_token_id=sp.pad,
         attention_dropout=0.0,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0 if tiny else 1000000.0,
-            "mrope_section": section,
-        },
+        **rope_settings(name, 10000.0 if tiny else 1000000.0, section),
     )
     if tiny:
         text["initializer_range"] = vision["initializer_range"] = 0.1

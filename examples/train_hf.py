@@ -19,7 +19,6 @@ Prints the loss per step and, at the end, the process's peak RSS.
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import resource
 import sys
@@ -29,85 +28,21 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import finetune_multi_gpu  # noqa: E402  (the tiny model is that example's --size tiny)
+
 PRESETS = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
-#: tiny vision towers per version (the text model is the same for all: 2 layers, width 64, 4 heads / 2 KV heads)
-_VISION = {
-    "qwen2-vl": dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=64),
-    "qwen2.5-vl": dict(
-        depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[1]
-    ),
-    "qwen3-vl": dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=64,
-        num_position_embeddings=64,
-        deepstack_visual_indexes=[0],
-    ),
-}
 
 
 def tiny_model(preset: Any, tokenizer: Any, seed: int = 0) -> Any:
-    """A tiny randomly initialised HF model of ``preset``'s version (fp32, train mode), ids from ``tokenizer``.
-
-    The vocabulary is the real models' (``QWEN_VL_VOCAB_ROWS``) for a real Qwen-VL tokenizer; M-RoPE settings in
-    the form the installed transformers takes (``rope_parameters`` from 5.0, ``rope_scaling`` in 4.57)."""
-    import transformers as tf
-
-    from energon_pack import QWEN_VL_VOCAB_ROWS, qwen_vocab_version
+    """A tiny randomly initialised HF model of ``preset``'s version (fp32, train mode), ids from ``tokenizer``:
+    ``examples/finetune_multi_gpu.py``'s ``--size tiny`` (2 layers of width 64, 2-layer vision tower), with the
+    real models' 151,936-row vocabulary."""
+    from energon_pack import qwen_vocab_version
 
     if qwen_vocab_version(tokenizer) is None:
         raise SystemExit("train_hf.py needs a real Qwen-VL tokenizer (its ids index the 151,936-row vocabulary)")
-    name = preset.name
-    config_cls, text_cls, model_cls = {
-        "qwen2-vl": (tf.Qwen2VLConfig, tf.Qwen2VLTextConfig, tf.Qwen2VLForConditionalGeneration),
-        "qwen2.5-vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLTextConfig, tf.Qwen2_5_VLForConditionalGeneration),
-        "qwen3-vl": (tf.Qwen3VLConfig, tf.Qwen3VLTextConfig, tf.Qwen3VLForConditionalGeneration),
-    }[name]
-    rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
-    if "rope_parameters" in inspect.signature(text_cls.__init__).parameters:
-        rope_kwargs: dict[str, Any] = {"rope_parameters": {**rope, "rope_theta": 10000.0}}
-    else:
-        rope_kwargs = {"rope_theta": 10000.0, "rope_scaling": rope}
-    sp = tokenizer.special
-    text = dict(
-        vocab_size=QWEN_VL_VOCAB_ROWS,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=32768,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=sp.im_end,
-        pad_token_id=sp.pad,
-        attention_dropout=0.0,
-        **rope_kwargs,
-    )
-    vision = dict(
-        _VISION[name],
-        patch_size=preset.patch_size,
-        temporal_patch_size=preset.temporal_patch_size,
-        spatial_merge_size=preset.merge_size,
-        in_channels=3,
-        initializer_range=0.1,
-    )
-    if name == "qwen2.5-vl":
-        vision.update(window_size=112, tokens_per_second=int(preset.tokens_per_second))
-    config = config_cls(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=sp.image_pad,
-        video_token_id=sp.video_pad,
-        vision_start_token_id=sp.vision_start,
-        vision_end_token_id=sp.vision_end,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return model_cls(config).float().train()
+    return finetune_multi_gpu.build_model(preset.name, "tiny", tokenizer, seed=seed)
 
 
 def make_loader(data: str | Path, preset: Any, tokenizer: Any, seq_length: int) -> Any:
