@@ -56,6 +56,21 @@ class ConfigError(ValueError):
     __reduce__ = _reduce_exception
 
 
+def raise_config_errors(errors: Sequence[ConfigError]) -> None:
+    """Raise every wrong knob of one check at once: the single error itself, or one ConfigError naming them all
+    (its ``.errors`` lists them) so that a user fixes a config in one round; nothing when ``errors`` is empty."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        err = ConfigError(
+            ", ".join(e.knob for e in errors),
+            f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
+            "change each setting as listed",
+        )
+        err.errors = list(errors)
+        raise err
+
+
 @dataclass(frozen=True)
 class Hint:
     """One suggested fix, worded over the knobs it names: ``text`` has a ``{knob}`` placeholder for

@@ -46,7 +46,7 @@ from energon_pack.energon.bridge_layout import (  # noqa: F401 (also importable 
     cook_bridge_chatml,
     read_bridge_dataset,
 )
-from energon_pack.errors import ConfigError
+from energon_pack.errors import ConfigError, raise_config_errors
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.thd import VISUAL_KEYS, alignment_multiple, without_equal_padded_boundaries
 
@@ -559,16 +559,7 @@ def check_bridge_config(
                 "build the encoder with pad_to_max_length=True",
             )
     _check_cuda_graphs(cfg, packing, bad)
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        err = ConfigError(
-            ", ".join(e.knob for e in errors),
-            f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
-            "change each setting as listed",
-        )
-        err.errors = errors
-        raise err
+    raise_config_errors(errors)
 
 
 def _names(value: Any) -> list[str]:

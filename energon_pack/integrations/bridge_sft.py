@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, raise_config_errors
 from ..sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
 from ..thd import ThdLayout, alignment_multiple, without_equal_padded_boundaries
 
@@ -320,20 +320,6 @@ def _recorded_topology(metadata: Any) -> dict:
     return found
 
 
-def _raise_all(errors: list[ConfigError]) -> None:
-    """One ConfigError naming every wrong knob (``.errors`` lists them); nothing when empty."""
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        err = ConfigError(
-            ", ".join(e.knob for e in errors),
-            f"{len(errors)} settings are wrong:\n  " + "\n  ".join(str(e) for e in errors),
-            "change each setting as listed",
-        )
-        err.errors = errors
-        raise err
-
-
 def check_gpt_sft_config(
     *,
     route: str,
@@ -469,7 +455,7 @@ def check_gpt_sft_config(
             "the packs were built for another configuration (" + ", ".join(changed) + ")",
             "re-pack for the current settings into a fresh output root",
         )
-    _raise_all(errors)
+    raise_config_errors(errors)
 
 
 _MISSING = object()
@@ -608,7 +594,7 @@ def check_bridge_sft_config(
         )
     except ConfigError as err:
         errors.extend(getattr(err, "errors", [err]))
-    _raise_all(errors)
+    raise_config_errors(errors)
 
 
 # ---------------------------------------------------------------------------------- the provider
