@@ -508,6 +508,19 @@ def test_rule_global_batch_size_multiple_of_dp(gbs):
     )
 
 
+def test_two_wrong_knobs_are_named_in_one_error():
+    """A config with two mistakes is told both at once (one round of fixes), each still readable alone."""
+    err = check(global_batch_size=6, model_seq_length=8192)
+    assert [e.knob for e in err.errors] == ["train.global_batch_size", "model.seq_length"]
+    assert err.knob == "train.global_batch_size, model.seq_length"
+    assert str(err) == (
+        "train.global_batch_size, model.seq_length: 2 settings are wrong:\n  "
+        + "\n  ".join(str(e) for e in err.errors)
+        + ". Fix: change each setting as listed"
+    )
+    assert str(err.errors[1]) == str(check(model_seq_length=8192))
+
+
 def test_rule_model_and_dataset_seq_length_equal():
     assert str(check(model_seq_length=8192)) == (
         "model.seq_length: is 8192 but dataset.seq_length is 4096. Fix: set both to the pack width (4096)"
