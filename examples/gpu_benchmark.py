@@ -74,8 +74,9 @@ def parse_feed(feed: str) -> tuple[str, str]:
     return base, balance or "tokens"
 
 
-def step_spread(step_ms: list[float]) -> dict[str, Any]:
-    """The step-time cv and the bootstrap DP efficiency of these times (one micro-batch per rank per step)."""
+def step_spread(step_ms: list[float], dp_sizes: tuple[int, ...] = DP_SIZES) -> dict[str, Any]:
+    """The step-time cv and the bootstrap DP efficiency of these times at ``dp_sizes`` ranks (one micro-batch per
+    rank per step; ``()`` for the cv alone, the bootstrap being the costly part)."""
     from energon_pack.bench.balance_bench import dp_efficiency
 
     if len(step_ms) < 2:
@@ -83,7 +84,7 @@ def step_spread(step_ms: list[float]) -> dict[str, Any]:
     mean = statistics.fmean(step_ms)
     return {
         "step_cv": statistics.pstdev(step_ms) / mean,
-        "dp_efficiency": {str(n): dp_efficiency(step_ms, n) for n in DP_SIZES},
+        "dp_efficiency": {str(n): dp_efficiency(step_ms, n) for n in dp_sizes},
     }
 
 

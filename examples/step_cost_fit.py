@@ -462,7 +462,7 @@ def repeat_pack(model: Any, opt: Any, groups: dict, args: argparse.Namespace, de
         "pack": f"{mode} {min(args.warmup, len(groups[mode]) - 1)}",
         "steps": len(rows),
         "median_ms": round(float(np.median(ms)), 1),
-        "cv": _round(step_spread(ms.tolist())["step_cv"]),
+        "cv": _round(step_spread(ms.tolist(), dp_sizes=())["step_cv"]),
         "lag1_autocorrelation": _lag1(ms),
         **_per_step(rows),
     }
@@ -593,7 +593,7 @@ def summarize(rows: list[dict], counts: dict) -> dict[str, Any]:
     return {
         "steps": len(t),
         "steps_that_compiled": int(len(t) - len(quiet)),
-        "cv_without_compiling_steps": _round(step_spread(quiet.tolist())["step_cv"]),
+        "cv_without_compiling_steps": _round(step_spread(quiet.tolist(), dp_sizes=())["step_cv"]),
         "median_ms": round(float(np.median(t)), 1),
         "cv": _round(spread["step_cv"]),
         "dp8": _round(spread["dp_efficiency"].get("8")),

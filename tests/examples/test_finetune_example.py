@@ -301,6 +301,7 @@ def test_gpu_benchmark_feed_names_and_step_spread():
     # 8 ranks drawing 400/600 ms at random: the slowest is 600 unless all 8 drew 400 (1/256)
     assert spread["dp_efficiency"]["8"] == pytest.approx(500 / (600 - 200 / 256), abs=0.005)
     assert gb.step_spread([500.0]) == {"step_cv": None, "dp_efficiency": {}}
+    assert gb.step_spread([400.0, 600.0] * 5, dp_sizes=()) == {"step_cv": spread["step_cv"], "dp_efficiency": {}}
 
 
 def test_padded_and_unpadded_batches_hold_the_same_samples(data):
