@@ -20,8 +20,9 @@ from .common import CliError
 
 def name_flags(text: str, flags: Mapping[str, str]) -> str:
     """``text`` with each knob of ``flags`` named by its flag (whole identifiers only; ``width`` only
-    where it is named as a knob: ``width:``, ``width=``, ``width >=``)."""
+    where it is named as a knob: ``width:``, ``width=``, ``width >=``; ``knob=True`` is the bare switch)."""
     for knob, flag in flags.items():
+        text = re.sub(rf"(?<![\w-]){re.escape(knob)}=True\b", flag, text)  # a switch: --overwrite, not =True
         after = r"(?=\s*(?::|=|>=))" if knob == "width" else r"(?![\w-])"
         text = re.sub(rf"(?<![\w-]){re.escape(knob)}{after}", flag, text)
     return text
