@@ -62,15 +62,18 @@ _CHOSEN_OPTION = 'preference="chosen" (--preference chosen)'  # how a preference
 #: the fields of a preference pair, dropped from the SFT record of its chosen answer
 _PAIR_FIELDS = ("chosen", "rejected", "prompt")
 _TURN_KEYS = ("messages", "conversations", "conversation")
+#: the fields of a KTO label: LLaMA-Factory's ``kto_tag``, TRL's ``label`` (read by :func:`kto_label`)
 KTO_FIELDS = ("kto_tag", "label")
+#: the words a KTO label may be written as (case and surrounding blanks aside), and what each says
+_KTO_WORDS = {"true": True, "1": True, "false": False, "0": False}
 AUDIO_PART_TYPES = ("audio", "input_audio", "audio_url")
 
 
 def not_sft_reason(record: Mapping) -> SampleSkipped | None:
     """The skip for a record that is not plain SFT data of the modalities trained here, else None: audio (LLaMA-Factory
     ``audios``), preference pairs (``chosen``/``rejected``: DPO/ORPO/reward data, LLaMA-Factory ``ranking``, TRL), or a
-    KTO example labelled undesirable (``kto_tag``/``label`` false). A KTO example labelled desirable is an SFT
-    example and trains as one."""
+    KTO example labelled undesirable or with an unreadable label (:func:`kto_skip`). A KTO example labelled desirable
+    is an SFT example and trains as one."""
     audio = next((k for k in AUDIO_FIELDS if record.get(k)), None)
     if audio is not None:
         return SampleSkipped(
@@ -88,9 +91,40 @@ def not_sft_reason(record: Mapping) -> SampleSkipped | None:
             f"alpaca output is a list: LLaMA-Factory ranking (pairwise) data, not SFT; {_CHOSEN_OPTION} trains "
             "output[0] (the chosen answer) as SFT",
         )
-    tag = next((k for k in KTO_FIELDS if isinstance(record.get(k), bool)), None)
-    if tag is not None and record[tag] is False:
-        return SampleSkipped("kto_undesirable", f"KTO {tag} is false: an undesirable answer, never trained as SFT")
+    return kto_skip(record)
+
+
+def kto_label(field: str, value: Any) -> bool | None:
+    """One KTO label as desirable (True) / undesirable (False); None when absent (``None``). Read: a bool, the ints
+    0 / 1 and the strings ``"true"`` / ``"false"`` / ``"1"`` / ``"0"`` in any case (what CSV, Parquet and
+    hand-written JSON store). Any other value is a ``kto_label_unreadable`` skip naming it: guessed, an undesirable
+    answer could be trained."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _KTO_WORDS:
+        return _KTO_WORDS[value.strip().lower()]
+    raise SampleSkipped(
+        "kto_label_unreadable",
+        f"KTO {field} is {_short(value)}: a KTO label is true/false (or 1/0, 'true'/'false'); fix the value, or "
+        f"rename the field if it is not a KTO label ({' / '.join(KTO_FIELDS)} are read as one)",
+    )
+
+
+def kto_skip(record: Mapping) -> SampleSkipped | None:
+    """The skip of a record whose KTO label (any of :data:`KTO_FIELDS`, read by :func:`kto_label`) says
+    undesirable or cannot be read, else None: the one KTO rule of every path (chat, prompt/completion, convert)."""
+    for field in KTO_FIELDS:
+        try:
+            label = kto_label(field, record.get(field))
+        except SampleSkipped as skip:
+            return skip
+        if label is False:
+            return SampleSkipped(
+                "kto_undesirable",
+                f"KTO {field} is {_short(record[field])}: an undesirable answer, never trained as SFT",
+            )
     return None
 
 
@@ -140,11 +174,9 @@ def chosen_as_sft(record: Any) -> Any:
             raise _unread_pair(f"alpaca chosen is {type(chosen).__name__}, not a string")
         return {**rest, "output": chosen}
     if "prompt" in record:  # TRL explicit prompt: a string (one user turn) or turns
-        prompt = record["prompt"]
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        if not isinstance(prompt, list):
-            raise _unread_pair(f"prompt is {type(prompt).__name__}, not a string or a list of turns")
+        prompt = _as_turns(record["prompt"], "role", "user")
+        if prompt is None:
+            raise _unread_pair(f"prompt is {type(record['prompt']).__name__}, not a string or a list of turns")
         return {**rest, "messages": [*prompt, *_answer_turns(chosen, "role")]}
     if isinstance(chosen, list) and all(isinstance(t, Mapping) for t in chosen):  # TRL implicit prompt
         return {**rest, "messages": list(chosen)}
@@ -154,16 +186,43 @@ def chosen_as_sft(record: Any) -> Any:
     )
 
 
+def _as_turns(value: Any, style: str, role: str) -> list | None:
+    """A string as one ``role`` turn (``from``/``value`` or ``role``/``content``, as the record's other turns are
+    written), a non-empty list of turns as it is; None for anything else."""
+    if isinstance(value, str):
+        source = {"user": "human", "assistant": "gpt"}[role]
+        return [{"from": source, "value": value} if style == "from" else {"role": role, "content": value}]
+    if isinstance(value, list) and value and all(isinstance(t, Mapping) for t in value):
+        return list(value)
+    return None
+
+
 def _answer_turns(chosen: Any, style: str) -> list:
-    """The chosen answer as turns: a string as one assistant turn (``from``/``value`` or ``role``/``content``,
-    as the prompt's turns are written), a turn as itself, a list of turns as they are."""
-    if isinstance(chosen, str):
-        return [{"from": "gpt", "value": chosen} if style == "from" else {"role": "assistant", "content": chosen}]
-    if isinstance(chosen, Mapping):
-        return [chosen]
-    if isinstance(chosen, list) and chosen and all(isinstance(t, Mapping) for t in chosen):
-        return list(chosen)
-    raise _unread_pair(f"chosen is {_short(chosen)}: not a string, a turn or a list of turns")
+    """The chosen answer as turns: one turn (LLaMA-Factory's pairwise form) as itself, else :func:`_as_turns`
+    (a string being an assistant turn)."""
+    turns = [chosen] if isinstance(chosen, Mapping) else _as_turns(chosen, style, "assistant")
+    if turns is None:
+        raise _unread_pair(f"chosen is {_short(chosen)}: not a string, a turn or a list of turns")
+    return turns
+
+
+#: the fields of a TRL prompt/completion record (standard or conversational: :func:`prompt_completion_turns`)
+PROMPT_COMPLETION_FIELDS = ("prompt", "completion")
+
+
+def prompt_completion_turns(record: Mapping) -> list:
+    """A TRL prompt/completion record (its KTO form too: ``label`` beside them) -> turns: the prompt (a string as
+    one user turn, or its turns) then the completion (a string as one assistant turn, or its turns)."""
+    prompt = _as_turns(record["prompt"], "role", "user")
+    completion = _as_turns(record["completion"], "role", "assistant")
+    for field, turns in (("prompt", prompt), ("completion", completion)):
+        if turns is None:
+            raise SampleSkipped(
+                "bad_conversation",
+                f"{field} is {_short(record[field])}: a TRL prompt/completion record holds a string or a list of "
+                "turns in each",
+            )
+    return [*prompt, *completion]
 
 
 def _unread_pair(found: str) -> SampleSkipped:
@@ -302,10 +361,14 @@ def normalize_conversation(conversation: Any, *, preference: str = "refuse") -> 
         if key is None and "instruction" in conv:
             conv = alpaca_turns(conv)
             break
+        if key is None and all(k in conv for k in PROMPT_COMPLETION_FIELDS):
+            conv = prompt_completion_turns(conv)
+            break
         if key is None:
             raise SampleSkipped(
                 "bad_conversation",
-                "dict without messages/conversations/conversation (nor an alpaca instruction/output)",
+                "dict without messages/conversations/conversation (nor an alpaca instruction/output, nor a TRL "
+                "prompt/completion)",
             )
         system = conv.get("system", system)
         conv = conv[key]
@@ -346,20 +409,29 @@ def normalize_conversation(conversation: Any, *, preference: str = "refuse") -> 
     return Conversation(messages, tools)
 
 
+def alpaca_text(record: Mapping, key: str) -> str:
+    """An alpaca record's ``key`` as text ("" when absent or null; a non-string is a ``bad_conversation`` skip)."""
+    value = record.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise SampleSkipped("bad_conversation", f"alpaca {key} is {type(value).__name__}, not a string")
+    return value
+
+
+def alpaca_prompt(record: Mapping) -> str:
+    """An alpaca record's last user turn, LLaMA-Factory's rule: ``instruction`` and ``input`` joined by ``"\n"``
+    (empty ones left out). The one rule of the chat path (:func:`alpaca_turns`) and prompt/completion."""
+    return "\n".join(t for t in (alpaca_text(record, "instruction"), alpaca_text(record, "input")) if t)
+
+
 def alpaca_turns(record: Mapping) -> list[dict]:
     """A LLaMA-Factory alpaca record -> role/content turns, as its ``AlpacaDatasetConverter`` builds
-    them: ``system``, then each ``history`` ``[user, assistant]`` pair, then a user turn of
-    ``instruction`` and ``input`` joined by ``"\n"`` (empty ones left out) and the ``output`` turn."""
+    them: ``system``, then each ``history`` ``[user, assistant]`` pair, then the user turn of
+    :func:`alpaca_prompt` and the ``output`` turn."""
 
-    def text(key: str) -> str:
-        value = record.get(key)
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise SampleSkipped("bad_conversation", f"alpaca {key} is {type(value).__name__}, not a string")
-        return value
-
-    turns = [{"role": "system", "content": text("system")}] if text("system") else []
+    system = alpaca_text(record, "system")
+    turns = [{"role": "system", "content": system}] if system else []
     history = record.get("history") or []
     if not isinstance(history, list):
         raise SampleSkipped("bad_conversation", f"alpaca history is {type(history).__name__}, not a list of pairs")
@@ -369,9 +441,9 @@ def alpaca_turns(record: Mapping) -> list[dict]:
                 "bad_conversation", f"alpaca history item {k} is not a [user, assistant] pair of strings"
             )
         turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
-    turns.append({"role": "user", "content": "\n".join(t for t in (text("instruction"), text("input")) if t)})
+    turns.append({"role": "user", "content": alpaca_prompt(record)})
     if record.get("output") is not None:
-        turns.append({"role": "assistant", "content": text("output")})
+        turns.append({"role": "assistant", "content": alpaca_text(record, "output")})
     return turns
 
 

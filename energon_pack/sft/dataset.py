@@ -44,9 +44,10 @@ BYTE_BOUND_MIN_BYTES = 1 << 20
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 
 
-#: the prompt/completion field names read without flags, in order: ours (TRL's), then NeMo / Megatron-Bridge
-#: GPT-SFT's ``{"input", "output"}``
-FIELD_PAIRS = (("prompt", "completion"), ("input", "output"))
+#: the prompt/completion field names read without flags, in order: ours (TRL's), alpaca's (read as alpaca is, its
+#: ``input`` joined to the ``instruction``: :func:`energon_pack.sft.formats._prompt_text`), then NeMo /
+#: Megatron-Bridge GPT-SFT's ``{"input", "output"}``
+FIELD_PAIRS = (("prompt", "completion"), ("instruction", "output"), ("input", "output"))
 #: how many leading records decide the field pair
 FIELD_SNIFF_LINES = 64
 

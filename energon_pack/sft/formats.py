@@ -32,10 +32,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, encode_text_chat
+from ..chat.conversation import alpaca_prompt, kto_skip
 from ..chat.tokenizer import check_text, control_token_ids, reject_control_tokens
 from ..errors import ConfigError, SampleSkipped
 
 FORMATS = ("prompt_completion", "chat", "text")
+#: the version of the record-reading rules, part of the prompt/completion and chat fingerprints so that lengths and
+#: tokens cached under older rules are never reused (2: alpaca prompts, KTO labels as strings and 0/1, TRL records)
+RECORD_RULES = 2
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,12 @@ def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str
     if field not in record:
         raise SampleSkipped("missing_field", f"no {field!r} field (has {sorted(record)[:8]})")
     value = record[field]
+    if isinstance(value, list):
+        raise SampleSkipped(
+            "missing_field",
+            f"field {field!r} is a list (chat turns, as TRL's conversational records hold), not a string: read "
+            'such records with format="chat" (--format chat)',
+        )
     if not isinstance(value, str):
         raise SampleSkipped("missing_field", f"field {field!r} is {type(value).__name__}, not a string")
     if reason_if_empty and not value.strip():
@@ -152,9 +162,49 @@ def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str
     return value
 
 
+#: the fields that hold a prompt in the records read here: a record whose prompt field is empty while one of these
+#: holds text is a ``prompt_field_mismatch`` skip, never a completion trained with no question
+PROMPT_FIELDS = ("prompt", "instruction", "input")
+#: an alpaca record's prompt fields: with the prompt field one of them, the prompt is :func:`alpaca_prompt`'s
+ALPACA_PROMPT_FIELDS = ("instruction", "input")
+
+
+def _prompt_text(record: Mapping, prompt_field: str) -> str:
+    """The prompt of a prompt/completion record. An alpaca record (``instruction`` beside a prompt field of
+    :data:`ALPACA_PROMPT_FIELDS`, e.g. the sniffed ``input``) is read as alpaca is (:func:`alpaca_prompt`), its
+    ``system`` / ``history`` a ``needs_chat_format`` skip (prompt/completion cannot hold them); an empty prompt
+    while another of :data:`PROMPT_FIELDS` holds text is a ``prompt_field_mismatch`` skip."""
+    alpaca = "instruction" in record and prompt_field in ALPACA_PROMPT_FIELDS
+    if alpaca:
+        extra = [k for k in ("system", "history") if record.get(k)]
+        if extra:
+            raise SampleSkipped(
+                "needs_chat_format",
+                f"alpaca record with {' and '.join(extra)}: prompt/completion has no system or earlier turns; "
+                'read it with format="chat" (--format chat)',
+            )
+        prompt = alpaca_prompt(record)
+    else:
+        prompt = _text_field(record, prompt_field, None)
+    if not prompt.strip():
+        read = ALPACA_PROMPT_FIELDS if alpaca else (prompt_field,)
+        other = next(
+            (f for f in PROMPT_FIELDS if f not in read and isinstance(record.get(f), str) and record[f].strip()), None
+        )
+        if other is not None:
+            raise SampleSkipped(
+                "prompt_field_mismatch",
+                f"the prompt field {prompt_field!r} is empty but {other!r} holds text: name the prompt field "
+                "(prompt_field=, --prompt-field)",
+            )
+    return prompt
+
+
 @dataclass(frozen=True)
 class PromptCompletionFormat:
-    """Prompt/completion records; ``template`` may use ``{prompt}`` (or the prompt field's name)."""
+    """Prompt/completion records; ``template`` may use ``{prompt}`` (or the prompt field's name). Alpaca records
+    are read as alpaca is and KTO labels by the chat path's one rule (:func:`_prompt_text`,
+    :func:`~energon_pack.chat.conversation.kto_skip`)."""
 
     tokenizer: Any
     prompt_field: str = "prompt"
@@ -192,7 +242,10 @@ class PromptCompletionFormat:
     def encode(self, record: Any) -> Encoded:
         if not isinstance(record, Mapping):
             raise SampleSkipped("missing_field", f"record is {type(record).__name__}, not an object")
-        prompt = _text_field(record, self.prompt_field, None)
+        skip = kto_skip(record)  # TRL's unpaired KTO form is a prompt/completion record with a label
+        if skip is not None:
+            raise skip
+        prompt = _prompt_text(record, self.prompt_field)
         completion = _text_field(record, self.completion_field, "empty_completion")
         if self.strip_whitespace:
             prompt, completion = prompt.strip(), completion.strip()
@@ -224,6 +277,7 @@ class PromptCompletionFormat:
             self.bos_id,
             self.eos_id,
             tokenizer_fingerprint(self.tokenizer),
+            ("rules", RECORD_RULES),
         )
         return "pc:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
@@ -263,8 +317,9 @@ class ChatFormat:
             self.system_prompt,
             self.train_newline_after_im_end,
             tokenizer_fingerprint(self.tokenizer),
+            ("rules", RECORD_RULES),
         )
-        if self.preference != "refuse":  # the default's fingerprint (and the caches keyed by it) stays as it was
+        if self.preference != "refuse":  # the default's fingerprint names no preference mode
             knobs += (("preference", self.preference),)
         return "chat:" + hashlib.blake2b(repr(knobs).encode(), digest_size=8).hexdigest()
 
