@@ -67,10 +67,10 @@ class PackingConfig:
         max_age: carry mode: the most samples pushed to the worker's packer while a bin stays open (bounds
             a sample's delay, in samples). Default None: no limit (fill first).
         overlength: what a sample over a budget (longer than ``seq_length`` tokens, or over a patch/media
-            budget) gets: ``"skip"`` (a counted ``oversize`` skip), ``"error"`` (raise; carry mode, rounds
-            always skips) or ``"truncate"`` (cut to ``seq_length`` tokens: the text encoder only; the Qwen-VL
-            encoder refuses it, it would cut visual tokens). Default ``"skip"``: one bad sample does not stop a
-            run and every skip is counted in ``packing_stats``.
+            budget) gets: ``"skip"`` (a counted ``oversize`` skip), ``"error"`` (a ConfigError naming the
+            sample, under every ``balance`` and ``packing_mode``) or ``"truncate"`` (cut to ``seq_length``
+            tokens: the text encoder only; the Qwen-VL encoder refuses it, it would cut visual tokens). Default
+            ``"skip"``: one bad sample does not stop a run and every skip is counted in ``packing_stats``.
         balance: carry mode: ``"tokens"`` (packs full in tokens) or ``"compute"`` (full in tokens *and* about
             equal in step cost under ``cost_model``: attention per segment squared, vision patches; ranks then
             wait less for their slowest, with no communication; :class:`~energon_pack.packing.balanced.

@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 from megatron.energon import stateless
+from megatron.energon.errors import FatalSampleError
 from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.task_encoder.base import get_failure_tolerance, get_stateless
 from megatron.energon.worker import WorkerConfig
@@ -53,6 +54,12 @@ from .rounds import CountedSkip, RoundsPackingDataset
 from .samples import PackedSamples, SkippedSample
 from .shards import shard_facts
 from .stream import SkipWatch, skip_guard_limit
+
+
+class OverlengthError(ConfigError, FatalSampleError):
+    """A sample over the pack's budgets under ``overlength="error"``: a ConfigError naming the knob, and an Energon
+    ``FatalSampleError`` so that Energon's error handlers (rounds mode selects inside one) re-raise it instead of
+    logging it and dropping the whole buffer."""
 
 
 class CarryOverPackingMixin:
@@ -98,13 +105,31 @@ class CarryOverPackingMixin:
         """Cost of one pre-encoded sample in every budget (tokens first)."""
         return tuple(sample.cost)
 
+    def placed_cost(self, sample: Any) -> tuple[int, ...]:
+        """:meth:`packing_cost` under the ``overlength`` policy, in one place for every packer (carry by tokens or
+        by compute, rounds): ``"error"`` raises naming the sample and the knob; otherwise the packer skips it."""
+        cost, capacity = self.packing_cost(sample), self.packing_capacity()
+        if self.packing.overlength == "error" and any(c > cap for c, cap in zip(cost, capacity)):
+            raise OverlengthError(
+                "overlength",
+                f"sample {getattr(sample, '__key__', '?')!r} needs {list(cost)} of the pack's budgets "
+                f"{list(capacity)} (tokens first, aligned) and the policy is 'error'",
+                "use overlength='skip' to count and skip such samples, or raise seq_length (or the budget it is over)",
+            )
+        return cost
+
     #: the step-cost shape of ``balance="compute"`` when ``cost_model`` names none
     default_cost_shape = "qwen2.5-vl-7b"
 
     def make_packer(self, buffer_size: int) -> OnlinePacker | ComputeBalancedPacker:
         if self.packing.balance == "compute":
             # the encoders expose no balance tuning: a run saved under earlier defaults resumes with its own
-            return ComputeBalancedPacker(self.packing_capacity(), buffer_size=buffer_size, resume_saved_tuning=True)
+            return ComputeBalancedPacker(
+                self.packing_capacity(),
+                buffer_size=buffer_size,
+                on_oversize=self.packing.packer_options()["on_oversize"],
+                resume_saved_tuning=True,
+            )
         return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
 
     @functools.cached_property
@@ -134,7 +159,7 @@ class CarryOverPackingMixin:
             else:
                 valid.append(sample)
         capacity = self.packing_capacity()
-        result = first_fit_decreasing([self.packing_cost(s) for s in valid], capacity, on_oversize="skip")
+        result = first_fit_decreasing([self.placed_cost(s) for s in valid], capacity, on_oversize="skip")
         if result.skipped:
             stats.record_skip("oversize", len(result.skipped))
         groups = [[valid[i] for i in group] for group in result.groups]
@@ -285,7 +310,7 @@ class CarryOverPackingMixin:
             dataset = CarryOverPackingDataset(
                 dataset,
                 make_packer=partial(self.make_packer, packing_buffer_size),
-                cost_fn=self.packing_cost,
+                cost_fn=self.placed_cost,
                 step_cost_fn=self.packing_step_cost if self.packing.balance == "compute" else None,
                 final_packer=self.pack_selected_samples,
                 **common,

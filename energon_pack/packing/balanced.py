@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .costs import CostLike, as_capacity, as_cost
+from .online import check_oversize_policy, over_capacity
 from .stats import PackingStats
 
 STATE_FORMAT = 1
@@ -55,6 +56,9 @@ class ComputeBalancedPacker:
             (64: DP-8 efficiency 0.973, 256: 0.983 on the bench mix) at the cost of memory and latency.
         slack: the excess tolerated per token of room left, as a share of the mean cost per token.
         room_weight: how much an empty token weighs against the cost deviation.
+        on_oversize: a sample over the capacity in some budget: ``"skip"`` (counted, :meth:`pop_skipped`) or
+            ``"error"`` (:class:`~energon_pack.packing.offline.OversizeError`), as for
+            :class:`~energon_pack.packing.online.OnlinePacker`.
         resume_saved_tuning: on :meth:`load_state_dict`, take ``slack`` and ``room_weight`` from the saved state
             instead of refusing a state saved with others. For callers that do not expose them (the encoders:
             a run saved under an earlier release's defaults then continues with the packs it would have built);
@@ -68,6 +72,7 @@ class ComputeBalancedPacker:
         buffer_size: int = DEFAULT_BUFFER_SIZE,
         slack: float = DEFAULT_SLACK,
         room_weight: float = DEFAULT_ROOM_WEIGHT,
+        on_oversize: str = "skip",
         resume_saved_tuning: bool = False,
     ) -> None:
         self.capacity = as_capacity(capacity)
@@ -77,6 +82,8 @@ class ComputeBalancedPacker:
         for name, value in (("slack", slack), ("room_weight", room_weight)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        check_oversize_policy(on_oversize)
+        self.on_oversize = on_oversize
         self.width, self.buffer_size = width, buffer_size
         self.slack, self.room_weight = float(slack), float(room_weight)
         self.resume_saved_tuning = bool(resume_saved_tuning)
@@ -114,7 +121,7 @@ class ComputeBalancedPacker:
             raise ValueError(f"cost of {key!r} must be a finite number >= 0, got {cost!r}")
         if key in self._keys:
             raise ValueError(f"duplicate key {key!r}: it is already held by the packer")
-        if any(b > c for b, c in zip(budgets, self.capacity)):
+        if over_capacity(key, budgets, self.capacity, self.on_oversize):
             self._skipped.append((key, OVERSIZE_REASON))
             self.stats.record_skip(OVERSIZE_REASON)
             return []

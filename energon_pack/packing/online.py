@@ -15,8 +15,9 @@ buffer round. A bin leaves the packer when
 - ``flush()`` is called at the end of the stream (partial bins are emitted, none are lost).
 
 Items larger than the capacity follow ``on_oversize``: ``skip`` (counted in ``stats.skips``
-and reported by ``pop_skipped``) or ``error``. Every pushed key leaves exactly once: in a
-group or as a skip. The state is plain data (keys, costs, bin membership, counters), and a
+and reported by ``pop_skipped``) or ``error`` (:func:`over_capacity`, the one policy of both
+streaming packers: this one and the compute-balanced one). Every pushed key leaves exactly once:
+in a group or as a skip. The state is plain data (keys, costs, bin membership, counters), and a
 restored packer yields exactly the same future groups.
 """
 
@@ -35,6 +36,8 @@ from .stats import PackingStats
 
 STATE_FORMAT = 1
 OVERSIZE_REASON = "oversize"
+#: what an item over the capacity gets (``on_oversize``)
+OVERSIZE_POLICIES = ("skip", "error")
 # Items seen before the smallest seen cost is trusted as "the smallest item that can come"
 # (early in a stream it is still large and would close bins too soon).
 TYPICAL_AFTER = 32
@@ -79,8 +82,7 @@ class OnlinePacker:
             raise ValueError(f"min_fill must be in (0, 1], got {min_fill!r}")
         if max_age is not None and (not isinstance(max_age, int) or max_age < 1):
             raise ValueError(f"max_age must be a positive int (pushes a bin may stay open), got {max_age!r}")
-        if on_oversize not in ("skip", "error"):
-            raise ValueError(f"on_oversize must be 'skip' or 'error', got {on_oversize!r}")
+        check_oversize_policy(on_oversize)
         self.max_buffered = max_buffered
         self.lookahead_packs = lookahead_packs
         self.min_fill = min_fill
@@ -128,12 +130,7 @@ class OnlinePacker:
         if key in self._bin_of:
             raise ValueError(f"duplicate key {key!r}: it is already held by the packer")
         self._pushes += 1
-        if any(c > cap for c, cap in zip(cost, self.capacity)):
-            if self.on_oversize == "error":
-                raise OversizeError(
-                    f"item {key!r} with cost {list(cost)} exceeds capacity {list(self.capacity)}; "
-                    "use on_oversize='skip' to count and skip such items"
-                )
+        if over_capacity(key, cost, self.capacity, self.on_oversize):
             self._skipped.append((key, OVERSIZE_REASON))
             self.stats.record_skip(OVERSIZE_REASON)
             return self._emit_expired([])
@@ -238,6 +235,25 @@ class OnlinePacker:
                 self._held_tokens += cost[0]
         self._bins.next_id = state["next_bin_id"]
         self.stats = PackingStats.from_state_dict(state["stats"])
+
+
+def check_oversize_policy(on_oversize: str) -> None:
+    """ValueError naming ``on_oversize`` unless it is one of :data:`OVERSIZE_POLICIES`."""
+    if on_oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"on_oversize must be 'skip' or 'error', got {on_oversize!r}")
+
+
+def over_capacity(key: Hashable, cost: tuple[int, ...], capacity: tuple[int, ...], on_oversize: str) -> bool:
+    """Whether an item of ``cost`` is over ``capacity`` in some budget and so skipped (the caller counts it);
+    under ``on_oversize="error"`` such an item raises :class:`OversizeError` instead."""
+    if all(c <= cap for c, cap in zip(cost, capacity)):
+        return False
+    if on_oversize == "error":
+        raise OversizeError(
+            f"item {key!r} with cost {list(cost)} exceeds capacity {list(capacity)}; "
+            "use on_oversize='skip' to count and skip such items"
+        )
+    return True
 
 
 def _plain_key(key: Any) -> Hashable:
