@@ -76,6 +76,16 @@ def _check_image_pipe(data: bytes) -> None:
         )
 
 
+def check_frame_pixels(width: int, height: int) -> None:
+    """SampleSkipped ``video_too_large`` when frames of ``width`` x ``height`` exceed :data:`MAX_FRAME_PIXELS`."""
+    if width * height > MAX_FRAME_PIXELS:
+        raise SampleSkipped(
+            "video_too_large",
+            f"{width}x{height} frames ({width * height:,} pixels) exceed energon_pack.video.probe.MAX_FRAME_PIXELS "
+            f"({MAX_FRAME_PIXELS:,}); raise it to decode such frames",
+        )
+
+
 def probe_video(data: bytes) -> VideoHeader:
     """The :class:`VideoHeader` of an encoded video; SampleSkipped ``corrupt_video`` when there is
     no readable video stream, no frame rate, no frame or no size, ``video_too_large`` over the pixel cap."""
@@ -108,10 +118,5 @@ def probe_video(data: bytes) -> VideoHeader:
         raise SampleSkipped("corrupt_video", "the video stream has no frames")
     if width <= 0 or height <= 0:
         raise SampleSkipped("corrupt_video", f"the video stream has no size ({width}x{height})")
-    if width * height > MAX_FRAME_PIXELS:
-        raise SampleSkipped(
-            "video_too_large",
-            f"{width}x{height} frames ({width * height:,} pixels) exceed energon_pack.video.probe.MAX_FRAME_PIXELS "
-            f"({MAX_FRAME_PIXELS:,}); raise it to decode such frames",
-        )
+    check_frame_pixels(width, height)
     return VideoHeader(num_frames=num_frames, fps=float(rate), width=width, height=height, duration=duration)
