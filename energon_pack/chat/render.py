@@ -133,16 +133,25 @@ class ChatMLBuilder:
             self._run.append((s, trained))
 
     def flush(self) -> None:
+        """Tokenise the pending text once, as one string (BPE merges across part boundaries stay
+        exact); supervision flags follow the spans. Only a change of flag needs a boundary: the
+        tokens both the text so far and the whole run share go to the spans before it, so adjacent
+        spans of one flag (a turn of many typed text parts) merge first and the cost stays linear."""
         if not self._run:
             return
+        runs: list[list] = []  # [characters, flag] of adjacent spans of one flag
+        for s, trained in self._run:
+            if runs and runs[-1][1] == trained:
+                runs[-1][0] += len(s)
+            else:
+                runs.append([len(s), trained])
         full = "".join(s for s, _ in self._run)
         ids = self.tok.encode_text(full)  # text never produces control tokens (counted skip)
         flags = [False] * len(ids)
-        # tokens before the common-prefix boundary of each span belong to the spans before it
         start_tok, char = 0, 0
-        for j, (s, trained) in enumerate(self._run):
-            char += len(s)
-            if j == len(self._run) - 1:
+        for j, (chars, trained) in enumerate(runs):
+            char += chars
+            if j == len(runs) - 1:
                 end_tok = len(ids)
             else:
                 prefix = self.tok.encode(full[:char])
@@ -151,8 +160,7 @@ class ChatMLBuilder:
                     end_tok += 1
                 end_tok = max(end_tok, start_tok)
             if trained:
-                for k in range(start_tok, end_tok):
-                    flags[k] = True
+                flags[start_tok:end_tok] = [True] * (end_tok - start_tok)
             start_tok = end_tok
         self.length += len(ids)
         if self.materialize:
