@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..chat import ENDOFTEXT, LOSS_POLICIES, ChatConfig, as_qwen_tokenizer, encode_text_chat
-from ..chat.conversation import alpaca_prompt, kto_skip
+from ..chat.conversation import KTO_FIELDS, alpaca_prompt, kto_skip
 from ..chat.tokenizer import check_text, control_token_ids, reject_control_tokens
 from ..errors import ConfigError, SampleSkipped
 
@@ -263,6 +263,17 @@ class PromptCompletionFormat:
         if len(ids) < 2 or not mask[1:].any():
             raise SampleSkipped("no_trained_tokens", "fewer than 2 tokens or no supervised next token")
         return Encoded(ids, mask)
+
+    def plain_prompt(self, record: Mapping) -> str | None:
+        """The prompt text :meth:`encode` reads from ``record`` (before stripping), or None when it reads more than
+        the prompt field (a KTO label, an alpaca record) or skips the prompt: the length pass counts a record by
+        its two texts only where this gives one, and leaves every other to :meth:`encode`."""
+        if not isinstance(record, Mapping) or any(record.get(k) is not None for k in KTO_FIELDS):
+            return None
+        try:
+            return _prompt_text(record, self.prompt_field)
+        except SampleSkipped:
+            return None
 
     def fingerprint(self) -> str:
         knobs = (

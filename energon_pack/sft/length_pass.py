@@ -217,8 +217,8 @@ def _format_texts(fmt: Any, recorder_fmt: Any, recorded: list[str], record: Any)
     if isinstance(fmt, PromptCompletionFormat):
         if not isinstance(record, dict):
             return []
-        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
-        if not isinstance(prompt, str) or not isinstance(completion, str):
+        prompt, completion = fmt.plain_prompt(record), record.get(fmt.completion_field)
+        if prompt is None or not isinstance(completion, str):
             return []
         if fmt.strip_whitespace:
             prompt, completion = prompt.strip(), completion.strip()
@@ -269,6 +269,7 @@ class _LeanPromptCompletion:
         lo = int(ends[chunk - 1]) + 1 if chunk > 0 else 0
         block = self.ds.index.read(lo, int(ends[end - 1]))
         pf, cf, plain, template, sep, strip = self.pf, self.cf, self.plain, self.template, self.sep, self.strip
+        prompt_of = self.ds.format.plain_prompt  # None: the format reads more than the prompt field
         gate, too_long = self.ds._byte_gate, self.ds._bytes_bound
         rows: list[Any] = []
         texts: list[str] = []
@@ -283,8 +284,8 @@ class _LeanPromptCompletion:
             if type(rec) is not dict:
                 rows.append(rec)
                 continue
-            prompt, completion = rec.get(pf), rec.get(cf)
-            if type(prompt) is not str or type(completion) is not str:
+            prompt, completion = prompt_of(rec), rec.get(cf)
+            if prompt is None or type(completion) is not str:
                 rows.append(rec)
                 continue
             if strip:
