@@ -6,7 +6,8 @@ collected and encoded with one ``encode_batch_fast`` of a raw ``tokenizers.Token
 batch call of a Hugging Face fast tokenizer, then served to the format from a per-chunk memo;
 anything the memo lacks is encoded one by one as before) and, for files of at least
 :data:`PARALLEL_MIN_BYTES` (or ``length_workers=N``), in one pool of N processes
-(``ProcessPoolExecutor``, forked: the dataset is inherited, not pickled) over contiguous line
+(:func:`~energon_pack.processes.process_pool`, forked: the dataset is inherited, not pickled; the workers
+die with the process that started them) over contiguous line
 ranges of at most about :data:`RANGE_LINES` lines (so both cores stay busy to the end), merged
 in line order: lengths, skip reasons, reason codes, details and cached tokens are identical to
 the serial per-line pass (``length_workers=1, length_batch=False``). Prompt/completion lines
@@ -23,7 +24,7 @@ import multiprocessing
 import os
 import pickle
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ import numpy as np
 from ..chat.tokenizer import _is_raw_tokenizers
 from ..env import environ_set
 from ..errors import ConfigError, SampleSkipped
+from ..processes import KeptProcesses, process_pool
 from ..records import decode_json_record
 from .formats import Encoded, PromptCompletionFormat
 from .index import LineIndex, file_changed_error, file_identity
@@ -515,24 +517,6 @@ def _pool_task(k: int, task: tuple[int, int, bool]) -> tuple:
         raise
 
 
-#: fork: no re-import of the user's __main__ (spawn would need a main guard); workers set tokenizers'
-#: own parallelism off (one process per core), so the fork is safe for it. Spawn where fork is missing.
-_START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-class _KeptProcesses(type(multiprocessing.get_context(_START_METHOD))):  # type: ignore[misc]
-    """The pool's start method, keeping the processes it starts: a dead worker's exit status names the death."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.processes: list[Any] = []
-
-    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the context API's name
-        proc = super().Process(*args, **kwargs)
-        self.processes.append(proc)
-        return proc
-
-
 def _death(processes: list[Any], taken: Any, tasks: list[tuple], running: list[int]) -> ConfigError:
     """The error for the pool worker that died: the lines of the task it had taken (of ``running``, the
     tasks that never finished) and how it ended. Once one dies the pool stops the others (SIGTERM), so a
@@ -566,12 +550,11 @@ def _pool_results(ds: LineSource, tasks: list[tuple], workers: int) -> list:
     """Results of ``tasks`` (in order) from one ``ProcessPoolExecutor`` of ``workers`` processes, reported to
     the progress callback as each finishes. The first failing task's exception is raised once every earlier
     task has run (the serial pass's error); a worker that dies raises :func:`_death` at once (never a hang)."""
-    ctx = _KeptProcesses()
+    ctx = KeptProcesses()
     taken = ctx.Array("q", len(tasks), lock=False)  # the pid that took task k (0: not yet taken)
     results: list = [None] * len(tasks)
     errors: dict[int, BaseException] = {}
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(ds, taken))
-    try:
+    with process_pool(workers, _worker_init, (ds, taken), ctx) as pool:
         with environ_set("TOKENIZERS_PARALLELISM", "false"):  # the first submit forks: silences tokenizers' warning
             futures = {pool.submit(_pool_task, k, task): k for k, task in enumerate(tasks)}
         for future in as_completed(futures):
@@ -589,8 +572,6 @@ def _pool_results(ds: LineSource, tasks: list[tuple], workers: int) -> list:
                 errors[k] = exc
                 for other in futures:
                     other.cancel()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
     if errors:
         raise errors[min(errors)]
     return results

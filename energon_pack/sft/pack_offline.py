@@ -20,8 +20,8 @@ whatever ``workers``).
 
 from __future__ import annotations
 
+import contextlib
 import json
-import multiprocessing
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +34,7 @@ from ..chat import ENDOFTEXT
 from ..env import environ_set
 from ..errors import AllSkippedError, ConfigError, Hint, skip_counts_text
 from ..packing import best_fit_decreasing
+from ..processes import process_pool
 from ..thd import alignment_multiple
 from .dataset import JsonlSFTDataset
 from .formats import tokenizer_fingerprint
@@ -112,10 +113,8 @@ def token_pass(ds: JsonlSFTDataset, workers: int, token_path: Path) -> np.ndarra
     """The length pass, tokenising each line once: lengths (int32, as ``ds.lengths``: a negative
     reason code for an unusable line) returned and set on ``ds``; every usable line's tokens
     (int32 ``id * 2 + supervised``) appended to ``token_path`` in line order. Line ranges run in
-    ``workers`` forked processes (at most 2 x workers ranges in flight), merged in order: memory
-    holds a few ranges, never the file's tokens."""
-    from concurrent.futures import ProcessPoolExecutor
-
+    ``workers`` forked processes (at most 2 x workers ranges in flight; they die with this process, and
+    a failure or SIGTERM ends them at once), merged in order: memory holds a few ranges, never the file's tokens."""
     n = len(ds)
     pieces = max(1, min(n, max(workers * RANGES_PER_WORKER, -(-n // RANGE_LINES))))
     bounds = np.linspace(0, n, pieces + 1).astype(np.int64).tolist()
@@ -133,21 +132,19 @@ def token_pass(ds: JsonlSFTDataset, workers: int, token_path: Path) -> np.ndarra
             return
         from collections import deque
 
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        with (
-            environ_set("TOKENIZERS_PARALLELISM", "false"),
-            ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(clone,)) as pool,
-        ):
+        with process_pool(workers, _worker_init, (clone,)) as pool:
             pending: deque = deque()
-            for task in tasks:
+            with environ_set("TOKENIZERS_PARALLELISM", "false"):  # the first submit forks: silences the warning
+                for task in tasks[: 2 * workers]:
+                    pending.append(pool.submit(_worker_range, task))
+            for task in tasks[2 * workers :]:
+                yield pending.popleft().result()
                 pending.append(pool.submit(_worker_range, task))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
 
-    with open(token_path, "wb") as sink:
-        for (start, stop, _), (part, reasons, part_details, tokens) in zip(tasks, results()):
+    with contextlib.closing(results()) as parts, open(token_path, "wb") as sink:  # a failure ends the workers now
+        for (start, stop, _), (part, reasons, part_details, tokens) in zip(tasks, parts):
             remap = np.asarray([codes.setdefault(r, len(codes)) for r in reasons], dtype=np.int32)
             bad = part < 0
             if bad.any():
@@ -287,7 +284,7 @@ def _refuse_finished(packs_path: Path, entries: list[dict[str, Any]], split: str
         raise ConfigError(
             "overwrite",
             f"{packs_path.parent} already holds a finished {split} output ({packs_path.name}, {meta_path.name})",
-            "pass overwrite=True (`energon-pack pack-offline --overwrite`) to replace it, or write to another folder",
+            "pass overwrite=True to replace it, or write to another folder",
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from energon_pack.chat.conversation import check_preference
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.processes import process_pool
 from energon_pack.records import decode_json_record
 from energon_pack.storage import is_remote, list_names, store_errors, upload_tree
 
@@ -33,7 +34,7 @@ from .outdir import (
     MANIFEST_FILE,
     SUMMARY_FILE,
     TMP_DIR,
-    _lock_out_dir,
+    _locked_out_dir,
     _prepare_out_dir,
     _write_manifest,
 )
@@ -207,8 +208,7 @@ def convert(
         raise ConfigError("image_root", f"{image_root} is not a folder", "pass the folder image paths are relative to")
     if out.resolve() == source.resolve():
         raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
-    lock = _lock_out_dir(out)
-    try:
+    with _locked_out_dir(out):
         _prepare_out_dir(out, overwrite)
         folder = source if source.is_dir() else source.parent
         roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, folder)))
@@ -276,8 +276,6 @@ def convert(
         (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         return summary
-    finally:
-        os.close(lock)
 
 
 def _open_pairs(source: Path, format: str, preference: str) -> _Source:
@@ -360,10 +358,10 @@ def _run(ctx: _Context, src: _Source, size: int, workers: int, progress: bool) -
                 res.blank = blank
                 done(res, bar)
     else:
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures import FIRST_COMPLETED, wait
 
         blanks: dict[int, int] = {}
-        with ProcessPoolExecutor(max_workers=workers) as pool, tqdm(**bar_kw) as bar:
+        with process_pool(workers) as pool, tqdm(**bar_kw) as bar:
             pending: set = set()
             for index, items, blank in chunks:
                 blanks[index] = blank
