@@ -91,7 +91,9 @@ def to_gpt_batch(batch: dict, *, legacy_keys: bool = True, static_cu: bool = Fal
     ``cu_seqlens_unpadded`` logical [1, n+1] with their host ``_argmin`` lengths, ``max_seqlen``);
     Bridge >= 0.6 reads the ``cu_seqlens_q`` family when present and sets these to None. ``cu_seqlens_*_padded``
     are left out when equal to ``cu_seqlens_*`` unless ``static_cu`` (the ``pad_cu_seqlens`` path), as Bridge's
-    own packing does.
+    own packing does; by the same rule ``cu_seqlens_unpadded`` and its ``_argmin``: Bridge <= 0.5's
+    ``get_packed_seq_params`` takes Transformer Engine's slower padded THD path whenever ``cu_seqlens_unpadded``
+    is present, and its own collate emits it only when segments are padded (``pad_seq_to_mult > 1``).
     """
     missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
     if missing:
@@ -99,15 +101,12 @@ def to_gpt_batch(batch: dict, *, legacy_keys: bool = True, static_cu: bool = Fal
     out = {"tokens": batch["input_ids"], "attention_mask": None}
     out.update({k: batch[k] for k in GPT_BATCH_KEYS if k in batch and k not in out})
     if legacy_keys:
-        padded = batch.get("cu_seqlens_q_padded", batch["cu_seqlens_q"])
+        logical = batch["cu_seqlens_q"]
+        padded = batch.get("cu_seqlens_q_padded", logical)
         count = torch.tensor(padded.numel(), dtype=torch.int64)
-        out.update(
-            cu_seqlens=padded.unsqueeze(0),
-            cu_seqlens_argmin=count,
-            cu_seqlens_unpadded=batch["cu_seqlens_q"].unsqueeze(0),
-            cu_seqlens_unpadded_argmin=count,
-            max_seqlen=batch["max_seqlen_q"],
-        )
+        out.update(cu_seqlens=padded.unsqueeze(0), cu_seqlens_argmin=count, max_seqlen=batch["max_seqlen_q"])
+        if static_cu or not torch.equal(padded, logical):
+            out.update(cu_seqlens_unpadded=logical.unsqueeze(0), cu_seqlens_unpadded_argmin=count)
     out.update({k: batch[k] for k in _STAT_KEYS if k in batch})
     return without_equal_padded_boundaries(out, static_cu=static_cu)
 

@@ -214,9 +214,11 @@ def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, 
         # Bridge <= 0.5 reads only the legacy names: the same parameters from Bridge's legacy branch
         legacy = {k: v for k, v in b.items() if not k.startswith(("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_"))}
         *_, legacy_packed = step_view(gpt_step, legacy)
-        assert sorted(legacy_packed) == sorted(S.LEGACY_KEYS)
+        unpadded = [] if padded else ["cu_seqlens_unpadded", "cu_seqlens_unpadded_argmin"]  # unpadded path
+        assert sorted(legacy_packed) == sorted(set(S.LEGACY_KEYS) - set(unpadded))
         old = bridge.psu.get_packed_seq_params(legacy_packed)
-        assert torch.equal(old.cu_seqlens_q, b["cu_seqlens_q"]) and torch.equal(old.cu_seqlens_q_padded, cu_phys)
+        assert torch.equal(old.cu_seqlens_q, b["cu_seqlens_q"])
+        assert old.cu_seqlens_q_padded is None if not padded else torch.equal(old.cu_seqlens_q_padded, cu_phys)
         assert old.max_seqlen_q == params.max_seqlen_q
         assert torch.equal(bridge.gpt_step._cu_seqlens_for_cp_partition(legacy), cu_phys)
 

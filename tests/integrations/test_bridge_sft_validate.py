@@ -319,7 +319,10 @@ def test_bridge_0_3_gpt_step_reads_our_packs(bridge, world, process_group, monke
         )
         assert type(params).__module__ == "megatron.core.packed_seq_params" and params.qkv_format == "thd"
         assert torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
-        assert torch.equal(params.cu_seqlens_q_padded, physical) and params.max_seqlen_q == int(b["max_seqlen_q"])
+        padded = not torch.equal(physical, b["cu_seqlens_q"])
+        assert (cu_unpadded is not None) == padded  # absent when nothing is padded: TE's unpadded kernel
+        assert params.cu_seqlens_q_padded is None if not padded else torch.equal(params.cu_seqlens_q_padded, physical)
+        assert params.max_seqlen_q == int(b["max_seqlen_q"])
         losses = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seen))
         loss, num_tokens, _ = bridge.losses.masked_next_token_loss(loss_mask, losses)
         assert int(num_tokens) == b["supervised_tokens"] == int((labels != -100).sum()) > 0
