@@ -356,6 +356,16 @@ def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
     )
 
 
+#: Why MTP stays refused on packs. Bridge PR #5990 (merged 2026-09-07) allows MTP with native Energon packing and
+#: relies on Megatron-Core >= 0.19's ``process_mtp_loss`` to mask the MTP loss at packed boundaries; the newest
+#: Bridge release checked here (0.6.2, the test wheel) predates it and ships no such masking of its own, so nothing
+#: verifiable guarantees that no MTP target crosses one of our segment boundaries.
+MTP_ON_PACKS = (
+    "MTP on packs needs its loss masked at segment boundaries (Megatron-Bridge PR #5990 with Megatron-Core >= "
+    "0.19), which no Megatron-Bridge release up to 0.6.2 contains"
+)
+
+
 def check_bridge_config(
     cfg: Any, task_encoder: Any = None, *, forward_step_func: Callable | None = None, allow_demo_tokenizer: bool = False
 ) -> None:
@@ -435,11 +445,7 @@ def check_bridge_config(
         )
     mtp = _get(cfg, "model.mtp_num_layers", None) or 0
     if mtp > 0:
-        bad(
-            "model.mtp_num_layers",
-            f"is {mtp}; MTP is not supported with packed sequences",
-            "set model.mtp_num_layers=None",
-        )
+        bad("model.mtp_num_layers", f"is {mtp}; {MTP_ON_PACKS}", "set model.mtp_num_layers=None to train on packs")
     for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
         for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
             if _get(cfg, f"{owner}.{name}", False) is True:

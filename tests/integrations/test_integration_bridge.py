@@ -496,6 +496,28 @@ def test_check_bridge_config_names_the_wrong_knob(te_cp2, path, value, knob):
     assert err.value.knob == knob
 
 
+def test_mtp_on_packs_stays_refused_with_the_reason_and_the_fix():
+    """Issue 45: Bridge PR #5990 lets MTP train on Energon packs, masking at packed boundaries with Megatron-Core
+    0.19's process_mtp_loss; the Bridge wheel tested here (0.6.2) predates it and ships no masking of its own."""
+    cfg = good_cfg()
+    cfg.model.mtp_num_layers = 2
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg)
+    assert str(err.value) == (
+        "model.mtp_num_layers: is 2; MTP on packs needs its loss masked at segment boundaries (Megatron-Bridge PR "
+        "#5990 with Megatron-Core >= 0.19), which no Megatron-Bridge release up to 0.6.2 contains. "
+        "Fix: set model.mtp_num_layers=None to train on packs"
+    )
+
+
+@needs_bridge
+def test_mtp_refusal_names_a_bridge_no_older_than_the_installed_one():
+    """A newer Bridge wheel fails this until its MTP masking at packed boundaries is checked on our batches."""
+    from packaging.version import Version
+
+    assert Version(bridge_version()) <= Version("0.6.2"), "re-check MTP on packs (B.MTP_ON_PACKS) for this Bridge"
+
+
 def test_check_bridge_config_parallel_sizes_and_many_errors(te_cp2):
     cfg = good_cfg()
     cfg.model.context_parallel_size = 4
