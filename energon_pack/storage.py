@@ -32,11 +32,15 @@ def is_remote(path: Any) -> bool:
 
 
 def epath(path: Any) -> Any:
-    """``path`` as Energon's ``EPath``; an MSC profile or config problem is a one-line ConfigError."""
+    """``path`` as Energon's ``EPath``; an MSC profile or config problem is a one-line ConfigError. A remote path
+    gets the default bounded waits first (:func:`~energon_pack.object_waits.install_default_object_waits`)."""
     from megatron.energon.epathlib import EPath
 
     if not is_remote(path):
         return EPath(Path(path))
+    from energon_pack.object_waits import install_default_object_waits
+
+    install_default_object_waits()  # before the first client of a profile is made: it keeps its timeouts
     try:
         return EPath(str(path))
     except ImportError as exc:

@@ -28,6 +28,12 @@ PROFILE_DOWN = "energon-s3-down"
 #: and never answers it (ranged reads, HEADs and listings pass): a store that hangs mid-run
 PROFILE_STALL = "energon-s3-stall"
 STALL_PREFIX = "stall/"
+#: behind the same front, a GET of a shard or its index (``.tar``, ``.tar.idx``) under :data:`DRIP_PREFIX` is answered
+#: (status, headers, the whole Content-Length) but its body comes :data:`DRIP_BYTES` bytes every
+#: :data:`DRIP_INTERVAL` seconds: each read gets a byte well within any read timeout, so only a wall-clock bound ends
+#: it (a ranged GET of at most 64 bytes, the shard check's index tail, is answered at once)
+DRIP_PREFIX = "drip/"
+DRIP_BYTES, DRIP_INTERVAL = 1, 0.5
 BUCKET = "energon-pack-test"
 #: what the tests set in the environment while the server runs (moto accepts any key)
 ENV = {
@@ -85,13 +91,21 @@ main(["-H", "127.0.0.1", "-p", sys.argv[2]])
 """
 )
 #: the stalling front: forwards GET and HEAD to moto, except a GET without a Range header of a ``.tar``
-#: object under the stall prefix, which it reads and never answers (the connection stays open)
+#: object under the stall prefix, which it reads and never answers (the connection stays open), and a GET of a
+#: ``.tar`` / ``.tar.idx`` object under the drip prefix, whose body it sends a few bytes at a time
 _FRONT = (
     _WATCH
     + """
-import http.client
+import http.client, re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 port, upstream, prefix = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+drip_prefix, drip_bytes, drip_interval = sys.argv[5], int(sys.argv[6]), float(sys.argv[7])
+def drips(command, path, headers):
+    key = path.split("/", 2)[-1]
+    if command != "GET" or not key.startswith(drip_prefix) or not key.endswith((".tar", ".tar.idx")):
+        return False
+    ranged = re.fullmatch(r"bytes=(\\d+)-(\\d+)", headers.get("Range", ""))
+    return ranged is None or int(ranged.group(2)) - int(ranged.group(1)) >= 64
 class Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *args):
@@ -113,7 +127,12 @@ class Front(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)) if self.command == "GET" else
                          reply.getheader("Content-Length", "0"))
         self.end_headers()
-        if self.command == "GET":
+        if self.command == "GET" and drips(self.command, path, self.headers):
+            for i in range(0, len(body), drip_bytes):
+                self.wfile.write(body[i : i + drip_bytes])
+                self.wfile.flush()
+                time.sleep(drip_interval)
+        elif self.command == "GET":
             self.wfile.write(body)
     do_GET = do_HEAD = forward
 ThreadingHTTPServer.daemon_threads = True
@@ -180,7 +199,16 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
 
     port, front_port = _free_port(), _free_port()
     pid = _launch(_SERVER, str(os.getpid()), str(port))
-    front_pid = _launch(_FRONT, str(os.getpid()), str(front_port), str(port), STALL_PREFIX)
+    front_pid = _launch(
+        _FRONT,
+        str(os.getpid()),
+        str(front_port),
+        str(port),
+        STALL_PREFIX,
+        DRIP_PREFIX,
+        str(DRIP_BYTES),
+        str(DRIP_INTERVAL),
+    )
     saved = {k: os.environ.get(k) for k in (*ENV, "MSC_CONFIG")}
     try:
         _wait_listening(port, pid)

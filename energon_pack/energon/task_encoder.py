@@ -15,7 +15,8 @@ The stream, bottom up: ``[SourceEnd -> packing layer (carry or rounds) -> PackSt
 and around the whole loader stream a :class:`ResumeGuard` whose state carries the resume
 fingerprint (:mod:`.fingerprint`): the shards :meth:`build_train_datasets` checked, the worker
 configuration, this encoder and its :meth:`resume_knobs`. Configuring an encoder installs the
-Energon guards (:func:`~energon_pack.energon.compat.install_energon_guards`).
+Energon guards (:func:`~energon_pack.energon.compat.install_energon_guards`) and the default bounded waits on object
+storage (:func:`~energon_pack.object_waits.install_default_object_waits`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers import BatchDataset, MapDataset
 
 from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.object_waits import install_default_object_waits
 from energon_pack.packing import (
     ComputeBalancedPacker,
     OnlinePacker,
@@ -80,6 +82,7 @@ class CarryOverPackingMixin:
         self.packing = config
         self.layout = config.layout(pad_token_id)
         install_energon_guards()
+        install_default_object_waits()  # an msc:// dataset's reads are bounded unless the user chose otherwise
 
     def check_width_fits(self, shortest: int, what: str) -> None:
         """ConfigError("seq_length") when even the shortest possible sample (``shortest`` tokens,
