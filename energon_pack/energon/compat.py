@@ -1,4 +1,4 @@
-"""The three Megatron-Energon patches, installed explicitly and only on the Energon releases they were tested on.
+"""The Megatron-Energon patches, installed explicitly and only on the Energon releases they were tested on.
 
 Energon 7.4's loader has two flaws our resume depends on (savable_loader.py, the same source in 7.4.0 and 7.4.1):
 
@@ -13,7 +13,9 @@ Energon 7.4's loader has two flaws our resume depends on (savable_loader.py, the
 and makes ``restore_state_rank`` refuse a state saved for another loader of our encoders with a
 :class:`~energon_pack.energon.fingerprint.ResumeConfigError`. It runs when one of our task encoders is built,
 never at import, and patches only a release in :data:`TESTED_ENERGON_VERSIONS`: on another one it installs
-nothing and warns once (the patches read private attributes that may have changed).
+nothing and warns once (the patches read private attributes that may have changed). It also refuses the Python
+code a dataset's config names (``sample_loader`` / ``part_filter`` hooks, ``__module__`` imports) unless the user
+opts in: :mod:`.dataset_code`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ import warnings
 from collections.abc import Callable
 
 import megatron.energon
+from megatron.energon.module_loader import ModuleLoader
 from megatron.energon.savable_loader import SavableDataLoader, SavableDatasetCheckpoint, SavableDatasetWrapper
+from megatron.energon.typed_converter import JsonParser
 
 from .checkpoint import check_restore, find_guard, save_unhung
+from .dataset_code import refuse_dataset_hooks, refuse_dataset_imports
 from .releases import TESTED_ENERGON_VERSIONS
 
 log = logging.getLogger("energon_pack")
@@ -80,16 +85,18 @@ _PATCHES = (
     (SavableDataLoader, "save_state_rank", _unhung_save),
     (SavableDataLoader, "restore_state_rank", _checked_restore),
     (SavableDatasetWrapper, "get_checkpoint", _pending_checkpoint),
+    (ModuleLoader, "get_function", refuse_dataset_hooks),
+    (JsonParser, "_resolve_object", refuse_dataset_imports),
 )
 
 
 def energon_guards_installed() -> bool:
-    """True when all three patches are in place."""
+    """True when all the patches are in place."""
     return all((cls, name) in _ORIGINALS for cls, name, _ in _PATCHES)
 
 
 def install_energon_guards() -> bool:
-    """Install the three patches on a tested Energon release and return True (idempotent).
+    """Install the patches on a tested Energon release and return True (idempotent).
 
     On an untested release nothing is patched, one ``RuntimeWarning`` (per process) names the release, the
     risk and the fix, and this returns False.
@@ -103,7 +110,9 @@ def install_energon_guards() -> bool:
                 "loader.save_state_rank() called right after iter(loader) can hang, a worker that has not started "
                 "iterating can report a stale checkpoint (the restore then skips a batch), and Energon's own "
                 "loader.restore_state_rank() does not refuse a state saved for another rank, worker count or "
-                f"dataset. Fix: pin megatron-energon=={TESTED_ENERGON_VERSIONS[-1]}, or call "
+                "dataset, and Python code a dataset's config names (sample_loader / part_filter hooks, "
+                "__module__) runs without ENERGON_PACK_ALLOW_DATASET_CODE. "
+                f"Fix: pin megatron-energon=={TESTED_ENERGON_VERSIONS[-1]}, or call "
                 "energon_pack.energon.save_state_rank(loader) / restore_state_rank(loader, state) explicitly"
             )
             log.warning(message)
