@@ -77,3 +77,17 @@ def test_a_module_named_by_a_dataset_config_is_not_imported(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"names __module__: 'evil_dataset_module' \('CrudeWebdataset'\), code"):
         _dataset(root)
     assert not (tmp_path / "marker").exists()
+
+
+def test_bench_data_refuses_the_hook_by_name(hooked, monkeypatch, capsys, tmp_path):
+    """``energon-pack bench --data`` goes through the same loader: exit 2, the error on stderr, the hook never run."""
+    from energon_pack.cli import main
+
+    root, marker = hooked
+    monkeypatch.delenv(ALLOW_DATASET_CODE_ENV, raising=False)
+    args = ["bench", "--data", str(root), "--buffers", "1", "--modes", "carry", "--workers", "0", "--packs", "1"]
+    args += ["--width", "4096", "--tokenizer", "demo", "--no-plots", "--out-dir", str(tmp_path / "out")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{ALLOW_DATASET_CODE_ENV}: {root}/.nv-meta/dataset.yaml names part_filter: 'hook.py:keep'" in err
+    assert not marker.exists()
