@@ -58,7 +58,7 @@ def _validated(
         i = int(np.argmax(too_big))
         raise OversizeError(
             f"item {i} with cost {arr[i].tolist()} exceeds capacity {list(cap)}; "
-            "pass on_oversize='skip' to count and skip such items"
+            "set overlength='skip' (on_oversize='skip' on a packer you build) to count and skip such items"
         )
     return cap, arr, too_big
 

@@ -251,7 +251,7 @@ def over_capacity(key: Hashable, cost: tuple[int, ...], capacity: tuple[int, ...
     if on_oversize == "error":
         raise OversizeError(
             f"item {key!r} with cost {list(cost)} exceeds capacity {list(capacity)}; "
-            "use on_oversize='skip' to count and skip such items"
+            "set overlength='skip' (on_oversize='skip' on a packer you build) to count and skip such items"
         )
     return True
 
