@@ -3,87 +3,24 @@ first frame) says 64x64 while a later packet holds a 16000x16000 JPEG (1 MB of z
 frame) peaked at 3.8 GB in the encoder before its ``video_size_mismatch`` skip; the decoder now refuses that frame
 before allocating it."""
 
-import json
-import struct
-import subprocess
-import sys
-
-import av
-import numpy as np
 import pytest
 
+from _hostile_media import peak_growth_mb, size_changing_mkv
 from energon_pack.errors import SampleSkipped
 from energon_pack.video import decode_frames, probe_video
 from energon_pack.video import probe as video_probe
 
 
-def _segment(marker: int, payload: bytes) -> bytes:
-    return b"\xff" + bytes([marker]) + struct.pack(">H", len(payload) + 2) + payload
-
-
-def flat_gray_jpeg(width: int, height: int) -> bytes:
-    """A baseline grayscale JPEG of ``width`` x ``height`` mid-grey pixels built by hand: its DC and AC Huffman
-    tables each hold one 1-bit code (DC difference 0, end of block), so every 8x8 block is two zero bits and the
-    file stays small (16000 x 16000: 1 MB) while a decoder still produces every pixel."""
-    table = bytes([1] + [0] * 15) + b"\x00"  # one code of length 1, for symbol 0
-    return b"".join(
-        (
-            b"\xff\xd8",
-            _segment(0xDB, b"\x00" + bytes([1] * 64)),  # quantization table 0
-            _segment(0xC0, b"\x08" + struct.pack(">HH", height, width) + b"\x01\x01\x11\x00"),  # one component
-            _segment(0xC4, b"\x00" + table + b"\x10" + table),  # DC table 0, AC table 0
-            _segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"),
-            bytes(-(-2 * -(-width // 8) * -(-height // 8) // 8)),  # the scan: two zero bits per block
-            b"\xff\xd9",
-        )
-    )
-
-
-def size_changing_mkv(path, later: tuple[int, int]) -> bytes:
-    """An MJPEG Matroska file whose header and first frame are 64x64, then one frame of ``later`` (width, height)
-    muxed as a pre-encoded packet."""
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mjpeg", rate=25)
-        stream.width = stream.height = 64
-        stream.pix_fmt = "yuvj420p"
-        frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 90, np.uint8), format="rgb24")
-        first = [*stream.encode(frame), *stream.encode()]
-        for packet in first:
-            container.mux(packet)
-        packet = av.Packet(flat_gray_jpeg(*later))
-        packet.stream, packet.time_base = stream, first[0].time_base
-        packet.pts = packet.dts = first[0].pts + first[0].duration
-        packet.duration, packet.is_keyframe = first[0].duration, True
-        container.mux(packet)
-    return path.read_bytes()
-
-
-_CHILD = """
-import json, resource, sys
-from energon_pack.errors import SampleSkipped
-from energon_pack.video import decode_frames
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-try:
-    frames = [image.size for image in decode_frames(data, [0, 1])]
-    outcome = ["ok", str(frames)]
-except SampleSkipped as skip:
-    outcome = [skip.reason, skip.detail]
-grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-print(json.dumps(outcome + [grown // 1024]))
-"""
+def _decode_all(path) -> list:
+    return [image.size for image in decode_frames(path.read_bytes(), [0, 1])]
 
 
 def test_a_16000x16000_frame_behind_a_64x64_header_is_refused_before_decoding(tmp_path):
-    """In a child that only decodes: 3.4 GB more peak memory before (decoded, converted to RGB, then refused),
-    now under 100 MB (the refused frame alone would be 256 MB of grey, 768 MB as RGB)."""
+    """In a forked child that only decodes: 3.4 GB more peak memory before (decoded, converted to RGB, then
+    refused), now under 100 MB (the refused frame alone would be 256 MB of grey, 768 MB as RGB)."""
     data = size_changing_mkv(tmp_path / "hostile.mkv", (16000, 16000))
     assert len(data) < 1_100_000 and probe_video(data).width == 64  # the header checks see only 64x64
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "hostile.mkv")], capture_output=True, text=True, timeout=120
-    )
-    assert child.returncode == 0, child.stderr
-    reason, detail, grown_mb = json.loads(child.stdout)
+    (reason, detail), grown_mb = peak_growth_mb(_decode_all, tmp_path / "hostile.mkv")
     assert (reason, detail) == (
         "video_size_mismatch",
         "a frame larger than the header's was refused before decoding, the header said 64x64",
