@@ -38,6 +38,7 @@ from .conversation import (
     require_assistant_turn,
 )
 from .templates import TEMPLATE_DEFAULT
+from .token_bound import cached_max_bytes_per_token
 from .tokenizer import QwenTokenizer, as_qwen_tokenizer
 
 LOSS_POLICIES = ("assistant", "last_turn", "all")
@@ -118,19 +119,41 @@ class ChatConfig:
 
 
 class ChatMLBuilder:
-    """Collects the token stream: text runs are flushed (tokenised once) at each special token."""
+    """Collects the token stream: text runs are flushed (tokenised once) at each special token.
 
-    def __init__(self, tok: QwenTokenizer, materialize: bool) -> None:
+    ``max_length``: SampleSkipped("too_long") as soon as the tokens so far plus the text held hold
+    more than that many tokens by the text's bytes alone (:mod:`.token_bound`), before tokenising it.
+    """
+
+    def __init__(self, tok: QwenTokenizer, materialize: bool, max_length: int | None = None) -> None:
         self.tok = tok
         self.materialize = materialize
+        self.max_length = max_length
         self.ids: list[int] = []
         self.mask: list[bool] = []
         self.length = 0
         self._run: list[tuple[str, bool]] = []
+        self._run_bytes = 0
 
     def text(self, s: str, trained: bool) -> None:
         if s:
             self._run.append((s, trained))
+            if self.max_length is not None:
+                self._bound(s)
+
+    def _bound(self, s: str) -> None:
+        """SampleSkipped("too_long") when the text held proves the sample longer than ``max_length``."""
+        per_token = cached_max_bytes_per_token(self.tok)
+        if per_token is None:
+            return
+        self._run_bytes += len(s.encode("utf-8", "surrogatepass"))
+        at_least = self.length + -(-self._run_bytes // per_token)
+        if at_least > self.max_length:
+            raise SampleSkipped(
+                "too_long",
+                f"at least {at_least} tokens ({self._run_bytes} bytes of text held, <= {per_token} bytes a token) "
+                f"> max_length {self.max_length}",
+            )
 
     def flush(self) -> None:
         """Tokenise the pending text once, as one string (BPE merges across part boundaries stay
@@ -167,6 +190,7 @@ class ChatMLBuilder:
             self.ids.extend(ids)
             self.mask.extend(flags)
         self._run = []
+        self._run_bytes = 0
 
     def special(self, tid: int, trained: bool, count: int = 1) -> None:
         self.flush()
@@ -215,6 +239,7 @@ def render_chat(
     tools: bool = False,
     template: str = "this chat template",
     train_newline_after_im_end: bool = False,
+    max_length: int | None = None,
 ) -> ChatMLBuilder:
     """Render ``messages`` (media already placed) as ChatML; ``media_block(builder, kind)`` writes
     each image / video part. ``system_prompt`` is inserted when the first turn is not a system turn.
@@ -222,7 +247,7 @@ def render_chat(
     (Megatron-Bridge's rule); by default it never is.
     ``tools``: render tools / tool calls / tool turns the Qwen3 way (see the module docstring);
     False: SampleSkipped("tool_calls_unsupported") when the conversation has any (``template`` names
-    the template in the detail)."""
+    the template in the detail). ``max_length``: stop early with SampleSkipped("too_long") (:class:`ChatMLBuilder`)."""
     tool_list = conversation_tools(messages)
     uses_tools = bool(tool_list) or any(m.tool_calls or m.role == "tool" for m in messages)
     if uses_tools and not tools:
@@ -233,7 +258,7 @@ def render_chat(
     if system_prompt is not None and messages[0].role != "system":
         messages = [Message("system", (("text", system_prompt),))] + list(messages)
     sp = tok.special
-    b = ChatMLBuilder(tok, materialize)
+    b = ChatMLBuilder(tok, materialize, max_length)
     trained_flags = _turn_trained(messages, loss_policy)
 
     def end_turn(trained: bool) -> None:
@@ -285,10 +310,17 @@ def render_chat(
 
 
 def encode_text_chat(
-    conversation, *, tokenizer, config: ChatConfig | None = None, template_default: str | None = None
+    conversation,
+    *,
+    tokenizer,
+    config: ChatConfig | None = None,
+    template_default: str | None = None,
+    max_length: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A text-only conversation -> (input_ids, unshifted target mask); media placeholders are a
-    counted ``media_count_mismatch`` skip. Tool calls are rendered the Qwen3 way (module docstring)."""
+    counted ``media_count_mismatch`` skip. Tool calls are rendered the Qwen3 way (module docstring).
+    ``max_length``: a conversation whose text alone proves it longer is a counted ``too_long`` skip
+    before it is tokenised (None: no bound; a caller that truncates passes None)."""
     config = config or ChatConfig()
     tok = as_qwen_tokenizer(tokenizer)
     messages = normalize_conversation(conversation, preference=config.preference)
@@ -301,5 +333,6 @@ def encode_text_chat(
         system_prompt=config.resolve_system_prompt(template_default),
         tools=True,
         train_newline_after_im_end=config.train_newline_after_im_end,
+        max_length=max_length,
     )
     return b.supervised(config.loss_policy)

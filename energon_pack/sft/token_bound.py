@@ -6,65 +6,17 @@ text of ``B`` bytes has at least ``ceil(B / L)`` tokens, ``L`` the longest such 
 stand for more (no fused unknown tokens, no added token that swallows whitespace), nothing drops
 bytes (the pre-tokenizer only splits) and the normaliser does not shrink the text (none), or
 shrinks it at most :data:`NFC_SHRINK` times (NFC). The length pass uses it to call a huge line
-``too_long`` without tokenising it (the tokenizer holds ~170 bytes per input byte).
+``too_long`` without tokenising it (the tokenizer holds ~170 bytes per input byte). The bound itself
+lives in :mod:`energon_pack.chat.token_bound` (the chat renderer uses it too); this adds the chat texts.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ..chat.tokenizer import _is_raw_tokenizers
+from ..chat.token_bound import NFC_SHRINK, backend, max_bytes_per_token
 
-#: NFC shrinks UTF-8 at most 3x (U+0390 is 6 bytes decomposed, 2 composed; Hangul LVT 9 -> 3)
-NFC_SHRINK = 3
-_SPLITTING = {"Split", "Digits", "Punctuation"}  # pre-tokenizers that only cut (unless "Removed")
-
-
-def backend(tokenizer: Any) -> Any | None:
-    """The raw ``tokenizers.Tokenizer`` behind an adapter / Hugging Face fast tokenizer, or None."""
-    inner = getattr(tokenizer, "inner", tokenizer)
-    if not _is_raw_tokenizers(inner) and getattr(inner, "is_fast", False):
-        inner = getattr(inner, "backend_tokenizer", None)
-    return inner if _is_raw_tokenizers(inner) else None
-
-
-def _keeps_every_byte(pre: dict | None) -> bool:
-    """True when the pre-tokenizer (its JSON) is byte-level and only splits the text."""
-    steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
-    kinds = [step.get("type") if step else None for step in steps]
-    return "ByteLevel" in kinds and all(
-        kind == "ByteLevel" or (kind in _SPLITTING and step.get("behavior", "Isolated") != "Removed")
-        for kind, step in zip(kinds, steps)
-    )
-
-
-def max_bytes_per_token(tokenizer: Any) -> int | None:
-    """``L`` above times the normaliser's shrink factor: every token stands for at most this many
-    UTF-8 bytes of the text; None when the tokenizer's structure gives no such bound."""
-    inner = backend(tokenizer)
-    if inner is None:
-        return None
-    model = inner.model
-    if type(model).__name__ != "BPE" or (model.unk_token and model.fuse_unk):
-        return None
-    norm = inner.normalizer
-    shrink = 1 if norm is None else NFC_SHRINK if type(norm).__name__ == "NFC" else None
-    pre = inner.pre_tokenizer
-    if shrink is None or pre is None or not _keeps_every_byte(json.loads(pre.__getstate__())):
-        return None
-    if any(tok.lstrip or tok.rstrip for tok in inner.get_added_tokens_decoder().values()):
-        return None  # such a token also stands for the whitespace next to it, however long
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = set(ByteLevel.alphabet())
-    vocab = inner.get_vocab(with_added_tokens=False)
-    if not alphabet <= vocab.keys():
-        return None  # a byte missing from the vocabulary is dropped: not every byte is covered
-    # a byte-level character is one byte of text (anything else: its UTF-8, more than it can stand for)
-    longest = max(sum(1 if ch in alphabet else len(ch.encode("utf-8")) for ch in token) for token in vocab)
-    added = (len(tok.content.encode("utf-8")) for tok in inner.get_added_tokens_decoder().values())
-    return shrink * max([longest, *added])
+__all__ = ["NFC_SHRINK", "backend", "chat_texts", "max_bytes_per_token"]
 
 
 def chat_texts(record: Any, control_contents: tuple[str, ...], preference: str = "refuse") -> list[str] | None:

@@ -9,6 +9,7 @@ import pytest
 
 from energon_pack.chat import ChatConfig, encode_text_chat, load_tokenizer
 from energon_pack.chat.tokenizer import QwenTokenizer
+from energon_pack.errors import SampleSkipped
 
 TEXT = "Grüße aus Köln: naïve café, 東京タワー 🙂👍🏽 e\u0301t\u00e9  spaces\n\tand 12345 digits, supercalifragilistic!"
 
@@ -19,10 +20,14 @@ def raw():
 
 
 class CountingTokenizer:
-    """A :class:`TokenizerLike` over the raw Qwen tokenizer that counts calls and characters."""
+    """A :class:`TokenizerLike` over the raw Qwen tokenizer that counts calls and characters (a fast
+    tokenizer to the byte bound, as a Hugging Face one is)."""
+
+    is_fast = True
 
     def __init__(self, raw):
         self.raw, self.calls, self.chars = raw, 0, 0
+        self.backend_tokenizer = raw
 
     def encode(self, text, add_special_tokens=False):
         self.calls += 1
@@ -90,3 +95,26 @@ def test_many_typed_parts_tokenise_once(raw):
     assert counting.calls - setup_calls == 5
     assert counting.chars - setup_chars == len("user\n" + text) + 1 + len("assistant\nSure, here it is.") + 10 + 1
     assert int(target.sum()) == len(raw.encode("Sure, here it is.", add_special_tokens=False).ids) + 1
+
+
+def test_text_longer_than_max_length_by_its_bytes_stops_before_tokenising(raw):
+    """384 bytes a token at most (Qwen2.5-VL, NFC): <|im_start|>, "user\n" and 191 parts of 200 bytes prove 101."""
+    counting = CountingTokenizer(raw)
+    tok = QwenTokenizer(counting, cache_size=0)
+    setup_calls = counting.calls
+    conversation = _conversation(["abcdefghij" * 20] * 5000)
+    with pytest.raises(SampleSkipped) as skip:
+        encode_text_chat(conversation, tokenizer=tok, max_length=100)
+    assert skip.value.reason == "too_long"
+    assert skip.value.detail == (
+        "at least 101 tokens (38205 bytes of text held, <= 384 bytes a token) > max_length 100"
+    )
+    assert counting.calls == setup_calls  # nothing of the sample was tokenised
+
+
+def test_the_byte_bound_leaves_samples_within_max_length_unchanged(raw):
+    tok = QwenTokenizer(raw)
+    conversation = _conversation(_splits(TEXT)[-1])
+    ids, target = encode_text_chat(conversation, tokenizer=tok)
+    bounded = encode_text_chat(conversation, tokenizer=tok, max_length=len(ids))
+    assert bounded[0].tolist() == ids.tolist() and bounded[1].tolist() == target.tolist()
