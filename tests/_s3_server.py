@@ -33,6 +33,9 @@ STALL_PREFIX = "stall/"
 #: :data:`DRIP_INTERVAL` seconds: each read gets a byte well within any read timeout, so only a wall-clock bound ends
 #: it (a ranged GET of at most 64 bytes, the shard check's index tail, is answered at once)
 DRIP_PREFIX = "drip/"
+#: the same front, with MSC's multipart threshold at 1 KiB: objects are downloaded by s3transfer's threads (as MSC does
+#: above 64 MiB), not in the calling thread
+PROFILE_MULTIPART = "energon-s3-multipart"
 DRIP_BYTES, DRIP_INTERVAL = 1, 0.5
 BUCKET = "energon-pack-test"
 #: what the tests set in the environment while the server runs (moto accepts any key)
@@ -235,6 +238,7 @@ def s3_server(workdir: str | Path) -> Iterator[S3Store]:
                     "profiles": {
                         PROFILE: profile(endpoint),
                         PROFILE_STALL: profile(f"http://127.0.0.1:{front_port}"),
+                        PROFILE_MULTIPART: profile(f"http://127.0.0.1:{front_port}", multipart_threshold=1024),
                         # nothing listens there: a store that cannot be reached, tried once
                         PROFILE_DOWN: {
                             **profile(f"http://127.0.0.1:{_free_port()}", retries={"max_attempts": 1}),
