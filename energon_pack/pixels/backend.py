@@ -18,6 +18,7 @@ All paths give the same values (tested); only the speed differs.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 from PIL import Image
@@ -25,8 +26,8 @@ from PIL import Image
 from ..env import switched_off
 from . import pixel_simd
 from .layout import PixelSpec, finish, frames_grid, patch_layout_u8, storage_table
-from .pil_pixels import rgbx_view
-from .pil_resample import coefficients, fast_resize_available, resize_rgb
+from .pil_pixels import STRIP_PIXELS, rgb_rows, rgbx_view
+from .pil_resample import coefficients, fast_resize_available, resize_rgb, resize_strips
 
 #: environment variable: "off" makes every worker use the PIL + numpy pixel path (same values)
 PIXEL_KERNELS_ENV = "ENERGON_PACK_PIXEL_KERNELS"
@@ -58,17 +59,17 @@ def compiled(resample: str):
 def resize(rgb: Image.Image, height: int, width: int, resample: str, fast: bool) -> np.ndarray:
     """uint8 [height, width, 3] of an RGB image, resized exactly like ``rgb.resize`` (PIL's bytes);
     ``fast``: :func:`compiled` said yes for ``resample``. Where the SIMD kernels run, they read
-    the pixels in PIL's own memory (no RGB copy first)."""
-    source = None
-    if fast and pixel_simd.available():
-        source = rgbx_view(rgb)
+    the pixels in PIL's own memory (no RGB copy first); an image over :data:`.pil_pixels.STRIP_PIXELS` that
+    they cannot read so is resized a strip of rows at a time, and PIL's own resize reads it in place."""
+    same = (rgb.height, rgb.width) == (height, width)
+    if not (fast or same):
+        return np.asarray(rgb.resize((width, height), resample=RESAMPLE[resample]), dtype=np.uint8)
+    source = rgbx_view(rgb) if fast and pixel_simd.available() else None
+    if source is None and not same and rgb.width * rgb.height > STRIP_PIXELS:
+        return resize_strips(partial(rgb_rows, rgb), rgb.height, rgb.width, height, width, resample, STRIP_PIXELS)
     if source is None:
         source = np.asarray(rgb, dtype=np.uint8)
-    if (rgb.height, rgb.width) == (height, width):
-        return source
-    if fast:
-        return resize_rgb(source, height, width, resample)
-    return np.asarray(rgb.resize((width, height), resample=RESAMPLE[resample]), dtype=np.uint8)
+    return source if same else resize_rgb(source, height, width, resample)
 
 
 def layout(

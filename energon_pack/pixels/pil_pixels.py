@@ -6,7 +6,8 @@ pixels in place (:mod:`.pixel_simd`), so the worker skips that copy: Pillow (11.
 image's memory through the Arrow C data interface (``Image.__arrow_c_array__``, a stable ABI:
 https://arrow.apache.org/docs/format/CDataInterface.html), and :func:`rgbx_view` wraps it as a
 read-only [H, W, 3] array with 4-byte pixel strides that keeps the export (and so the image's
-memory) alive as long as the array lives.
+memory) alive as long as the array lives. An image too large for one block is read a strip of rows at a time
+(:func:`rgb_rows`) instead of through one full-size RGB copy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import ctypes
 
 import numpy as np
 from PIL import Image
+
+#: pixels of a large image converted or resized at a time (a strip of rows): Pillow's block of 4-byte pixels (16 MB),
+#: so an 80-megapixel photo costs its decode and a few strips, not several full-size copies
+STRIP_PIXELS = 1 << 22
 
 
 class _ArrowSchema(ctypes.Structure):
@@ -88,3 +93,10 @@ def rgbx_view(img: Image.Image) -> np.ndarray | None:
     view = np.frombuffer(memory, dtype=np.uint8).reshape(height, width, 4)[:, :, :3]
     view.flags.writeable = False
     return view
+
+
+def rgb_rows(img: Image.Image, y0: int, y1: int) -> np.ndarray:
+    """uint8 [y1 - y0, W, 3]: rows [y0, y1) of an RGB image, copied out of PIL without copying the rest."""
+    strip = img.crop((0, y0, img.width, y1))
+    view = rgbx_view(strip)
+    return view if view is not None else np.asarray(strip, dtype=np.uint8)

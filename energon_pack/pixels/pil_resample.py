@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image
@@ -87,6 +88,34 @@ def _resize(hwc: np.ndarray, out_h: int, out_w: int, resample: str, rule: str) -
         return vertical(cur, ymin, ylen, ycoef) if need_v else cur
     cur = vertical(hwc, ymin, ylen, ycoef) if need_v else hwc
     return horizontal(cur, 0, out_h, out_w, resample) if need_h else cur
+
+
+def resize_strips(
+    read: Callable[[int, int], np.ndarray], height: int, width: int, out_h: int, out_w: int, resample: str, strip: int
+) -> np.ndarray:
+    """:func:`resize_rgb` of a ``height`` x ``width`` source that ``read(y0, y1)`` gives a strip of rows at a time
+    (about ``strip`` source pixels): both passes per strip of output rows, in the installed Pillow's order, so
+    memory is the output and one strip, never the whole source as an array (the bytes are the same: each pass is
+    per row or per output row). Needs :func:`fast_resize_available`."""
+    rule = _verified_rule(resample)
+    if rule is None:
+        raise ValueError(f"resize_strips: no verified compiled resize for {resample!r}")
+    need_h, need_v = out_w != width, out_h != height
+    ymin, ylen, ycoef = coefficients(height, out_h, resample)
+    step = max(1, (strip // max(width, 1)) * out_h // height)
+    out = np.empty((out_h, out_w, 3), dtype=np.uint8)
+    for j0 in range(0, out_h, step):
+        j1 = min(out_h, j0 + step)
+        y0, y1 = (int(ymin[j0]), int((ymin[j0:j1] + ylen[j0:j1]).max())) if need_v else (j0, j1)
+        rows = read(y0, y1)
+        first, count, weights = ymin[j0:j1] - y0, ylen[j0:j1], ycoef[j0:j1]
+        if _horizontal_first(height, width, out_h, out_w, rule):
+            rows = horizontal(rows, 0, y1 - y0, out_w, resample) if need_h else rows
+            out[j0:j1] = vertical(rows, first, count, weights) if need_v else rows
+        else:
+            rows = vertical(rows, first, count, weights) if need_v else rows
+            out[j0:j1] = horizontal(rows, 0, j1 - j0, out_w, resample) if need_h else rows
+    return out
 
 
 #: (source h, w, target h, w): one-axis cases, both orders of Pillow 13, up- and downscaling, and
