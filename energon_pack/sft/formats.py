@@ -165,6 +165,7 @@ def _text_field(record: Mapping, field: str, reason_if_empty: str | None) -> str
 #: the fields that hold a prompt in the records read here: a record whose prompt field is empty while one of these
 #: holds text is a ``prompt_field_mismatch`` skip, never a completion trained with no question
 PROMPT_FIELDS = ("prompt", "instruction", "input")
+_KTO_KEYS = frozenset(KTO_FIELDS)
 #: an alpaca record's prompt fields: with the prompt field one of them, the prompt is :func:`alpaca_prompt`'s
 ALPACA_PROMPT_FIELDS = ("instruction", "input")
 
@@ -268,8 +269,11 @@ class PromptCompletionFormat:
         """The prompt text :meth:`encode` reads from ``record`` (before stripping), or None when it reads more than
         the prompt field (a KTO label, an alpaca record) or skips the prompt: the length pass counts a record by
         its two texts only where this gives one, and leaves every other to :meth:`encode`."""
-        if not isinstance(record, Mapping) or any(record.get(k) is not None for k in KTO_FIELDS):
+        if (type(record) is not dict and not isinstance(record, Mapping)) or not _KTO_KEYS.isdisjoint(record):
             return None
+        prompt = record.get(self.prompt_field)
+        if type(prompt) is str and prompt.strip() and "instruction" not in record:  # the common case, fast
+            return prompt
         try:
             return _prompt_text(record, self.prompt_field)
         except SampleSkipped:

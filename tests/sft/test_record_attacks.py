@@ -175,6 +175,8 @@ def test_gpt_sft_roads_skip_every_undesirable_spelling(tmp_path, fmt, make):
     ds = JsonlSFTDataset(path, TOK, format=fmt, cache_dir=tmp_path / "c")
     assert [i for i in range(len(ds)) if ds.lengths[i] > 0] == DESIRABLE
     assert dict(ds.skips) == COUNTS
+    serial = JsonlSFTDataset(path, TOK, format=fmt, cache_dir=tmp_path / "s", length_batch=False)
+    assert serial.lengths.tolist() == ds.lengths.tolist()  # the batched pass's lean route reads them as encode does
     assert "is 'maybe': a KTO label is true/false" in ds.skip_example("kto_label_unreadable")
     enc = ds[DESIRABLE[1]]
     if fmt == "chat":  # TRL's records train exactly as the same turns written as messages
