@@ -3,6 +3,10 @@ first frame) says 64x64 while a later packet holds a 16000x16000 JPEG (1 MB of z
 frame) peaked at 3.8 GB in the encoder before its ``video_size_mismatch`` skip; the decoder now refuses that frame
 before allocating it."""
 
+import io
+
+import av
+import numpy as np
 import pytest
 
 from _hostile_media import peak_growth_mb, size_changing_mkv
@@ -63,3 +67,29 @@ def test_the_encoder_path_skips_the_hostile_file_by_name(tmp_path):
     with pytest.raises(SampleSkipped) as err:
         video_file_frames(data, plan, preset)
     assert err.value.reason == "video_size_mismatch" and "refused before decoding" in err.value.detail
+
+
+def _mpeg2(side: int, frames: int) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mpeg2video") as container:
+        stream = container.add_stream("mpeg2video", rate=25)
+        stream.width = stream.height = side
+        frame = av.VideoFrame.from_ndarray(np.full((side, side, 3), 90, np.uint8), format="rgb24")
+        for _ in range(frames):
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return buf.getvalue()
+
+
+def test_a_resolution_change_inside_the_stream_is_refused_before_decoding():
+    """Not only MJPEG: a raw MPEG-2 stream whose second sequence header switches from 64x64 to 2048x2048 stops
+    at the first larger frame (the decoder reads one packet ahead, so frame 3 already meets it)."""
+    data = _mpeg2(64, 4) + _mpeg2(2048, 2)
+    assert probe_video(data).num_frames == 6 and probe_video(data).width == 64
+    assert [image.size for image in decode_frames(data, [0, 2])] == [(64, 64)] * 2
+    with pytest.raises(SampleSkipped) as err:
+        list(decode_frames(data, [0, 4]))
+    assert (err.value.reason, err.value.detail) == (
+        "video_size_mismatch",
+        "a frame larger than the header's was refused before decoding, the header said 64x64",
+    )
