@@ -376,7 +376,7 @@ def test_config_errors(tmp_path, capsys):
     with pytest.raises(ConfigError) as err:
         convert(tmp_path / "x.json", tmp_path / "out", format="yaml", progress=False)
     assert err.value.knob == "format"
-    (tmp_path / "odd.json").write_text('[{"prompt": "a", "completion": "b"}]')
+    (tmp_path / "odd.json").write_text('[{"question": "a", "answer": "b"}]')  # prompt + completion is TRL's
     with pytest.raises(ConfigError, match="cannot tell the record shape"):
         convert(tmp_path / "odd.json", tmp_path / "out", progress=False)
     (tmp_path / "file").write_text("")

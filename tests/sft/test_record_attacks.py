@@ -232,11 +232,16 @@ def test_qwen_vl_loader_skips_every_undesirable_spelling(tmp_path):
     assert skips == {reason: 2 * n for reason, n in COUNTS.items()}
 
 
-def test_convert_then_loader_skip_every_undesirable_spelling(tmp_path):
+@pytest.mark.parametrize("makes", [(_chat,), (_trl_chat,), (_chat, _trl_chat, _pc)])
+def test_convert_then_loader_skip_every_undesirable_spelling(tmp_path, makes):
+    """LLaMA-Factory's and TRL's KTO records (TRL's alone too: detected as prompt/completion), written as messages."""
     from energon_pack.cli.convert import convert
 
-    src = _write(tmp_path / "kto.jsonl", _kto_records(_chat))
+    src = _write(tmp_path / "kto.jsonl", [r for make in makes for r in _kto_records(make)])
     s = convert(src, tmp_path / "out", workers=1, progress=False)
-    assert (s.skipped, s.written) == (COUNTS, len(DESIRABLE))
+    assert (s.skipped, s.written) == ({k: n * len(makes) for k, n in COUNTS.items()}, len(DESIRABLE) * len(makes))
+    with wds.WebDataset(str(next((tmp_path / "out").glob("*.tar"))), shardshuffle=False) as written:
+        docs = [json.loads(sample["json"]) for sample in written]
+    assert docs[1] == {"messages": _chat(1, "true")["messages"], ("kto_tag" if makes[0] is _chat else "label"): "true"}
     keys, skips = _load(tmp_path / "out", QwenVLPackingTaskEncoder(tokenizer="demo", seq_length=512))
-    assert len(keys) == len(DESIRABLE) and skips == {}
+    assert len(keys) == len(DESIRABLE) * len(makes) and skips == {}

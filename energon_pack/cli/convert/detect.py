@@ -244,11 +244,13 @@ def _detect_shape(records: list, path: Path) -> str:
         return "llava" if keys["image"] or (not keys["images"] and _mentions_image(dicts)) else "sharegpt"
     if keys["instruction"] and keys["output"]:
         return "alpaca"
+    if keys["prompt"] and keys["completion"]:  # TRL prompt/completion (KTO's too): written as messages turns
+        return "messages"
     raise ConfigError(
         "format",
         f"cannot tell the record shape of {path}: first record keys {sorted(dicts[0])}",
-        "records need 'messages' (OpenAI), 'conversations' (LLaVA/ShareGPT) or 'instruction' + "
-        "'output' (alpaca); pass --format to force",
+        "records need 'messages' (OpenAI), 'conversations' (LLaVA/ShareGPT), 'instruction' + "
+        "'output' (alpaca) or 'prompt' + 'completion' (TRL); pass --format to force",
     )
 
 
@@ -272,12 +274,13 @@ def _open_parquet(files: list, format: str) -> _Source:
         schemas.append(pf.schema_arrow)
         total += pf.metadata.num_rows
     names = schemas[0].names
-    conv = next((c for c in (*_CONVERSATION_KEYS, "texts", "instruction") if c in names), None)
+    trl = ("prompt",) if "completion" in names else ()  # TRL prompt/completion (KTO's too)
+    conv = next((c for c in (*_CONVERSATION_KEYS, "texts", "instruction", *trl) if c in names), None)
     if conv is None:
         raise ConfigError(
             "format",
             f"Parquet columns {names} hold no messages / conversations / conversation / texts "
-            "(nor an alpaca instruction)",
+            "(nor an alpaca instruction, nor a TRL prompt + completion)",
             "the table needs a conversation column",
         )
     img = next((c for c in _IMAGE_KEYS if c in names), None)

@@ -10,11 +10,13 @@ from typing import Any
 
 from energon_pack.chat.conversation import (
     ALPACA_FIELDS,
+    PROMPT_COMPLETION_FIELDS,
     alpaca_turns,
     check_conversation,
     chosen_as_sft,
     normalize_conversation,
     not_sft_reason,
+    prompt_completion_turns,
 )
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
@@ -38,6 +40,8 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
             return key, conv
     if "instruction" in rec:  # alpaca: written as messages turns (its system among them)
         return "messages", alpaca_turns(rec)
+    if all(k in rec for k in PROMPT_COMPLETION_FIELDS):  # TRL prompt/completion (KTO's too): written as messages
+        return "messages", prompt_completion_turns(rec)
     if isinstance(rec.get("texts"), list):  # the_cauldron: [{"user", "assistant", "source"}]
         turns = []
         for t in rec["texts"]:
@@ -51,7 +55,8 @@ def _conversation_of(rec: dict, shape: str) -> tuple[str, Any]:
                 turns.append({"role": "assistant", "content": t["assistant"]})
         return "messages", turns
     raise SampleSkipped(
-        "no_conversation", f"no messages/conversations/conversation/texts/instruction among keys {sorted(rec)[:12]}"
+        "no_conversation",
+        f"no messages/conversations/conversation/texts/instruction/prompt+completion among keys {sorted(rec)[:12]}",
     )
 
 
@@ -128,8 +133,8 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     turns, part_sources, video_part_sources = _split_media_parts(turns)
     refs = _media_refs(rec, _IMAGE_KEYS) or [s for s in part_sources if s is not None]
     video_refs = _media_refs(rec, _VIDEO_KEYS) or [s for s in video_part_sources if s is not None]
-    alpaca = ALPACA_FIELDS if conv_key not in rec else ()
-    dropped = (*_IMAGE_KEYS, *_VIDEO_KEYS, *_CONVERSATION_KEYS, "texts", *alpaca)
+    read = (*ALPACA_FIELDS, *PROMPT_COMPLETION_FIELDS) if conv_key not in rec else ()  # the fields turned into turns
+    dropped = (*_IMAGE_KEYS, *_VIDEO_KEYS, *_CONVERSATION_KEYS, "texts", *read)
     doc = {k: v for k, v in rec.items() if k not in dropped}
     doc[conv_key] = turns
     try:
