@@ -260,6 +260,12 @@ REASON_FIXES = {
     'DPO/ORPO/reward trainer, or train their chosen answers as SFT with preference="chosen" (--preference chosen)',
     "kto_undesirable": "KTO examples labelled false are undesirable answers, never SFT: keep the true ones, or train "
     "with a KTO trainer",
+    "kto_label_unreadable": "a KTO label (kto_tag / label) that is not true/false, 1/0 or 'true'/'false': fix the "
+    "values, or rename the field if it is not a KTO label",
+    "needs_chat_format": 'alpaca records with a system prompt or history need the chat format: format="chat" '
+    "(--format chat)",
+    "prompt_field_mismatch": "the prompt field is empty where another prompt field holds text: name the prompt field "
+    "(prompt_field=, --prompt-field)",
     "video_too_large": "the videos' frames exceed the pixel caps: raise energon_pack.video.probe.MAX_FRAME_PIXELS / "
     "MAX_SAMPLE_PIXELS before the loader starts, or downscale the videos",
 }
