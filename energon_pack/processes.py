@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import hashlib
 import multiprocessing
@@ -51,6 +50,7 @@ _WATCH_S = 0.2  # how often a child forked from a non-main thread checks that it
 _HELD: set[int] = set()  # lock fds this process holds: closed in every child forked meanwhile
 _FORK: dict[str, Any] = {"pid": 0, "main": True}  # who forked (set just before each fork, read in the child)
 _BOUND = False  # this process already dies with its parent
+_DEFER: dict[str, Any] = {"on": False}  # SIGTERM while a pool forks: its SystemExit waits for the fork's end
 
 
 class StaleLockWarning(RuntimeWarning):
@@ -58,10 +58,9 @@ class StaleLockWarning(RuntimeWarning):
 
 
 def _libc_prctl() -> Callable[..., int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name, use_errno=True), "prctl", None) if name else None
-    except OSError:
+    try:  # the running program's symbols, libc's among them (find_library would run ldconfig)
+        return getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    except (OSError, TypeError):
         return None
 
 
@@ -132,6 +131,20 @@ class KeptProcesses(type(multiprocessing.get_context(START_METHOD))):  # type: i
         return proc
 
 
+class _Pool(ProcessPoolExecutor):
+    """Its ``submit`` (which forks the workers) defers SIGTERM's SystemExit to its own end: raised inside an
+    at-fork callback (``logging``'s, ours), Python would swallow it."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        _DEFER["on"] = True
+        try:
+            return super().submit(*args, **kwargs)
+        finally:
+            _DEFER["on"] = False
+            if _DEFER.pop("signum", None) is not None:
+                raise SystemExit(128 + signal.SIGTERM)
+
+
 def _init_worker(initializer: Callable[..., Any] | None, initargs: tuple) -> None:
     die_with_parent()
     if initializer is not None:
@@ -149,7 +162,7 @@ def process_pool(
     the submitted tasks; an exception (SIGTERM's SystemExit, Ctrl-C, a failed task) cancels the pending tasks and
     ends the workers (SIGTERM, then SIGKILL after :data:`END_WAIT_S`) instead of waiting for them."""
     ctx = KeptProcesses() if context is None else context
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(initializer, initargs))
+    pool = _Pool(workers, mp_context=ctx, initializer=_init_worker, initargs=(initializer, initargs))
     try:
         yield pool
     except BaseException:
@@ -175,8 +188,28 @@ def end_processes(processes: list[Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- SIGTERM
+#: seconds SIGTERM leaves for ``finally`` blocks before the process exits regardless (a SystemExit raised inside a
+#: finaliser or another library's callback is swallowed by Python)
+TERM_GRACE_S = 15.0
+
+
 class _ExitOnSigterm:
+    """SIGTERM's handler: SystemExit(143) for the cleanup, and an exit regardless after :data:`TERM_GRACE_S` (or at
+    a second SIGTERM); the workers, bound to this process, die with it."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
     def __call__(self, signum: int, frame: Any) -> None:
+        if self.hit:
+            os._exit(128 + signum)
+        self.hit = True
+        timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
+        timer.daemon = True
+        timer.start()
+        if _DEFER["on"]:  # forking: raised when the fork is over (_Pool.submit)
+            _DEFER["signum"] = signum
+            return
         raise SystemExit(128 + signum)
 
 
