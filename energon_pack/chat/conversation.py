@@ -3,12 +3,15 @@
 Accepted: ``[{"role", "content"}]`` (content a string or a list of OpenAI/HF-style parts),
 LLaVA/ShareGPT ``[{"from", "value"}]``, a dict wrapping ``messages`` / ``conversations`` /
 ``conversation`` (JSON strings accepted; a ``system`` string beside them is the system turn when
-the turns have none, as in LLaMA-Factory's ShareGPT files), or a LLaMA-Factory alpaca record
-(:func:`alpaca_turns`). ``<image>`` / ``<video>`` in text are placeholders. Every unusable shape
+the turns have none, as in LLaMA-Factory's ShareGPT files), a LLaMA-Factory alpaca record
+(:func:`alpaca_turns`) or a TRL prompt/completion record, standard or conversational
+(:func:`prompt_completion_turns`). ``<image>`` / ``<video>`` in text are placeholders. Every unusable shape
 raises :class:`~energon_pack.errors.SampleSkipped` with a reason; a role other than system / user
 / assistant / tool (after :data:`ROLE_ALIASES`) is ``unknown_role``, never a literal turn.
 Preference records (DPO/ORPO/reward ``chosen``/``rejected``, LLaMA-Factory ranking) are a ``preference_data``
-skip unless ``preference="chosen"`` asks to train their chosen answer as SFT (:func:`chosen_as_sft`).
+skip unless ``preference="chosen"`` asks to train their chosen answer as SFT (:func:`chosen_as_sft`). A KTO label
+(LLaMA-Factory ``kto_tag``, TRL ``label``) is read by one rule on every road (:func:`kto_label`): false is a
+``kto_undesirable`` skip, a value it cannot read a ``kto_label_unreadable`` skip, true trains as SFT.
 
 Tool calls from every accepted format end in one shape: an assistant turn's
 :attr:`Message.tool_calls`, role ``tool`` for results, :attr:`Conversation.tools` for the

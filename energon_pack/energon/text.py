@@ -70,8 +70,10 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             silently). Default None: there is no model to take a tokenizer from, so None means the demo
             tokenizer with a loud ``DemoTokenizerWarning`` rather than a silent default.
         format: the record format: ``"prompt_completion"`` (``prompt`` / ``completion`` fields, loss on the
-            completion, EOS appended) or ``"chat"`` (``messages`` / ``conversations`` / ``conversation`` or
-            alpaca records rendered as ChatML, loss on the assistant turns). Default ``"prompt_completion"``:
+            completion, EOS appended; alpaca records with ``prompt_field="instruction", completion_field="output"``;
+            a KTO ``label`` / ``kto_tag`` false, 0 or "false" is a ``kto_undesirable`` skip) or ``"chat"``
+            (``messages`` / ``conversations`` / ``conversation``, alpaca or TRL prompt/completion records rendered
+            as ChatML, loss on the assistant turns). Default ``"prompt_completion"``:
             the plainest GPT-SFT record, which needs no chat template.
         config: the packing knobs (width, alignment, budgets, packer knobs, skip policy; see
             :class:`PackingConfig`). Default None: ``PackingConfig()`` (width 8192, no alignment, carry

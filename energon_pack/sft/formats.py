@@ -3,7 +3,8 @@
 * :class:`PromptCompletionFormat`: ``[bos] + tok(template(prompt)) + tok(separator + completion)
   + [eos]``; loss on separator + completion + EOS (``loss="completion"``) or everything
   (``"full"``), Megatron-Bridge's ``PromptCompletionSFTPreprocessingConfig`` semantics. The chat
-  template is never used.
+  template is never used. An alpaca record's prompt is its instruction and input, as the chat road
+  reads it; a KTO label false is a ``kto_undesirable`` skip, as on the chat road (:func:`_prompt_text`).
 * :class:`ChatFormat`: ``messages`` (role/content), ShareGPT ``conversations`` (from/value) or
   LLaMA-Factory records (alpaca ``instruction`` / ``input`` / ``output`` / ``history``; ShareGPT
   with ``function_call`` / ``observation`` turns and ``tools``; see
