@@ -270,11 +270,21 @@ def _unwrapped_timeout(method: Any) -> Any:
 
 
 def _watch_bodies(client: Any) -> None:
-    """Hand the GetObject bodies of ``client``'s S3 connection to :func:`_deadline_body` (once per connection)."""
+    """Hook ``client``'s S3 connection (once per connection): its GetObject bodies end at the deadline
+    (:func:`_deadline_body`), and botocore starts no new try of a request after it (:func:`_no_try_after_deadline`)."""
     s3 = getattr(getattr(client, "_storage_provider", None), "_s3_client", None)
     events = getattr(getattr(s3, "meta", None), "events", None)
     if events is not None:
         events.register("after-call.s3.GetObject", _deadline_body, unique_id=f"{__name__}.deadline_body")
+        events.register("before-send.s3", _no_try_after_deadline, unique_id=f"{__name__}.no_try_after_deadline")
+
+
+def _no_try_after_deadline(**_: Any) -> None:
+    """botocore's ``before-send`` hook: inside a bounded call whose budget is spent, the next try of a request (botocore
+    retries a timed-out one up to 3 times) is not sent; the error ends botocore's retries (it is not one it retries)."""
+    deadline = getattr(_LOCAL, "deadline", None)
+    if _STATE["budget"] is not None and deadline is not None and time.monotonic() >= deadline:
+        raise WaitBudgetTimeout(f"the {_STATE['budget']:g} s wait budget was spent before botocore's next try")
 
 
 def _deadline_body(parsed: Any = None, **_: Any) -> None:
@@ -287,13 +297,14 @@ def _deadline_body(parsed: Any = None, **_: Any) -> None:
     parsed["Body"] = _DeadlineBody(parsed["Body"], deadline, budget)
 
 
-class BodyTimeout(Exception):
-    """A response body still arriving at the wait budget's end (not an OSError: s3transfer retries those)."""
+class WaitBudgetTimeout(Exception):
+    """The wait budget spent with a body still arriving or before a request's next try (not an OSError: s3transfer
+    retries those)."""
 
 
 class _DeadlineBody:
     """A botocore ``StreamingBody`` whose reads end at ``deadline``: a read still running then has its socket shut
-    down and raises :class:`BodyTimeout`. A store that sends a byte now and then passes every read timeout; only a
+    down and raises :class:`WaitBudgetTimeout`. A store that sends a byte now and then passes every read timeout; only a
     wall-clock bound on the body ends it."""
 
     def __init__(self, body: Any, deadline: float, budget: float) -> None:
@@ -310,13 +321,15 @@ class _DeadlineBody:
         sock = _socket_of(self._body)
         if left <= 0 and sock is not None:
             self._body.close()
-            raise BodyTimeout(f"the body was still arriving after the {self._budget:g} s wait budget")
+            raise WaitBudgetTimeout(f"the body was still arriving after the {self._budget:g} s wait budget")
         cut = _Cut(sock, left) if sock is not None else None
         try:
             return read(arg)
         except Exception:
             if cut is not None and cut.fired:
-                raise BodyTimeout(f"the body was still arriving after the {self._budget:g} s wait budget") from None
+                raise WaitBudgetTimeout(
+                    f"the body was still arriving after the {self._budget:g} s wait budget"
+                ) from None
             raise
         finally:
             if cut is not None:
