@@ -44,10 +44,10 @@ BYTE_BOUND_MIN_BYTES = 1 << 20
 LENGTHS_VERSION = 2  # 2: control tokens in text and lone surrogates are skips
 
 
-#: the prompt/completion field names read without flags, in order: ours (TRL's), alpaca's (read as alpaca is, its
-#: ``input`` joined to the ``instruction``: :func:`energon_pack.sft.formats._prompt_text`), then NeMo /
-#: Megatron-Bridge GPT-SFT's ``{"input", "output"}``
-FIELD_PAIRS = (("prompt", "completion"), ("instruction", "output"), ("input", "output"))
+#: the prompt/completion field names read without flags, in order: ours (TRL's), NeMo / Megatron-Bridge GPT-SFT's
+#: ``{"input", "output"}``, then alpaca's without ``input``; a record with an ``instruction`` is read as alpaca is
+#: under either of the last two (:func:`energon_pack.sft.formats._prompt_text`)
+FIELD_PAIRS = (("prompt", "completion"), ("input", "output"), ("instruction", "output"))
 #: how many leading records decide the field pair
 FIELD_SNIFF_LINES = 64
 
@@ -244,8 +244,8 @@ class JsonlSFTDataset:
             return texts if texts is not None and self._byte_gate(sum(map(len, texts))) else None
         if not isinstance(fmt, PromptCompletionFormat):
             return None
-        prompt, completion = record.get(fmt.prompt_field), record.get(fmt.completion_field)
-        if type(prompt) is not str or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
+        prompt, completion = fmt.plain_prompt(record), record.get(fmt.completion_field)  # None: the format decides
+        if prompt is None or type(completion) is not str or not self._byte_gate(len(prompt) + len(completion)):
             return None
         if not completion.strip():
             return None

@@ -52,11 +52,19 @@ def _split(ids, target) -> tuple[str, str]:
     return TOK.decode([int(t) for t in ids[:first]]), TOK.decode([int(t) for t in ids[first:]])
 
 
+def _trained(enc) -> tuple[str, str]:
+    """:func:`_split` of an encoded record."""
+    return _split(enc.input_ids, enc.target_mask)
+
+
 # ---------------------------------------------------------------------------------------------- alpaca, the reader
-def test_prompt_completion_reads_alpaca_records_as_alpaca_does():
+def test_prompt_completion_reads_alpaca_records_as_alpaca_does(tmp_path):
+    no_input = JsonlSFTDataset(_write(tmp_path / "a.jsonl", [ALPACA[2]] * 3), TOK, cache_dir=tmp_path / "c")
+    assert (no_input.format.prompt_field, no_input.format.completion_field) == ("instruction", "output")  # sniffed
+    assert no_input.skips == {} and _trained(no_input[0]) == ALPACA_TRAINED[2]
     for field in ("input", "instruction"):  # the sniffed NeMo pair and the alpaca pair give the same samples
         fmt = PromptCompletionFormat(TOK, prompt_field=field, completion_field="output")
-        assert [_split(*(e.input_ids, e.target_mask)) for e in map(fmt.encode, ALPACA[:3])] == ALPACA_TRAINED
+        assert [_trained(fmt.encode(r)) for r in ALPACA[:3]] == ALPACA_TRAINED
     # the one rule: the prompt is exactly the user turn the chat road builds from the same record
     assert [alpaca_turns(r)[-2]["content"] for r in ALPACA[:3]] == [p for p, _ in ALPACA_TRAINED]
     fmt = PromptCompletionFormat(TOK, prompt_field="input", completion_field="output")
@@ -78,7 +86,7 @@ def test_prompt_completion_reads_alpaca_records_as_alpaca_does():
             fmt.encode(record)
         assert (err.value.reason, err.value.detail[: len(detail)]) == (reason, detail)
     plain = PromptCompletionFormat(TOK)  # an empty prompt with no other prompt field still trains (NeMo allows it)
-    assert _split(*(lambda e: (e.input_ids, e.target_mask))(plain.encode({"prompt": "", "completion": "ok"}))) == (
+    assert _trained(plain.encode({"prompt": "", "completion": "ok"})) == (
         "",
         "ok" + EOS,
     )
@@ -183,7 +191,7 @@ def test_gpt_sft_roads_skip_every_undesirable_spelling(tmp_path, fmt, make):
         ids, target = encode_text_chat(_chat(DESIRABLE[1], True), tokenizer=TOK, config=ChatConfig())
         assert (enc.input_ids.tolist(), enc.target_mask.tolist()) == (ids.tolist(), target.tolist())
     else:
-        assert _split(enc.input_ids, enc.target_mask) == ("question 1", "answer 1" + EOS)
+        assert _trained(enc) == ("question 1", "answer 1" + EOS)
 
 
 def _total_skips(batches) -> dict[str, int]:
@@ -245,3 +253,20 @@ def test_convert_then_loader_skip_every_undesirable_spelling(tmp_path, makes):
     assert docs[1] == {"messages": _chat(1, "true")["messages"], ("kto_tag" if makes[0] is _chat else "label"): "true"}
     keys, skips = _load(tmp_path / "out", QwenVLPackingTaskEncoder(tokenizer="demo", seq_length=512))
     assert len(keys) == len(DESIRABLE) * len(makes) and skips == {}
+
+
+def test_the_byte_bound_reads_records_as_the_format_does(tmp_path, monkeypatch):
+    """A line too long by its bytes alone: a KTO-undesirable one stays ``kto_undesirable`` (the format decides) and an
+    alpaca one is bounded by its instruction, which the format trains (not by its empty ``input``)."""
+    from energon_pack.sft import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "BYTE_BOUND_MIN_BYTES", 0)
+    lines = [
+        {"input": "Hi", "output": "x" * 600, "label": "false"},
+        {"instruction": "x" * 600, "input": "", "output": "ok"},
+        {"input": "Hi", "output": "ok", "label": "1"},
+    ]
+    ds = JsonlSFTDataset(_write(tmp_path / "d.jsonl", lines), TOK, max_length=16, cache_dir=tmp_path / "c")
+    lengths, reasons, details, _ = ds.compute_lengths(workers=1, batch=True)
+    assert [reasons[-1 - n] if n < 0 else n for n in lengths] == ["kto_undesirable", "too_long", 4]
+    assert details[2] == "line 2: at least 38 tokens (602 bytes of text, <= 16 bytes a token) > max_length 16"
