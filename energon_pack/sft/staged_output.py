@@ -120,7 +120,8 @@ def _link_files(src: Path, dst: Path) -> None:
 def _no_space(out: Path, exc: OSError) -> ConfigError:
     return ConfigError(
         "out",
-        f"no space left on the device of {out} (writing {exc.filename or out}); the old output is kept",
+        f"no space left on the device of {out}{f' (writing {exc.filename})' if exc.filename else ''}; the old output "
+        "is kept",
         f"free space on the disk of {out.parent} or write the packs to a folder on a larger disk (the run needs "
         "about 4 bytes a token for the token file plus the packs, until it ends)",
     )

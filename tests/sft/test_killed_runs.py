@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -18,14 +17,13 @@ import pytest
 from test_pack_offline import _write_pc
 
 from _bridge_light import tiny_tokenizer
+from _killed import ENV, ROOT, alive, started_workers, still_alive
 from energon_pack.errors import ConfigError
 from energon_pack.processes import StaleLockWarning, holder_note
 from energon_pack.sft import staged_output as so
 from energon_pack.sft.pack_offline import pack_offline
 
 pytest.importorskip("pyarrow")
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
 
 #: the real command, its length-pass workers forced on (a small file: the 32 MiB threshold lowered) and held in
 #: their first task, so the test kills the run while they run
@@ -41,42 +39,6 @@ lp._length_range = slow  # the forked workers call it
 from energon_pack.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def still_alive(pids: list[int], within: float = 5.0) -> list[int]:
-    """The processes of ``pids`` still alive after ``within`` seconds (at once when all are gone)."""
-    deadline = time.monotonic() + within
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
-def started_workers(proc: subprocess.Popen, count: int, within: float = 120.0) -> list[int]:
-    """The pids of ``proc``'s children once it has ``count`` of them (it failing or timing out fails the test)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        main = psutil.Process(proc.pid)
-        children = [c.pid for c in main.children(recursive=True) if _cmdline(c) == _cmdline(main)]  # forked
-        if len(children) >= count:
-            return children
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"no {count} workers within {within} s: {proc.communicate()}")
-
-
-def _cmdline(proc: psutil.Process) -> list[str] | None:
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return None
 
 
 def _siblings(out: Path) -> list[str]:
@@ -127,7 +89,7 @@ def test_a_lock_left_to_a_killed_runs_orphans_is_taken_over_with_one_warning(tmp
     assert killed.returncode == -signal.SIGKILL
     holder = int(lock.read_text().split()[0].removeprefix("pid="))
     orphans = [p.pid for p in psutil.process_iter() if p.pid != os.getpid() and _holds(p, lock)]
-    assert len(orphans) == 1 and orphans[0] != holder and _alive(orphans[0])  # the orphan holds the lock
+    assert len(orphans) == 1 and orphans[0] != holder and alive(orphans[0])  # the orphan holds the lock
     with pytest.warns(StaleLockWarning) as caught:
         summary = pack_offline(src, out, seq_length=256, tokenizer=tiny_tokenizer(), cache_dir=tmp_path / "cache")
     assert [str(w.message) for w in caught] == [
