@@ -22,7 +22,7 @@ import io
 from typing import Any
 
 from energon_pack.errors import ConfigError
-from energon_pack.storage import msc_missing
+from energon_pack.object_waits import msc_missing
 
 #: a read-ahead that brings about a hundred demo samples per request (their mean is ~11 KB)
 DEFAULT_READ_AHEAD = 1 << 20

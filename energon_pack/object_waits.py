@@ -30,7 +30,6 @@ import warnings
 from typing import Any
 
 from energon_pack.errors import ConfigError
-from energon_pack.storage import msc_missing
 
 #: seconds to open a connection to the store, for profiles that set no ``connect_timeout``
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -102,6 +101,13 @@ _OWN_LINE = re.compile(
     r"(?P<waited>\d+(?:\.\d+)?) s \(attempt (?P<attempts>\d+) .*\))\. Fix: (?P<fix>.*)$",
     re.MULTILINE,
 )
+
+
+def msc_missing(exc: ImportError) -> ConfigError:
+    """The one-line error for a missing multi-storage-client (the ``s3`` extra)."""
+    return ConfigError(
+        "object storage", f"multi-storage-client is not importable ({exc})", "pip install 'energon-pack[s3]'"
+    )
 
 
 def _root_name(exc: BaseException) -> str:

@@ -58,13 +58,6 @@ def epath(path: Any) -> Any:
         ) from None
 
 
-def msc_missing(exc: ImportError) -> ConfigError:
-    """The one-line error for a missing multi-storage-client (the ``s3`` extra)."""
-    return ConfigError(
-        "object storage", f"multi-storage-client is not importable ({exc})", "pip install 'energon-pack[s3]'"
-    )
-
-
 @contextlib.contextmanager
 def store_errors(url: Any) -> Iterator[None]:
     """A failed request to the store (endpoint, credentials, bucket: MSC raises RuntimeError, boto
