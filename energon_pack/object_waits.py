@@ -1,20 +1,25 @@
-"""Bounded waits on object storage: a stalled object fails within a budget, in one error that names it.
+"""Bounded waits on object storage, by default: a stalled or dripping object fails within a budget, in one error
+that names it.
 
 multi-storage-client (1.3) waits up to 60 s to connect and 60 s for each read of an S3 answer, lets
 botocore retry a request up to 3 times and retries the whole call 3 times more: a store that accepts a
 request and never answers holds a loader worker for about 9-15 minutes per object, with nothing said
-but retry warnings. :func:`configure_object_waits` sets the connect and read timeouts of the S3
+but retry warnings, and one that sends a byte now and then (each read gets one within any read timeout)
+holds it for good. :func:`configure_object_waits` sets the connect and read timeouts of the S3
 profiles that do not set their own (``connect_timeout`` / ``read_timeout`` in the MSC config keep
-theirs) and puts a wall-clock budget on MSC's retries of a read: once the next attempt could not
-finish within ``wait_budget`` seconds, the call ends in :class:`ObjectStoreTimeout` naming the object,
-the time waited and the knob. An object that is missing stays ``FileNotFoundError``; a denied one
-``PermissionError``.
+theirs) and puts a wall-clock budget on a read: MSC's retries start no attempt that could not finish within
+``wait_budget`` seconds, botocore sends no new try after it, and a response body still arriving then is cut off
+(its socket shut down). The call ends in :class:`ObjectStoreTimeout` naming the object, the time waited and the
+knob, also from a loader worker (MSC's ``OSError`` wrapper is taken off; torch's re-raise keeps our line). An
+object that is missing stays ``FileNotFoundError``; a denied one ``PermissionError``.
 
-It replaces the timeout defaults of MSC's S3 provider module and three methods of its
-``SingleStorageClient`` (``read``, ``download_file``: retried; ``info``: one HEAD) in this process;
-loader workers forked afterwards (Energon's default on Linux) inherit it. Call it before the loader
-or any ``msc://`` path is built: a storage client keeps the timeouts it was made with. The
-``energon-pack`` commands call it for every run (``--object-timeout``, ``--object-wait-budget``).
+It replaces the timeout defaults of MSC's S3 provider module, three methods of its ``SingleStorageClient``
+(``read``, ``download_file``: retried; ``info``: one HEAD) and ``ObjectFile._wait_for_download`` in this process,
+and hooks botocore's events of MSC's S3 clients; loader workers forked afterwards (Energon's default on Linux)
+inherit it. :func:`install_default_object_waits` installs the defaults when one of our task encoders or an
+``msc://`` :func:`~energon_pack.storage.epath` is built, unless the user called :func:`configure_object_waits`
+(``wait_budget=None``: MSC's own waits, kept). The ``energon-pack`` commands call it for every run
+(``--object-timeout``, ``--object-wait-budget``).
 """
 
 from __future__ import annotations
