@@ -4,9 +4,9 @@ Accepted: ``[{"role", "content"}]`` (content a string or a list of OpenAI/HF-sty
 LLaVA/ShareGPT ``[{"from", "value"}]``, a dict wrapping ``messages`` / ``conversations`` /
 ``conversation`` (JSON strings accepted; a ``system`` string beside them is the system turn when
 the turns have none, as in LLaMA-Factory's ShareGPT files), a LLaMA-Factory alpaca record
-(:func:`alpaca_turns`) or a TRL prompt/completion record, standard or conversational
-(:func:`prompt_completion_turns`). ``<image>`` / ``<video>`` in text are placeholders. Every unusable shape
-raises :class:`~energon_pack.errors.SampleSkipped` with a reason; a role other than system / user
+(:func:`alpaca_turns`) or a TRL conversational prompt/completion record (:func:`prompt_completion_turns`; its
+strings form is prompt/completion data, not chat). ``<image>`` / ``<video>`` in text are placeholders. Every
+unusable shape raises :class:`~energon_pack.errors.SampleSkipped` with a reason; a role other than system / user
 / assistant / tool (after :data:`ROLE_ALIASES`) is ``unknown_role``, never a literal turn.
 Preference records (DPO/ORPO/reward ``chosen``/``rejected``, LLaMA-Factory ranking) are a ``preference_data``
 skip unless ``preference="chosen"`` asks to train their chosen answer as SFT (:func:`chosen_as_sft`). A KTO label
@@ -365,13 +365,19 @@ def normalize_conversation(conversation: Any, *, preference: str = "refuse") -> 
             conv = alpaca_turns(conv)
             break
         if key is None and all(k in conv for k in PROMPT_COMPLETION_FIELDS):
-            conv = prompt_completion_turns(conv)
+            if not any(isinstance(conv[k], list) for k in PROMPT_COMPLETION_FIELDS):
+                raise SampleSkipped(
+                    "bad_conversation",
+                    'prompt/completion strings, not chat turns: read them with format="prompt_completion" '
+                    "(--format prompt_completion), or write TRL's conversational form (lists of turns)",
+                )
+            conv = prompt_completion_turns(conv)  # TRL conversational (KTO's form too)
             break
         if key is None:
             raise SampleSkipped(
                 "bad_conversation",
-                "dict without messages/conversations/conversation (nor an alpaca instruction/output, nor a TRL "
-                "prompt/completion)",
+                "dict without messages/conversations/conversation (nor an alpaca instruction/output, nor TRL's "
+                "conversational prompt/completion)",
             )
         system = conv.get("system", system)
         conv = conv[key]

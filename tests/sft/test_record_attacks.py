@@ -177,7 +177,7 @@ def _trl_chat(i, label):  # TRL's conversational KTO record
     }
 
 
-@pytest.mark.parametrize("fmt, make", [("prompt_completion", _pc), ("chat", _chat), ("chat", _trl_chat), ("chat", _pc)])
+@pytest.mark.parametrize("fmt, make", [("prompt_completion", _pc), ("chat", _chat), ("chat", _trl_chat)])
 def test_gpt_sft_roads_skip_every_undesirable_spelling(tmp_path, fmt, make):
     path = _write(tmp_path / "kto.jsonl", _kto_records(make))
     ds = JsonlSFTDataset(path, TOK, format=fmt, cache_dir=tmp_path / "c")
@@ -192,6 +192,18 @@ def test_gpt_sft_roads_skip_every_undesirable_spelling(tmp_path, fmt, make):
         assert (enc.input_ids.tolist(), enc.target_mask.tolist()) == (ids.tolist(), target.tolist())
     else:
         assert _trained(enc) == ("question 1", "answer 1" + EOS)
+
+
+def test_trl_string_records_on_the_chat_road_name_the_prompt_completion_format():
+    """TRL's standard (strings) form is prompt/completion data: on the chat road a skip naming the format that reads
+    it (its conversational form reads as chat, above)."""
+    with pytest.raises(SampleSkipped) as err:
+        encode_text_chat(_pc(0, True), tokenizer=TOK, config=ChatConfig())
+    assert (err.value.reason, err.value.detail) == (
+        "bad_conversation",
+        'prompt/completion strings, not chat turns: read them with format="prompt_completion" (--format '
+        "prompt_completion), or write TRL's conversational form (lists of turns)",
+    )
 
 
 def _total_skips(batches) -> dict[str, int]:

@@ -27,7 +27,7 @@ def _loader(ds, sampler, workers=0):
 
 
 def test_wrong_field_names_raise_all_skipped_naming_reason_count_example_and_fix(tmp_path):
-    path = _write(tmp_path / "alpaca.jsonl", [{"instruction": f"q{i}", "output": "a"} for i in range(999)])
+    path = _write(tmp_path / "qa.jsonl", [{"question": f"q{i}", "answer": "a"} for i in range(999)])
     ds = JsonlSFTDataset(path, "demo", max_length=WIDTH, cache_dir=tmp_path)
     assert ds.skips == {"missing_field": 999}
     with pytest.raises(AllSkippedError) as err:  # before a DataLoader could yield zero batches
@@ -35,7 +35,7 @@ def test_wrong_field_names_raise_all_skipped_naming_reason_count_example_and_fix
     msg = str(err.value)
     assert f"over {path}: all 999 lines were skipped" in msg
     assert "skips by reason: missing_field: 999." in msg
-    assert "Example (missing_field): line 1: no 'prompt' field (has ['instruction', 'output'])." in msg
+    assert "Example (missing_field): line 1: no 'prompt' field (has ['answer', 'question'])." in msg
     assert (
         "format='prompt_completion' (it reads 'prompt' / 'completion': rename with prompt_field= / completion_field=)"
         in msg
@@ -50,7 +50,7 @@ def test_wrong_field_names_raise_all_skipped_naming_reason_count_example_and_fix
             attempt()
     # renaming the fields is the fix
     fixed = JsonlSFTDataset(
-        path, "demo", max_length=WIDTH, cache_dir=tmp_path, prompt_field="instruction", completion_field="output"
+        path, "demo", max_length=WIDTH, cache_dir=tmp_path, prompt_field="question", completion_field="answer"
     )
     assert sum(len(b) for b in TokenBudgetBatchSampler(fixed, WIDTH)) == 999
 
