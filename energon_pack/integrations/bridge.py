@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -66,6 +68,8 @@ __all__ = [
     "read_bridge_dataset",
     "to_bridge_batch",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: The keys of a converted batch that Bridge's VLM step reads (``tokens`` is not emitted: the step
 #: falls back to ``input_ids`` when it is absent, as with Bridge's own Qwen-VL encoder).
@@ -356,14 +360,107 @@ def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
     )
 
 
-#: Why MTP stays refused on packs. Bridge PR #5990 (merged 2026-09-07) allows MTP with native Energon packing and
-#: relies on Megatron-Core >= 0.19's ``process_mtp_loss`` to mask the MTP loss at packed boundaries; the newest
-#: Bridge release checked here (0.6.2, the test wheel) predates it and ships no such masking of its own, so nothing
-#: verifiable guarantees that no MTP target crosses one of our segment boundaries.
-MTP_ON_PACKS = (
-    "MTP on packs needs its loss masked at segment boundaries (Megatron-Bridge PR #5990 with Megatron-Core >= "
-    "0.19), which no Megatron-Bridge release up to 0.6.2 contains"
-)
+#: The first Megatron-Core whose MTP roll (``roll_tensor(..., packed_seq_params=)``, MCore PR #2173) keeps every
+#: MTP target inside its packed sequence; GPTModel rolls ``labels`` and ``loss_mask`` with it once per MTP depth.
+#: Bridge PR #5990 (2026-09-07) only lifted Bridge's own guard against MTP with native Energon packing.
+MTP_PACKED_MCORE = "0.16.0"
+
+
+def _mcore_mtp_roll() -> Any:
+    """Megatron-Core's MTP ``roll_tensor`` (``roll``), ``PackedSeqParams`` (``params``), ``version`` and whether the
+    roll takes ``packed_seq_params`` (``packed``), or None where Megatron-Core is not importable here (or is only
+    a test stand-in)."""
+    import inspect
+
+    try:
+        import megatron.core as mcore
+        from megatron.core.packed_seq_params import PackedSeqParams
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+    except ImportError:
+        return None
+    if not inspect.isfunction(roll_tensor):
+        return None
+    packed = "packed_seq_params" in inspect.signature(roll_tensor).parameters
+    return SimpleNamespace(roll=roll_tensor, params=PackedSeqParams, version=mcore.__version__, packed=packed)
+
+
+def _mtp_roll_follows_padded_segments(mcore: Any) -> bool:
+    """Whether ``mcore.roll`` keeps MTP targets inside segments that carry alignment padding, probed on an
+    8-token pack as Bridge passes it (logical ``cu_seqlens_q`` [0, 2, 5], physical ``_padded`` [0, 4, 8])."""
+    logical, physical = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 4, 8], dtype=torch.int32)
+    mask = torch.tensor([[1.0, 1, 0, 0, 1, 1, 1, 0]])  # segment 0 at 0-1, segment 1 at 4-6, gaps at 2-3 and 7
+    params = mcore.params(
+        qkv_format="thd",
+        cu_seqlens_q=logical,
+        cu_seqlens_kv=logical,
+        cu_seqlens_q_padded=physical,
+        cu_seqlens_kv_padded=physical,
+        max_seqlen_q=4,
+        max_seqlen_kv=4,
+    )
+    try:
+        labels, _ = mcore.roll(torch.arange(1, 9).unsqueeze(0), shifts=-1, dims=-1, packed_seq_params=params)
+        rolled, _ = mcore.roll(mask, shifts=-1, dims=-1, packed_seq_params=params)
+    except Exception:  # noqa: BLE001 (a roll that fails on the probe is not shown to handle padded packs)
+        return False
+    kept = rolled[0].nonzero().flatten().tolist()
+    return kept == [0, 4, 5] and labels[0, kept].tolist() == [2, 6, 7]
+
+
+def _pack_alignment(cfg: Any, task_encoder: Any) -> tuple[int, str]:
+    """The segment alignment of the packs that train (the encoder's when known, else what ``cfg``'s parallel
+    sizes call for; 0 when they are no sizes) and the knobs behind it, in words."""
+    sizes = {
+        k: _get(cfg, k, None)
+        for k in (
+            "model.context_parallel_size",
+            "model.tensor_model_parallel_size",
+            "model.sequence_parallel",
+            "dist.eval_context_parallel_size",
+        )
+    }
+    shown = {k: v for k, v in sizes.items() if v is True or v not in (None, 1, False)}  # True == 1: kept
+    words = ", ".join(f"{k}={v}" for k, v in shown.items()) or "the task encoder's"
+    if task_encoder is not None:
+        return task_encoder.layout.pad_multiple, words
+    cp, tp, sp, eval_cp = sizes.values()
+    try:
+        return alignment_multiple(cp or 1, tp or 1, bool(sp), eval_cp), words
+    except ConfigError:  # a size that is no size, named by the checks below
+        return 0, words
+
+
+def _mtp_on_packs_error(mtp: int, alignment: int, parallel: str) -> ConfigError | None:
+    """MTP on packs is right where Megatron-Core rolls MTP targets within each packed sequence (GPTModel rolls
+    ``labels`` and ``loss_mask`` by the ``cu_seqlens_q`` Bridge passes) and those are where our segments lie:
+    always at alignment 1 (no gap between segments; the fixed-width tail is label -100, loss 0), at alignment > 1
+    only where the roll follows padded segments (probed). Without Megatron-Core here: allowed at alignment 1
+    with a logged warning saying what is assumed."""
+    mcore = _mcore_mtp_roll()
+    fix = "set model.mtp_num_layers=None to train on packs"
+    if mcore is not None and not mcore.packed:
+        return ConfigError(
+            "model.mtp_num_layers",
+            f"is {mtp}; Megatron-Core {mcore.version}'s MTP rolls labels across packed segment boundaries (its "
+            "roll_tensor takes no packed_seq_params), so each segment's last tokens learn the next segment's",
+            f"install Megatron-Core >= {MTP_PACKED_MCORE}, or {fix}",
+        )
+    if alignment != 1 and (mcore is None or not _mtp_roll_follows_padded_segments(mcore)):
+        who = f"Megatron-Core {mcore.version}" if mcore is not None else "Megatron-Core (not importable here)"
+        return ConfigError(
+            "model.mtp_num_layers",
+            f"is {mtp} on packs aligned to {alignment or '?'} ({parallel}): {who} rolls the MTP labels and loss mask "
+            "by the unpadded cu_seqlens_q over padded segments, so MTP targets land on the wrong tokens",
+            "train MTP with model.context_parallel_size=1 and model.sequence_parallel=False or "
+            f"model.tensor_model_parallel_size=1 (alignment 1), or {fix}",
+        )
+    if mcore is None:
+        _log.warning(
+            "MTP on packs: Megatron-Core is not importable here, so its masking at packed boundaries is unchecked; "
+            "assumed the job runs Megatron-Core >= %s",
+            MTP_PACKED_MCORE,
+        )
+    return None
 
 
 def check_bridge_config(
@@ -379,7 +476,8 @@ def check_bridge_config(
     fine, Bridge then uses ``train.micro_batch_size``), per-token loss
     (``model.calculate_per_token_loss=True``: otherwise each pack's loss is divided by its own
     token count and packs are reweighted), ``ddp.average_in_collective=False``, no pipeline
-    parallelism, no MTP, CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and
+    parallelism, MTP only where Megatron-Core masks it at our packed boundaries (:func:`_mtp_on_packs_error`),
+    CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and
     ``delay_wgrad_compute`` off (model and
     ``comm_overlap``), no Qwen3-VL DistTrain, and, with a task encoder, CP/TP/SP/eval-CP equal to
     the encoder's (same alignment multiple), ``model.seq_length`` >= the pack width, a fixed width
@@ -443,9 +541,6 @@ def check_bridge_config(
             f"is {pp}; Bridge's packed VLM path does not support pipeline parallelism",
             "set model.pipeline_model_parallel_size=1",
         )
-    mtp = _get(cfg, "model.mtp_num_layers", None) or 0
-    if mtp > 0:
-        bad("model.mtp_num_layers", f"is {mtp}; {MTP_ON_PACKS}", "set model.mtp_num_layers=None to train on packs")
     for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
         for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
             if _get(cfg, f"{owner}.{name}", False) is True:
@@ -493,6 +588,11 @@ def check_bridge_config(
         raise TypeError(
             f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)"
         )
+    mtp = _get(cfg, "model.mtp_num_layers", None) or 0
+    if mtp > 0:
+        mtp_error = _mtp_on_packs_error(mtp, *_pack_alignment(cfg, task_encoder if packing is not None else None))
+        if mtp_error is not None:
+            errors.append(mtp_error)
     if packing is not None:
         tokenizer = getattr(task_encoder, "tokenizer", None)
         demo = is_demo_tokenizer(tokenizer)

@@ -496,26 +496,99 @@ def test_check_bridge_config_names_the_wrong_knob(te_cp2, path, value, knob):
     assert err.value.knob == knob
 
 
-def test_mtp_on_packs_stays_refused_with_the_reason_and_the_fix():
-    """Issue 45: Bridge PR #5990 lets MTP train on Energon packs, masking at packed boundaries with Megatron-Core
-    0.19's process_mtp_loss; the Bridge wheel tested here (0.6.2) predates it and ships no masking of its own."""
+def _fake_mcore(version, roll):
+    """Stand-in for what ``B._mcore_mtp_roll`` finds: a roll_tensor, Bridge-light's PackedSeqParams, a version."""
+    import inspect
+
+    packed = "packed_seq_params" in inspect.signature(roll).parameters
+    return lambda: SimpleNamespace(roll=roll, params=PackedSeqParams, version=version, packed=packed)
+
+
+def _roll_by(boundaries):
+    """A packed MTP roll (Megatron-Core's semantics: each sequence on its own, its last position zeroed) by the
+    params' ``cu_seqlens_q`` (what Megatron-Core 0.16 to 0.20 do) or by ``cu_seqlens_q_padded`` when present."""
+
+    def roll_tensor(tensor, shifts=-1, dims=-1, cp_group=None, packed_seq_params=None):
+        cu = getattr(packed_seq_params, boundaries, None)
+        cu = packed_seq_params.cu_seqlens_q if cu is None else cu
+        out = tensor.clone()
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            out[..., a:b] = torch.roll(tensor[..., a:b], shifts, dims)
+            out[..., b - 1 : b] = 0
+        return out, out.sum()
+
+    return roll_tensor
+
+
+def _mtp_cfg(cp=1, tp=1, sp=False):
     cfg = good_cfg()
     cfg.model.mtp_num_layers = 2
+    cfg.model.context_parallel_size, cfg.model.tensor_model_parallel_size, cfg.model.sequence_parallel = cp, tp, sp
+    return cfg
+
+
+PADDED_MTP = (
+    "model.mtp_num_layers: is 2 on packs aligned to 8 (model.context_parallel_size=2, "
+    "model.tensor_model_parallel_size=4, model.sequence_parallel=True): {who} rolls the MTP labels and loss mask "
+    "by the unpadded cu_seqlens_q over padded segments, so MTP targets land on the wrong tokens. Fix: train MTP "
+    "with model.context_parallel_size=1 and model.sequence_parallel=False or model.tensor_model_parallel_size=1 "
+    "(alignment 1), or set model.mtp_num_layers=None to train on packs"
+)
+
+
+def test_mtp_on_packs_is_allowed_where_megatron_core_masks_it_at_our_boundaries(monkeypatch, caplog):
+    """Issue 45: MTP on packs as Bridge now allows it (PR #5990), where Megatron-Core's roll keeps MTP targets
+    inside each packed sequence (>= 0.16) and rolls by the boundaries our segments have: alignment 1 always,
+    padded packs (CP, or SP over TP) only with a roll that follows padded segments (probed)."""
+    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.16.1", _roll_by("cu_seqlens_q")))
+    with caplog.at_level("WARNING", logger="energon_pack.integrations.bridge"):
+        B.check_bridge_config(_mtp_cfg())  # alignment 1: allowed, nothing assumed
+        B.check_bridge_config(_mtp_cfg(tp=4))  # TP without SP does not pad segments
+    assert caplog.records == []
     with pytest.raises(ConfigError) as err:
-        B.check_bridge_config(cfg)
+        B.check_bridge_config(_mtp_cfg(cp=2, tp=4, sp=True))
+    assert str(err.value) == PADDED_MTP.format(who="Megatron-Core 0.16.1")
+    te = B.BridgeQwenVLPackingTaskEncoder(
+        tokenizer=tiny_tokenizer(), preset="qwen2.5-vl", seq_length=4096, tp=4, sp=True
+    )
+    with pytest.raises(ConfigError) as err:  # the encoder's alignment (4) is the one that counts
+        B.check_bridge_config(_mtp_cfg(tp=4, sp=True), te)
+    assert "on packs aligned to 4 (model.tensor_model_parallel_size=4, model.sequence_parallel=True)" in str(err.value)
+    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.21.0", _roll_by("cu_seqlens_q_padded")))
+    B.check_bridge_config(_mtp_cfg(cp=2, tp=4, sp=True))  # a roll that follows padded segments: allowed
+
+
+def test_mtp_on_packs_is_refused_where_megatron_core_rolls_across_boundaries(monkeypatch):
+    def roll_tensor(tensor, shifts=-1, dims=-1, cp_group=None):  # Megatron-Core 0.15's signature
+        return torch.roll(tensor, shifts, dims), None
+
+    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.15.3", roll_tensor))
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(_mtp_cfg())
     assert str(err.value) == (
-        "model.mtp_num_layers: is 2; MTP on packs needs its loss masked at segment boundaries (Megatron-Bridge PR "
-        "#5990 with Megatron-Core >= 0.19), which no Megatron-Bridge release up to 0.6.2 contains. "
-        "Fix: set model.mtp_num_layers=None to train on packs"
+        "model.mtp_num_layers: is 2; Megatron-Core 0.15.3's MTP rolls labels across packed segment boundaries (its "
+        "roll_tensor takes no packed_seq_params), so each segment's last tokens learn the next segment's. Fix: "
+        "install Megatron-Core >= 0.16.0, or set model.mtp_num_layers=None to train on packs"
     )
 
 
-@needs_bridge
-def test_mtp_refusal_names_a_bridge_no_older_than_the_installed_one():
-    """A newer Bridge wheel fails this until its MTP masking at packed boundaries is checked on our batches."""
-    from packaging.version import Version
+def test_mtp_on_packs_without_megatron_core_here_is_allowed_at_alignment_1_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(B, "_mcore_mtp_roll", lambda: None)
+    with caplog.at_level("WARNING", logger="energon_pack.integrations.bridge"):
+        B.check_bridge_config(_mtp_cfg())
+    assert [r.getMessage() for r in caplog.records] == [
+        "MTP on packs: Megatron-Core is not importable here, so its masking at packed boundaries is unchecked; "
+        "assumed the job runs Megatron-Core >= 0.16.0"
+    ]
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(_mtp_cfg(cp=2, tp=4, sp=True))
+    assert str(err.value) == PADDED_MTP.format(who="Megatron-Core (not importable here)")
 
-    assert Version(bridge_version()) <= Version("0.6.2"), "re-check MTP on packs (B.MTP_ON_PACKS) for this Bridge"
+
+def test_mtp_probe_tells_a_roll_by_padded_segments_from_one_by_unpadded():
+    assert B._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q_padded"))()) is True
+    assert B._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q"))()) is False
+    assert B._mcore_mtp_roll() is None  # the main venv: no Megatron-Core (or only Bridge-light's stand-in)
 
 
 def test_check_bridge_config_parallel_sizes_and_many_errors(te_cp2):
