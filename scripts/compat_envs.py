@@ -88,10 +88,10 @@ ENVS: dict[str, Env] = {
     ),
     "megatron-bridge-0.3.1": Env(
         ("megatron-bridge==0.3.1", "megatron-core==0.16.1", "omegaconf==2.4.0", "einops==0.8.2"),
-        ("tests/integrations/test_bridge_sft_validate.py",),
+        ("tests/integrations/test_bridge_sft_validate.py", "tests/integrations/test_bridge_mtp.py"),
         "Bridge's own ConfigContainer.validate() on our GPT-SFT provider, and its loader, GPT-step batch, packed-seq "
-        "params and loss on our packs: Bridge 0.3.1 (the newest on Python < 3.12, the last whose config needs only "
-        "Megatron-Core) with real Megatron-Core 0.16.1 from PyPI",
+        "params and loss on our packs, and Megatron-Core's MTP roll on our VLM packs: Bridge 0.3.1 (the newest on "
+        "Python < 3.12, the last whose config needs only Megatron-Core) with real Megatron-Core 0.16.1 from PyPI",
         imports=("megatron.core", "omegaconf", "einops"),
         # Bridge declares its GPU stack (Transformer Engine, flash-attn, ...); the tests stand in for what it imports
         requirements_unchecked=("megatron-bridge",),
