@@ -191,8 +191,8 @@ JSONL_FORMATS = ("prompt_completion", "chat", "text")
 
 
 FORMAT_HELP = (
-    "record format: prompt_completion ({prompt, completion} or NeMo's {input, output}), chat (messages / "
-    "conversations), text ({text} documents, all supervised, EOS-separated)"
+    "record format: prompt_completion ({prompt, completion}, NeMo's {input, output} or alpaca's {instruction, "
+    "input, output}), chat (messages / conversations), text ({text} documents, all supervised, EOS-separated)"
 )
 PREFERENCE_HELP = (
     "--format chat: preference records (DPO/ORPO/reward chosen/rejected pairs, LLaMA-Factory ranking): refuse: "
