@@ -484,7 +484,8 @@ def check_bridge_sft_config(
     ``ddp.average_in_collective=False`` (packs hold different numbers of supervised tokens);
     ``dataset.enable_in_batch_packing`` only with micro-batch size > 1 (Bridge's rule) and required
     with pipeline parallelism (else Bridge gives middle stages no cu_seqlens); CP/TP/SP equal to
-    the provider's; ``forward_step_func`` Bridge's ``gpt_step.forward_step``.
+    the provider's; ``forward_step_func`` Bridge's ``gpt_step.forward_step``; no MTP (that step does not
+    pass ``loss_mask`` to the model, so the MTP loss would cover prompts and padding).
 
     Args:
         cfg: the Bridge ``ConfigContainer`` (its ``dataset``, ``model``, ``train``, ``ddp`` ... sections).
@@ -558,6 +559,16 @@ def check_bridge_sft_config(
                 "dataset.enable_in_batch_packing",
                 f"is False with pipeline parallel size {pp}; Bridge then sends middle pipeline stages no cu_seqlens",
                 "set dataset.enable_in_batch_packing=True and train.micro_batch_size > 1",
+            )
+        )
+    mtp = _get(cfg, "model.mtp_num_layers", None) or 0
+    if mtp > 0:
+        errors.append(
+            ConfigError(
+                "model.mtp_num_layers",
+                f"is {mtp}; Bridge's gpt_step.forward_step does not pass loss_mask to the model (Megatron-Bridge "
+                "issue #6103), so Megatron-Core trains the MTP loss on every position: prompts and pack padding",
+                "set model.mtp_num_layers=None for GPT-SFT packs (the VLM step passes loss_mask: MTP works there)",
             )
         )
     if forward_step_func is not None:

@@ -237,8 +237,9 @@ class _TinyGPT(torch.nn.Module):
         self.head = torch.nn.Linear(8, vocab)
         torch.manual_seed(0)
 
-    def forward(self, input_ids, position_ids, attention_mask, labels, packed_seq_params=None):
-        self.calls.append(packed_seq_params)
+    def forward(self, **kwargs):
+        input_ids, labels = kwargs["input_ids"], kwargs["labels"]
+        self.calls.append((kwargs.get("packed_seq_params"), kwargs))
         logits = self.head(self.emb(input_ids[0]))
         return torch.nn.functional.cross_entropy(logits, labels[0].clamp(min=0), reduction="none")[None]
 
@@ -282,7 +283,10 @@ def test_bridge_forward_step_loss_equals_ours(bridge, gpt_step, data, monkeypatc
             logits = model.head(model.emb(b["tokens"][0]))
             ours = torch.nn.functional.cross_entropy(logits, b["labels"][0], ignore_index=-100, reduction="sum")
         assert int(num_tokens) == b["supervised_tokens"] and torch.allclose(loss, ours, rtol=1e-5)
-        params = model.calls[-1]
+        params, kwargs = model.calls[-1]
+        # no loss_mask reaches the model (Bridge #6103): an MTP loss there would cover prompts and padding,
+        # which is why check_bridge_sft_config refuses model.mtp_num_layers
+        assert sorted(kwargs) == ["attention_mask", "input_ids", "labels", "packed_seq_params", "position_ids"]
         assert params.qkv_format == "thd" and torch.equal(params.cu_seqlens_q, b["cu_seqlens_q"])
         kv = params.cu_seqlens_kv if params.cu_seqlens_kv_padded is None else params.cu_seqlens_kv_padded
         assert torch.equal(kv, physical(b)) and params.max_seqlen_kv == int(b["max_seqlen_q"])
@@ -690,6 +694,7 @@ def test_bridge_recipe_with_our_provider(data, bridge):
         ("model.seq_length", 4096, "model.seq_length"),
         ("model.cuda_graph_impl", "transformer_engine", "pad_to_max_length, pad_cu_seqlens, max_segments"),
         ("train.global_batch_size", 3, "train.global_batch_size"),
+        ("model.mtp_num_layers", 1, "model.mtp_num_layers"),
     ],
 )
 def test_bridge_config_names_the_wrong_knob(data, path, value, knob):
