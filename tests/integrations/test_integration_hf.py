@@ -608,7 +608,9 @@ def test_images_and_videos_go_through_the_tower_in_one_call_with_the_same_number
             results[one] = (out.logits.detach(), grads, len(calls))
         (logits1, grads1, calls1), (logits2, grads2, calls2) = results[True], results[False]
         assert (calls1, calls2) == (1, 2), name
-        assert torch.allclose(logits1, logits2, rtol=0, atol=1e-6), float((logits1 - logits2).abs().max())
+        # the tower's matmuls see rows batched one way or the other: fp32 rounding of a few ulps (2.1e-6 on an
+        # AMD EPYC, under 1e-6 elsewhere); a wrong row order or a missed image would differ by O(0.1)
+        assert torch.allclose(logits1, logits2, rtol=0, atol=1e-5), float((logits1 - logits2).abs().max())
         assert grads1.keys() == grads2.keys() and any("visual" in n for n in grads1)
         for n in grads1:
             # a weight's gradient sums over every row: one call or two sum in another order (fp32 rounding)
