@@ -27,12 +27,13 @@ from .interrupt import interruptible
 from .options import Parser, object_reads
 from .wording import exit_status, one_line, one_line_warnings
 
-DESCRIPTION = """The ``energon-pack`` command line: demo, data conversion and preparation, benchmarks, JSONL inspection.
+#: help texts are printed as they are: plain text, no reST or Markdown markup (tests check every command)
+DESCRIPTION = """The energon-pack command line: demo, data conversion and preparation, benchmarks, JSONL inspection.
 
 Errors a user can make (a wrong path, an unprepared dataset, a bad number, a configuration
-mistake) print one line on stderr with the next step and exit with status 2; ``--debug``
+mistake) print one line on stderr with the next step and exit with status 2; --debug
 shows the traceback instead. Ctrl-C stops any command at once with exit status 130, keeping
-what was already written (``bench`` writes each finished cell).
+what was already written (bench writes each finished cell).
 """
 
 #: the commands in ``--help`` order; ``convert`` is listed after ``make-demo``

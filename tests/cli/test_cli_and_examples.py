@@ -1,6 +1,7 @@
 """The README's main job and the examples run end to end on tiny data (no timing asserts)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,21 +129,37 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
     assert listing_before == sorted(p.name for p in data.iterdir())  # the dataset folder is only read
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["make-demo", "--help"],
-        ["prepare", "--help"],
-        ["inspect", "--help"],
-        ["bench", "--help"],
-        ["convert", "--help"],
-        ["--help"],
-    ],
-)
-def test_cli_help(command):
+def _help_pages() -> list[list[str]]:
+    from energon_pack.cli.main import _build
+
+    return [["--help"], *([name, "--help"] for name in _build()[1])]
+
+
+@pytest.mark.parametrize("command", _help_pages(), ids=" ".join)
+def test_cli_help_is_plain_text(command, capsys):
+    """Every command's --help exits 0 and prints no reST/Markdown markup (help texts are read in a terminal)."""
     with pytest.raises(SystemExit) as exc:
         main(command)
     assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert "usage: energon-pack" in printed
+    assert not re.findall(r"``|:(?:mod|func|class|meth|attr|data):`|\*\*\w", printed)
+
+
+def test_cli_help_lists_every_command():
+    assert [c[0] for c in _help_pages()[1:]] == [
+        "demo",
+        "make-demo",
+        "convert",
+        "prepare",
+        "bench",
+        "bench-packing",
+        "inspect",
+        "bench-pixels",
+        "bench-sft",
+        "pack-offline",
+        "bench-offline",
+    ]
 
 
 # The data-parallel example (a real HF Qwen-VL, 2 gloo processes via torchrun, save/resume, two-node
