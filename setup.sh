@@ -16,20 +16,27 @@ case "${1:-}" in
   --test) TEST=1 ;;
   *) echo "usage: bash setup.sh [--test]  (--test adds the test environments)" >&2; exit 2 ;;
 esac
+say() { echo "setup.sh: $*"; }  # one line per step: the whole set-up takes minutes
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version 2>&1)..."
   "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  say "installing torch 2.13.0 (the CPU wheel, first: see the top of this file)..."
   .venv/bin/pip install --quiet "torch==2.13.0"
 fi
 if [ "$TEST" = 0 ]; then
+  say "installing energon-pack[hf] (editable) and its requirements..."
   .venv/bin/pip install --quiet -e ".[hf]"
+  say "done: .venv/bin/energon-pack demo"
   exit 0
 fi
+say "installing energon-pack[hf,test,docs,examples] (editable) and its requirements..."
 .venv/bin/pip install --quiet -e ".[hf,test,docs,examples]"
 # Test-only: Megatron-Bridge's pure-Python wheel (no deps; it declares Python >= 3.12 but its
 # modules run on 3.11), so tests/integrations/test_integration_bridge.py runs Bridge's own VLM-step batch and
 # M-RoPE code on our packs through a CPU light import. Nothing in energon_pack imports it.
+say "building test environments: Megatron-Bridge's wheel..."
 .venv/bin/pip install --quiet --no-deps --ignore-requires-python "megatron-bridge==0.6.2"
 # Test-only: the video reference (tests/video/test_video_parity.py): qwen-vl-utils with its decord reader and
 # transformers' Qwen video processors need torchvision; its wheel here is built against CUDA torch, so it
@@ -38,6 +45,7 @@ fi
 TV=$(.venv/bin/python -c "import torch; print('0.%d.*' % (int(torch.__version__.split('.')[1]) + 15))")
 REF_PINS="torchvision==$TV qwen-vl-utils==0.0.14 decord==0.6.0"
 if [ "$(cat .venv/video-reference/.pins 2>/dev/null)" != "$REF_PINS" ]; then
+  say "building test environments: the video reference (.venv/video-reference)..."
   rm -rf .venv/video-reference
   # shellcheck disable=SC2086
   .venv/bin/pip install --quiet --no-deps --target .venv/video-reference $REF_PINS
@@ -48,4 +56,6 @@ fi
 # supported transformers, Megatron-Bridge's newest allowed and the GPU image's; the lowest
 # megatron-energon, Pillow and numpy allowed. tests/project/test_compat_matrix.py runs each row's tests in
 # its environment. Up-to-date environments are skipped (a stamp of the pins), so a re-run is instant.
+say "building test environments: the compatibility environments (.venv-compat)..."
 .venv/bin/python scripts/compat_envs.py setup
+say "done: .venv/bin/python -m pytest -q -n 2 --dist loadfile"
