@@ -38,7 +38,12 @@ def test_demo_reports_both_modes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "carry (ours)" in printed and "rounds (Energon's PackingDataset + FFD)" in printed
     assert "4 packs per mode in 2 timed runs each, order carry-rounds-rounds-carry, after an untimed warm-up" in printed
-    assert "carry / rounds: " in printed and f"wrote {out}" in printed
+    assert re.search(
+        r"\ncarry / rounds speed: [0-9.]+x samples/s \(runs [0-9.]+-[0-9.]+x\), [0-9.]+x real tokens/s, "
+        r"median of 2 paired runs; ",
+        printed,
+    )
+    assert f"wrote {out}" in printed
     assert "repeats the dataset" not in printed  # 2 packs per run read fewer than its 120 samples
     cells = json.loads(out.read_text())["cells"]
     assert [c["mode"] for c in cells] == ["carry", "rounds"]
@@ -48,6 +53,36 @@ def test_demo_reports_both_modes(tmp_path, capsys):
         assert c["real_tokens"] + (c["slots"] - c["real_tokens"]) == 4 * 4096
         assert c["first_batch_s"] > 0 and c["peak_worker_rss_mb"] > 0
     assert (tmp_path / "data" / ".nv-meta" / "dataset.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("samples", "tokens", "line"),
+    [
+        (
+            [0.84, 1.06, 1.42],
+            [0.9, 1.1, 1.3],
+            "carry / rounds speed: 1.06x samples/s (runs 0.84-1.42x), 1.10x real tokens/s, median of 3 paired "
+            "runs; the runs disagree on which mode is faster: no speed difference measured here",
+        ),
+        (
+            [1.3, 1.2, float("nan"), 1.5],
+            [1.3, 1.2, float("nan"), 1.5],
+            "carry / rounds speed: 1.30x samples/s (runs 1.20-1.50x), 1.30x real tokens/s, median of 3 paired "
+            "runs; carry faster in each of the 3 runs",
+        ),
+        (
+            [0.5, 0.75],
+            [0.5, 0.75],
+            "carry / rounds speed: 0.62x samples/s (runs 0.50-0.75x), 0.62x real tokens/s, median of 2 paired "
+            "runs; carry slower in each of the 2 runs",
+        ),
+    ],
+)
+def test_demo_speed_ratio_is_printed_with_its_spread(samples, tokens, line):
+    """The demo's carry/rounds speed is never a bare median: its range, and whether the runs agree."""
+    from energon_pack.cli.demo import speed_line
+
+    assert speed_line(samples, tokens) == line
 
 
 def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
