@@ -359,9 +359,15 @@ def test_rerun_refused_overwrite_and_foreign_folders(llava_source, tmp_path, cap
     assert main([str(src), str(tmp_path / "out"), "--workers", "0", "--no-progress"]) == 2
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert len(err_lines) == 1 and err_lines[0].startswith("energon-pack convert: error: out_dir:")
-    assert main([str(src), str(tmp_path / "cli"), "--workers", "0", "--no-progress", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["written"] == 9
-    assert main([str(src), str(tmp_path / "cli"), "--workers", "0", "--no-progress", "--overwrite"]) == 0
+    # 4 of 13 skipped: over the default --max-skipped-share 0.1, so exit 2 after a whole output and its summary
+    assert main([str(src), str(tmp_path / "cli"), "--workers", "0", "--no-progress", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["written"] == 9 and json.loads(captured.out)["failed"] in captured.err
+    assert captured.err.startswith("energon-pack convert: error: 4 of 13 records skipped (")
+    assert "30.8% of the records were skipped, over --max-skipped-share 0.1" in captured.err
+    assert (tmp_path / "cli" / "convert_summary.json").exists()
+    cli = [str(src), str(tmp_path / "cli"), "--workers", "0", "--no-progress", "--overwrite"]
+    assert main([*cli, "--max-skipped-share", "0.4"]) == 0
     text = capsys.readouterr().out
     assert "records  13: written 9, skipped 4" in text and "missing_image: 2" in text
 

@@ -6,6 +6,7 @@ skips carry the loader's reason names; tool calls are in the loss under Qwen3-VL
 images missing without ``--image-root`` are called out in one line (the CLI, in a subprocess)."""
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -257,7 +258,8 @@ def test_mixed_bad_records_convert_skips_and_loader_skips_add_up(tmp_path):
     assert loader_skips == {"control_token_in_text": 1, "too_many_images": 1}
     assert summary.hints == [
         f"1 record(s) skipped as missing_image: their relative image paths were looked up in "
-        f"{tmp_path} (the source's folder); pass --image-root DIR, the folder they are relative to"
+        f"{tmp_path}, {os.getcwd()} (the roots guessed without --image-root); pass --image-root DIR, the folder they "
+        "are relative to"
     ]
 
 
@@ -279,24 +281,32 @@ def test_missing_image_root_is_called_out_at_the_cli(tmp_path):
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=tmp_path,  # the last guessed root: imgs/a.jpg is not there either
         )
 
     src.write_text(json.dumps(records))
     proc = run(str(src), str(tmp_path / "out"))  # every record skipped: exit 2, one line naming the flag
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.rstrip().endswith(
-        f"Fix: 3 record(s) skipped as missing_image: their relative image paths were looked up in {tmp_path / 'data'} "
-        "(the source's folder); pass --image-root DIR, the folder they are relative to"
+        f"Fix: 3 record(s) skipped as missing_image: their relative image paths were looked up in {tmp_path / 'data'}, "
+        f"{tmp_path} (the roots guessed without --image-root); pass --image-root DIR, the folder they are relative to"
     )
     src.write_text(
         json.dumps(records + [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}])
     )
-    proc = run(str(src), str(tmp_path / "out"))  # partly written: the hint line in the summary
-    assert proc.returncode == 0
+    proc = run(str(src), str(tmp_path / "out"))  # partly written, every image lost: the hint line, then exit 2
+    assert proc.returncode == 2
     assert (
         "  hint     3 record(s) skipped as missing_image: their relative image paths were looked up in "
-        f"{tmp_path / 'data'} (the source's folder); pass --image-root DIR, the folder they are relative to\n"
+        f"{tmp_path / 'data'}, {tmp_path} (the roots guessed without --image-root); pass --image-root DIR, the folder "
+        "they are relative to\n"
     ) in proc.stdout
+    assert proc.stderr == (
+        "energon-pack convert: error: 3 of 4 records skipped (missing_image: 3): every image record was skipped "
+        "(3 missing_image, 0 images written); 75.0% of the records were skipped, over --max-skipped-share 0.1. "
+        "Fix: pass --image-root DIR, the folder the relative image paths are relative to, or accept the loss with "
+        f"--max-skipped-share 1 (the 1 written records in {tmp_path / 'out'} are a valid dataset)\n"
+    )
     proc = run(str(src), str(tmp_path / "out2"), "--image-root", str(tmp_path / "media"))
     assert proc.returncode == 0 and "written 4, skipped 0" in proc.stdout and "hint" not in proc.stdout
     wrong = convert(src, tmp_path / "out3", image_root=tmp_path, progress=False, workers=0)

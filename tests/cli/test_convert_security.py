@@ -88,9 +88,12 @@ def test_reads_stay_inside_the_source_and_image_root(tree, tmp_path, capsys):
                 "--no-progress",
             ]
         )
-        == 0
+        == 2  # 6 of 11 skipped: over --max-skipped-share 0.1, the fix named
     )
-    assert "skipped  path_outside_root: 6" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "skipped  path_outside_root: 6" in out
+    assert "6 of 11 records skipped (path_outside_root: 6)" in err
+    assert "Fix: pass --image-root DIR (the folder holding the media) or --allow-outside-paths" in err
     s = convert(
         src / "data.json", tmp_path / "open", image_root=imgs, workers=0, progress=False, allow_outside_paths=True
     )
@@ -154,6 +157,8 @@ def test_only_regular_files_within_the_cap_with_an_image_header(tree, tmp_path, 
                     "--max-media-mb",
                     "8",
                     "--allow-outside-paths",
+                    "--max-skipped-share",
+                    "1",
                 ]
             )
             == 0

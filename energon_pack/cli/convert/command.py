@@ -13,7 +13,14 @@ from energon_pack.cli.common import PRESET_NAMES
 from energon_pack.cli.options import Parser
 from energon_pack.errors import ConfigError
 
-from .options import DEFAULT_BRIDGE_PRESET, DEFAULT_MAX_MEDIA_MB, FORMATS, LAYOUTS, VERIFY_MODES
+from .options import (
+    DEFAULT_BRIDGE_PRESET,
+    DEFAULT_MAX_MEDIA_MB,
+    DEFAULT_MAX_SKIPPED_SHARE,
+    FORMATS,
+    LAYOUTS,
+    VERIFY_MODES,
+)
 from .shards import convert
 from .summary import SKIP_REASONS
 
@@ -39,13 +46,18 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         "(tokenizer, preset, limits) and are counted there.",
         epilog="examples:\n"
         "  energon-pack convert llava.json out --image-root /datasets/llava/images\n"
+        "  energon-pack convert LLaMA-Factory/data/dataset_info.json#mllm_demo out   # a LLaMA-Factory dataset\n"
         "  energon-pack convert alpaca_en_demo.json out            # LLaMA-Factory alpaca (+ history, images)\n"
         "  energon-pack convert glaive_toolcall_en_demo.json out   # LLaMA-Factory tool calls\n"
         "  energon-pack convert dpo_en_demo.json out --preference chosen   # the chosen answers as SFT\n\n"
         "skip reasons (counted in the summary, up to 3 examples each):\n"
         + "\n".join(f"  {k:<25} {v}" for k, v in SKIP_REASONS.items()),
     )
-    p.add_argument("source", help="a .json / .jsonl file, a .parquet file, or a folder of .parquet files")
+    p.add_argument(
+        "source",
+        help="a .json / .jsonl file, a .parquet file, a folder of .parquet files, or a LLaMA-Factory dataset by "
+        "name: data/dataset_info.json#mllm_demo",
+    )
     p.add_argument(
         "out",
         help="output folder (new or empty; a finished output needs --overwrite), or an msc:// prefix "
@@ -54,8 +66,16 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
     p.add_argument(
         "--image-root",
         default=None,
-        help="folder that relative image paths resolve against (default: the source file's folder; "
-        "images missing there are called out in a hint line)",
+        help="folder that relative image and video paths resolve against (default: guessed, the first that holds "
+        "the file of: the source's folder, its LLaMA-Factory dataset_info.json folder, the current folder; the "
+        "summary says how many were found where)",
+    )
+    p.add_argument(
+        "--max-skipped-share",
+        type=float,
+        default=DEFAULT_MAX_SKIPPED_SHARE,
+        help="exit with status 2 (after writing the whole output) when more than this share of the records is "
+        "skipped, or every image (video) record is a missing_image (missing_video) skip; 1 accepts any loss",
     )
     p.add_argument(
         "--layout",
@@ -124,7 +144,8 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``energon-pack convert SOURCE OUT [...]``: 0 on success, 2 on a configuration error."""
+    """``energon-pack convert SOURCE OUT [...]``: 0 on success, 2 on a configuration error or a run that lost too
+    much (a whole media kind, or more than ``--max-skipped-share`` of the records: the output is written whole)."""
     args = build_parser().parse_args(argv)
     try:
         summary = convert(
@@ -142,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             max_media_mb=args.max_media_mb,
             preset=args.preset,
             preference=args.preference,
+            max_skipped_share=args.max_skipped_share,
         )
     except ConfigError as exc:
         if args.debug:
@@ -149,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"energon-pack convert: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.format_text())
+    if summary.failed:  # written and summarised, but too much was lost for a script to carry on
+        print(f"energon-pack convert: error: {summary.failed}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -9,6 +9,7 @@ import binascii
 import io
 import os
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,36 @@ PIL_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BM
 VIDEO_FORMAT_EXTENSIONS = {"mov,mp4,m4a,3gp,3g2,mj2": "mp4", "matroska,webm": "mkv", "avi": "avi"}
 
 
-def _read_media(ref: Any, i: int, ctx: _Context, kind: str = "image") -> tuple[bytes, str]:
-    """(encoded bytes, where they came from) of one image (or ``kind="video"``) value."""
+def media_roots(source: Path, image_root: Path | None, dataset_dir: Path | None = None) -> tuple[str, ...]:
+    """The folders a relative media path is looked up in, in order; the first that holds it is used (all of them
+    count as roots for the path confinement). ``image_root`` alone when given. Else guessed from what LLaVA and
+    LLaMA-Factory files mean: the source's own folder (LLaVA files shipped beside their images), then the folder of
+    the LLaMA-Factory ``dataset_info.json`` that names or holds the source (its ``media_dir`` default, the data
+    folder: ``data/mllm_demo_data/1.jpg`` from ``data/sub/x.json``), then the current folder (where LLaMA-Factory,
+    run from its checkout, opens a path it found nowhere else)."""
+    if image_root is not None:
+        return (os.path.abspath(image_root),)
+    folder = source if source.is_dir() else source.parent
+    if dataset_dir is None:  # a dataset_info.json beside the file or up to two folders above it
+        dataset_dir = next((d for d in (folder, *folder.parents[:2]) if (d / "dataset_info.json").is_file()), None)
+    roots = (folder, *((dataset_dir,) if dataset_dir is not None else ()), Path.cwd())
+    return tuple(dict.fromkeys(os.path.abspath(r) for r in roots))
+
+
+def _lookup(rel: Path, roots: tuple) -> tuple[Path, str]:
+    """(path, root) of a relative media path: under the first root that holds it (a dangling link included, so the
+    confinement check names it), else under the first root (where a ``missing_*`` skip says it was looked for)."""
+    for root in roots:
+        if os.path.lexists(Path(root) / rel):
+            return Path(root) / rel, root
+    return Path(roots[0]) / rel, roots[0]
+
+
+def _read_media(
+    ref: Any, i: int, ctx: _Context, kind: str = "image", found: Counter | None = None
+) -> tuple[bytes, str]:
+    """(encoded bytes, where they came from) of one image (or ``kind="video"``) value; ``found`` counts the
+    relative paths found per media root."""
     if isinstance(ref, memoryview):
         ref = ref.tobytes()
     if isinstance(ref, (bytes, bytearray)):
@@ -36,11 +65,11 @@ def _read_media(ref: Any, i: int, ctx: _Context, kind: str = "image") -> tuple[b
         return bytes(ref), "inline bytes"
     if isinstance(ref, dict):
         if ref.get("bytes") is not None:
-            data, _ = _read_media(ref["bytes"], i, ctx, kind)
+            data, _ = _read_media(ref["bytes"], i, ctx, kind, found)
             return data, f"bytes of {ref['path']}" if ref.get("path") else "inline bytes"
         for key in ("path", "url", kind, f"{kind}_url"):
             if ref.get(key) not in (None, ""):
-                return _read_media(ref[key], i, ctx, kind)
+                return _read_media(ref[key], i, ctx, kind, found)
         raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: dict without bytes/path ({sorted(ref)})")
     if not isinstance(ref, str):
         raise SampleSkipped(f"bad_{kind}_ref", f"{kind} {i}: {type(ref).__name__} value")
@@ -57,7 +86,9 @@ def _read_media(ref: Any, i: int, ctx: _Context, kind: str = "image") -> tuple[b
     path = Path(ref[7:] if ref.startswith("file://") else ref)
     relative = not path.is_absolute()
     if relative:
-        path = Path(ctx.image_root) / path
+        path, root = _lookup(path, ctx.media_roots or (ctx.image_root,))
+        if found is not None and os.path.lexists(path):
+            found[root] += 1
     try:
         return _read_file(path, i, ctx, kind), str(path)
     except SampleSkipped as skip:
@@ -99,8 +130,9 @@ def _read_file(path: Path, i: int, ctx: _Context, kind: str = "image") -> bytes:
         _check_regular(os.fstat(fd), what, ctx)  # what was opened, should the path have changed meanwhile
         head = _read_upto(fd, HEADER_BYTES)
         if not (_looks_like_image if kind == "image" else _looks_like_video)(head):
-            reason = "not_an_image" if kind == "image" else "not_a_video"
-            raise SampleSkipped(reason, f"{what}: its first bytes are no {kind} header")
+            raise SampleSkipped(
+                "not_an_image" if kind == "image" else "not_a_video", f"{what}: its first bytes are no {kind} header"
+            )
         data = head + _read_upto(fd, ctx.max_media_bytes + 1 - len(head))
         _check_size(len(data), what, ctx)
         return data

@@ -9,6 +9,8 @@ FORMATS = ("auto", "llava", "sharegpt", "messages", "alpaca", "parquet")
 LAYOUTS = ("ours", "bridge")
 VERIFY_MODES = ("header", "decode")
 DEFAULT_MAX_MEDIA_MB = 64
+#: the share of skipped records above which convert exits with status 2 (its output still whole)
+DEFAULT_MAX_SKIPPED_SHARE = 0.1
 #: whose video frame size ``--layout bridge`` stores sampled frames at (Bridge's Qwen2.5-VL recipes)
 DEFAULT_BRIDGE_PRESET = "qwen2.5-vl"
 
@@ -27,3 +29,6 @@ class _Context:
     max_media_bytes: int = DEFAULT_MAX_MEDIA_MB << 20
     preset: str = DEFAULT_BRIDGE_PRESET  # the frame size of --layout bridge videos
     preference: str = "refuse"  # "chosen": a preference record is written as the SFT record of its chosen answer
+    media_roots: tuple = ()  # folders a relative media path is looked up in, in order (:func:`.media.media_roots`)
+    columns: tuple = ()  # LLaMA-Factory dataset_info.json: (its column, our field) renames (:mod:`.dataset_info`)
+    tags: tuple = ()  # ... and its sharegpt tags, as (tag name, value) pairs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from energon_pack.chat.conversation import (
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import check_depth, decode_json_record, loads_checked
 
+from .dataset_info import rename_columns
 from .detect import _CONVERSATION_KEYS, _IMAGE_KEYS, _Source, iter_json_array
 from .media import _read_media, _sniff, _sniff_video, sampled_jpeg_frames
 from .options import _Context
@@ -116,14 +118,19 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int, int, bool]:
+def build_sample(
+    rec: Any, key: str, ctx: _Context, found: Counter | None = None
+) -> tuple[dict, int, int, int, int, bool]:
     """One record -> (webdataset fields, image count, image bytes, video count, video bytes, whether it holds tool
     calls or tools); SampleSkipped when unusable. With ``ctx.preference == "chosen"`` a preference record is written
     as the SFT record of its chosen answer (:func:`~energon_pack.chat.conversation.chosen_as_sft`), so the shards
-    need no option when they are loaded."""
+    need no option when they are loaded. ``found`` counts the relative media paths found per media root; a
+    LLaMA-Factory ``dataset_info.json`` entry's columns and tags (``ctx.columns`` / ``ctx.tags``) are read first."""
     if not isinstance(rec, dict):
         raise SampleSkipped("bad_record", f"record is a {type(rec).__name__}, not an object")
     check_depth(rec)
+    if ctx.columns or ctx.tags:
+        rec = rename_columns(rec, ctx.columns, ctx.tags)
     if ctx.preference == "chosen":
         rec = chosen_as_sft(rec)
     skip = not_sft_reason(rec)  # named before the conversation is looked for (a TRL pair has none of its keys)
@@ -150,11 +157,11 @@ def build_sample(rec: Any, key: str, ctx: _Context) -> tuple[dict, int, int, int
     check_conversation(messages, len(refs), len(video_refs))
     images = []
     for i, ref in enumerate(refs):
-        data, origin = _read_media(ref, i, ctx)
+        data, origin = _read_media(ref, i, ctx, "image", found)
         images.append((data, _sniff(data, f"image {i} ({origin})", ctx.verify)))
     videos = []  # copied byte for byte, verified by their header
     for i, ref in enumerate(video_refs):
-        data, origin = _read_media(ref, i, ctx, "video")
+        data, origin = _read_media(ref, i, ctx, "video", found)
         videos.append((data, _sniff_video(data, f"video {i} ({origin})")))
     fields = {"__key__": key, "json": raw}
     if ctx.layout == "bridge":

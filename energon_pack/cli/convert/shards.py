@@ -26,9 +26,17 @@ from energon_pack.processes import process_pool
 from energon_pack.records import decode_json_record
 from energon_pack.storage import is_remote, list_names, store_errors, upload_tree
 
+from .dataset_info import INFO_FILE, read_entry, split_dataset_ref
 from .detect import _open_source, _Source
-from .media import _MissingRelative
-from .options import DEFAULT_BRIDGE_PRESET, DEFAULT_MAX_MEDIA_MB, LAYOUTS, VERIFY_MODES, _Context
+from .media import _MissingRelative, media_roots
+from .options import (
+    DEFAULT_BRIDGE_PRESET,
+    DEFAULT_MAX_MEDIA_MB,
+    DEFAULT_MAX_SKIPPED_SHARE,
+    LAYOUTS,
+    VERIFY_MODES,
+    _Context,
+)
 from .outdir import (
     IN_PROGRESS_FILE,
     MANIFEST_FILE,
@@ -39,7 +47,7 @@ from .outdir import (
     _write_manifest,
 )
 from .records import _BLANK, _iter_records, build_sample
-from .summary import MAX_EXAMPLES, SHARD_NAME, ConvertSummary
+from .summary import MAX_EXAMPLES, SHARD_NAME, ConvertSummary, skip_fix
 from .tar_sink import TarSink
 
 
@@ -59,6 +67,7 @@ class _ChunkResult:
     video_bytes: int = 0
     tool_records: int = 0  # written records with tool calls or tools (only some presets' templates train them)
     missing_relative: int = 0  # missing_image skips of a relative path
+    found: Counter = field(default_factory=Counter)  # media root -> relative media paths found under it
     tar: str | None = None
     tar_bytes: int = 0
 
@@ -74,7 +83,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 if isinstance(payload, SampleSkipped):
                     raise payload
                 rec = decode_json_record(payload) if isinstance(payload, (bytes, bytearray)) else payload
-                fields, nimages, nbytes, nvideos, nvbytes, tools = build_sample(rec, f"{rec_index:09d}", ctx)
+                fields, nimages, nbytes, nvideos, nvbytes, tools = build_sample(rec, f"{rec_index:09d}", ctx, res.found)
             except Exception as exc:  # any single bad record is a counted skip, never the end of the run
                 skip = (
                     exc
@@ -134,6 +143,7 @@ def convert(
     max_media_mb: float = DEFAULT_MAX_MEDIA_MB,
     preset: str | None = None,
     preference: str = "refuse",
+    max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE,
 ) -> ConvertSummary:
     """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
     Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
@@ -156,6 +166,13 @@ def convert(
     ranking) as the SFT record of its prompt and chosen answer
     (:func:`~energon_pack.chat.conversation.chosen_as_sft`); the default ``"refuse"`` counts it as a
     ``preference_data`` skip. Either way the shards hold SFT records only: loading them needs no option.
+
+    ``source`` may name a LLaMA-Factory dataset: ``data/dataset_info.json#mllm_demo`` (:mod:`.dataset_info`).
+    Without ``image_root``, relative media paths are looked up in the roots :func:`~.media.media_roots` guesses
+    (the source's folder, its ``dataset_info.json`` folder, the current folder); the summary says how many were
+    found under each. A run that lost a whole media kind (every image or video record a ``missing_*`` skip) or more
+    than ``max_skipped_share`` of its records still writes a whole output, and says why in ``summary.failed``
+    (``energon-pack convert`` then exits with status 2; 1 accepts anything).
     """
     t0 = time.perf_counter()
     if layout not in LAYOUTS:
@@ -164,6 +181,14 @@ def convert(
         raise ConfigError("verify", f"unknown mode {verify!r}", f"use one of {', '.join(VERIFY_MODES)}")
     if not isinstance(max_media_mb, (int, float)) or not 0 < max_media_mb < 1 << 20:
         raise ConfigError("max_media_mb", f"must be a positive number of MB, got {max_media_mb!r}", "pass e.g. 64")
+    if isinstance(max_skipped_share, bool) or not isinstance(max_skipped_share, (int, float)):
+        max_skipped_share = -1.0  # refused below, named
+    if not 0 <= max_skipped_share <= 1:
+        raise ConfigError(
+            "max_skipped_share",
+            f"must be a share from 0 to 1, got {max_skipped_share!r}",
+            "pass e.g. 0.1 (1 accepts any loss)",
+        )
     if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise ConfigError(
             "samples_per_shard", f"must be a positive integer, got {samples_per_shard!r}", "pass e.g. 1000"
@@ -197,21 +222,27 @@ def convert(
             max_media_mb=max_media_mb,
             preset=preset,
             preference=preference,
+            max_skipped_share=max_skipped_share,
         )
+    ref = split_dataset_ref(source)
+    entry = read_entry(*ref) if ref else None
+    if entry is not None:
+        source, format = entry.file, entry.format if format == "auto" else format
     source, out = Path(source), Path(out_dir)
     src = _open_pairs(source, format, preference)
+    if entry is not None:
+        src.detected = f"LLaMA-Factory dataset {entry.name} ({INFO_FILE}): {src.detected}"
     root_given = image_root is not None
-    if image_root is None:
-        image_root = source if source.is_dir() else source.parent
-    image_root = Path(image_root)
-    if not image_root.is_dir():
+    if root_given and not Path(image_root).is_dir():
         raise ConfigError("image_root", f"{image_root} is not a folder", "pass the folder image paths are relative to")
+    lookup = media_roots(source, Path(image_root) if root_given else None, entry and entry.dataset_dir)
+    image_root = Path(lookup[0])
     if out.resolve() == source.resolve():
         raise ConfigError("out_dir", f"{out} is the source", "write to another folder")
     with _locked_out_dir(out):
         _prepare_out_dir(out, overwrite)
         folder = source if source.is_dir() else source.parent
-        roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (image_root, folder)))
+        roots = tuple(dict.fromkeys(os.path.realpath(p) for p in (*lookup, folder)))
         ctx = _Context(
             str(image_root.resolve()),
             layout,
@@ -223,6 +254,9 @@ def convert(
             int(max_media_mb * (1 << 20)),
             _bridge_preset(layout, preset),
             preference,
+            lookup,
+            entry.columns if entry else (),
+            entry.tags if entry else (),
         )
         summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
         results = _run(ctx, src, samples_per_shard, workers, progress)
@@ -231,9 +265,10 @@ def convert(
         skipped: Counter = Counter()
         names = [SHARD_NAME % i for i in range(sum(1 for res in results if res.tar))]
         _write_manifest(out, names)
-        shard, missing_relative = 0, 0
+        shard, missing_relative, found = 0, 0, Counter()
         for res in results:  # chunk order: deterministic whatever the worker count
             missing_relative += res.missing_relative
+            found.update(res.found)
             summary.records += res.records
             summary.written += res.written
             summary.blank_lines += res.blank
@@ -253,11 +288,13 @@ def convert(
         summary.shards = shard
         summary.skipped = dict(sorted(skipped.items()))
         summary.examples = {k: examples[k] for k in summary.skipped}
+        if not root_given:
+            summary.media_roots = {root: found[root] for root in lookup if found[root]}
         if missing_relative and not root_given:
             summary.hints.append(
                 f"{missing_relative} record(s) skipped as missing_image: their relative image paths "
-                f"were looked up in {image_root} (the source's folder); pass --image-root DIR, the "
-                "folder they are relative to"
+                f"were looked up in {', '.join(lookup)} (the roots guessed without --image-root); pass "
+                "--image-root DIR, the folder they are relative to"
             )
         if summary.written == 0:  # nothing to keep: the folder is left empty
             for name in (IN_PROGRESS_FILE, MANIFEST_FILE):
@@ -266,12 +303,13 @@ def convert(
             raise ConfigError(
                 "source",
                 f"none of the {summary.records} records of {source} could be converted: {detail or 'no records'}",
-                "; ".join(summary.hints) or "check --image-root and the skip reasons",
+                "; ".join(summary.hints) or skip_fix(summary.skipped),
             )
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
         if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
             summary.detected = src.detected.replace("JSON array", f"JSON array of {summary.records} records", 1)
+        summary.failed = summary.losses(max_skipped_share)
         summary.seconds = round(time.perf_counter() - t0, 3)
         (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
