@@ -23,6 +23,7 @@ tool turns is a counted ``tool_calls_unsupported`` skip instead of being mangled
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -171,17 +172,14 @@ class ChatMLBuilder:
         full = "".join(s for s, _ in self._run)
         ids = self.tok.encode_text(full)  # text never produces control tokens (counted skip)
         flags = [False] * len(ids)
+        pieces = self._pieces(full, ids) if len(runs) > 3 else None
         start_tok, char = 0, 0
         for j, (chars, trained) in enumerate(runs):
             char += chars
             if j == len(runs) - 1:
                 end_tok = len(ids)
             else:
-                prefix = self.tok.encode(full[:char])
-                end_tok = 0
-                while end_tok < min(len(prefix), len(ids)) and prefix[end_tok] == ids[end_tok]:
-                    end_tok += 1
-                end_tok = max(end_tok, start_tok)
+                end_tok = max(self._shared_tokens(full, ids, char, pieces), start_tok)
             if trained:
                 flags[start_tok:end_tok] = [True] * (end_tok - start_tok)
             start_tok = end_tok
@@ -191,6 +189,38 @@ class ChatMLBuilder:
             self.mask.extend(flags)
         self._run = []
         self._run_bytes = 0
+
+    def _pieces(self, full: str, ids: list[int]) -> list[tuple[int, int, int]] | None:
+        """``full`` cut at the tokenizer's added tokens, as (first char, end char, first token) of each piece,
+        when the pieces' own ids joined are ``ids`` (checked: HF tokenizers split added tokens out first); None
+        otherwise. A flag change then costs its own piece's length, not the whole run's: a conversation of
+        many tool turns (one ``<tool_response>`` block each, flags alternating) stays linear."""
+        pattern = self.tok.added_token_pattern
+        if pattern is None:
+            return None
+        pieces, joined, at = [], [], 0
+        for m in [*pattern.finditer(full), None]:
+            for a, b in ((at, m.start()), (m.start(), m.end())) if m is not None else ((at, len(full)),):
+                if a < b:
+                    pieces.append((a, b, len(joined)))
+                    joined.extend(self.tok.encode(full[a:b]))
+            at = m.end() if m is not None else at
+        return pieces if joined == ids else None
+
+    def _shared_tokens(self, full: str, ids: list[int], char: int, pieces: list[tuple[int, int, int]] | None) -> int:
+        """How many leading tokens ``full[:char]`` and the whole run ``full`` (``ids``) share: the tokens that
+        belong to the spans before ``char``. With ``pieces``, only the piece holding ``char`` is tokenised again."""
+        start, first = 0, 0
+        if pieces:
+            a, b, tok = pieces[bisect.bisect_right(pieces, (char, len(full) + 1)) - 1]  # the piece holding char
+            start, first = (a, tok) if a <= char < b else (0, 0)
+        if char == start:
+            return first
+        prefix = self.tok.encode(full[start:char])
+        shared, limit = 0, min(len(prefix), len(ids) - first)
+        while shared < limit and prefix[shared] == ids[first + shared]:
+            shared += 1
+        return first + shared
 
     def special(self, tid: int, trained: bool, count: int = 1) -> None:
         self.flush()

@@ -3,7 +3,9 @@ the real Qwen-VL tokenizers by name (built offline in :mod:`energon_pack.chat.qw
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -220,6 +222,18 @@ class QwenTokenizer:
         ids = self.encode(text)
         reject_control_tokens(ids, self.control_ids, self.decode)
         return ids
+
+    @functools.cached_property
+    def added_token_pattern(self) -> re.Pattern | None:
+        """A pattern matching the tokenizer's added tokens (longest first), which HF tokenizers split out of
+        the text before any other step: text between two of them tokenises on its own. None: no added tokens."""
+        backend = self.inner if self._is_raw else getattr(self.inner, "backend_tokenizer", None)
+        decoder = getattr(self.inner, "added_tokens_decoder", None)
+        if not isinstance(decoder, dict) and backend is not None:
+            decoder = backend.get_added_tokens_decoder()
+        texts = {getattr(t, "content", None) for t in decoder.values()} if isinstance(decoder, dict) else set()
+        texts = sorted((t for t in texts if isinstance(t, str) and t), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
 
     def decode(self, ids: list[int]) -> str:
         if self._is_raw:

@@ -19,6 +19,12 @@ def raw():
     return load_tokenizer("qwen2.5-vl").inner
 
 
+@pytest.fixture(scope="module")
+def raw3():
+    """Qwen3-VL's tokenizer: the one whose template renders tool turns, with ``<tool_response>`` an added token."""
+    return load_tokenizer("qwen3-vl").inner
+
+
 class CountingTokenizer:
     """A :class:`TokenizerLike` over the raw Qwen tokenizer that counts calls and characters (a fast
     tokenizer to the byte bound, as a Hugging Face one is)."""
@@ -118,3 +124,65 @@ def test_the_byte_bound_leaves_samples_within_max_length_unchanged(raw):
     ids, target = encode_text_chat(conversation, tokenizer=tok)
     bounded = encode_text_chat(conversation, tokenizer=tok, max_length=len(ids))
     assert bounded[0].tolist() == ids.tolist() and bounded[1].tolist() == target.tolist()
+
+
+def _reference_mask(raw, spans):
+    """The supervision flags by the rule itself: the tokens that ``text[:c]`` and the whole text share go to the
+    spans before each flag change ``c`` (each prefix tokenised in full: quadratic, fine for a reference)."""
+    full = "".join(s for s, _ in spans)
+    ids = raw.encode(full, add_special_tokens=False).ids
+    flags, start, char = [False] * len(ids), 0, 0
+    for j, (s, trained) in enumerate(spans):
+        char += len(s)
+        if j == len(spans) - 1:
+            end = len(ids)
+        else:
+            prefix = raw.encode(full[:char], add_special_tokens=False).ids
+            end = next((i for i, (a, b) in enumerate(zip(prefix, ids)) if a != b), min(len(prefix), len(ids)))
+            end = max(end, start)
+        flags[start:end] = [trained] * (end - start)
+        start = end
+    return ids, flags
+
+
+def _tool_turns(n):
+    """``n`` tool responses rendered as the template merges them, their flags alternating (LLaMA-Factory's
+    per-turn loss_weight), the cut between two of them inside a word at times."""
+    texts = ["42", "ok.", "naïve 東京", "a  b", "x" * 17, '{"k": [1, 2]}']
+    spans = []
+    for i in range(n):
+        body = texts[i % len(texts)]
+        spans.append((f"\n<tool_response>\n{body}\n</tool_response>", i % 2 == 0))
+    return spans
+
+
+@pytest.mark.parametrize("n", [4, 9, 30])
+def test_alternating_tool_turns_keep_the_rules_mask(raw, raw3, n):
+    """Many flag changes in one run (consecutive tool turns with their own loss flags): the builder cuts the run
+    at the tokenizer's added tokens and gives the rule's exact ids and flags."""
+    from energon_pack.chat.render import ChatMLBuilder
+
+    spans = _tool_turns(n) + [("tail with no added token", True), (" and more", False)]
+    for tokenizer in (raw3, raw):  # <tool_response> an added token, and plain text (no cut: the rule in full)
+        builder = ChatMLBuilder(QwenTokenizer(tokenizer), materialize=True)
+        for s, trained in spans:
+            builder.text(s, trained)
+        builder.flush()
+        ids, flags = _reference_mask(tokenizer, spans)
+        assert builder.ids == ids and builder.mask == flags
+
+
+def test_alternating_tool_turns_tokenise_in_linear_time(raw3):
+    """2,000 alternating tool turns: the tokenizer sees about three times the text, not a prefix per turn
+    (the per-change prefixes were ~n²/2 characters: 2,000 turns ~ 30M)."""
+    from energon_pack.chat.render import ChatMLBuilder
+
+    spans = _tool_turns(2000)
+    counting = CountingTokenizer(raw3)
+    builder = ChatMLBuilder(QwenTokenizer(counting, cache_size=0), materialize=True)
+    for s, trained in spans:
+        builder.text(s, trained)
+    builder.flush()
+    full = sum(len(s) for s, _ in spans)
+    assert counting.chars <= 3 * full, (counting.chars, full)
+    assert builder.ids == raw3.encode("".join(s for s, _ in spans)).ids and sum(builder.mask) > 0
