@@ -307,7 +307,7 @@ def convert(
             )
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
-        if src.detected.startswith(f"{src.shape} (JSON array,"):  # streamed: the count is known now
+        if f"{src.shape} (JSON array," in src.detected:  # streamed: the count is known now
             summary.detected = src.detected.replace("JSON array", f"JSON array of {summary.records} records", 1)
         summary.failed = summary.losses(max_skipped_share)
         summary.seconds = round(time.perf_counter() - t0, 3)
