@@ -81,10 +81,14 @@ class PackingConfig:
             ``min_fill`` or ``max_age`` is set (knobs of the tokens-only packer; with ``"compute"`` they are
             an error). A checkpoint saved under the other mode (every one saved before this default packed by
             tokens) is refused by name: restore it with ``balance="tokens"``.
-        cost_model: the step-cost model ``balance="compute"`` equalises: a shape of
-            :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-7b"``, FLOP-derived) or a fitted
-            model of :data:`~energon_pack.packing.step_cost.FITTED`. Default None: the encoder's
-            own (the 7B/8B shape of the Qwen-VL preset; Qwen2.5-VL-7B's LLM for text).
+        cost_model: the step-cost model ``balance="compute"`` equalises, best the model you train: a shape of
+            :data:`energon_pack.packing.step_cost.SHAPES` (e.g. ``"qwen2.5-vl-3b"``, FLOP-derived), a fitted model
+            of :data:`~energon_pack.packing.step_cost.FITTED`, a path to a fitted cost-model JSON
+            (``StepCostModel.as_dict()``), a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL config or model, or a
+            Megatron-Bridge model provider; resolved here to a ``StepCostModel`` (a wrong form is a ConfigError
+            naming the knob). Default None: the model the road can see (Bridge's ``cfg.model`` through
+            ``check_bridge_config``), else the 7B/8B shape of the Qwen-VL preset (Qwen2.5-VL-7B's LLM for text),
+            said in one log line (:func:`~energon_pack.packing.step_cost.resolve_cost_model`).
         seed: carry mode: the seed of the order in which the last open bins are emitted at the end of a
             finite stream. Default 0: fixed, so the same data gives the same packs.
         skip_guard: a worker that has skipped this many samples without emitting a single pack raises
@@ -116,7 +120,7 @@ class PackingConfig:
     max_age: int | None = None
     overlength: str = "skip"
     balance: str | None = None
-    cost_model: str | None = None
+    cost_model: Any = None
     seed: int = 0
     skip_guard: int | None = None
     skip_warn_rate: float | None = 0.5
@@ -145,10 +149,10 @@ class PackingConfig:
                 f"'compute' balances the carry packer; packing_mode={self.packing_mode!r} packs Energon's rounds",
                 "use packing_mode='carry' with balance='compute'",
             )
-        if self.cost_model is not None:
-            from energon_pack.packing.step_cost import named_cost_model
+        if self.cost_model is not None:  # one resolved, light, picklable model (a ConfigError names a wrong form)
+            from energon_pack.packing.step_cost import cost_model_from
 
-            named_cost_model(self.cost_model)  # a ConfigError naming the knob for an unknown name
+            object.__setattr__(self, "cost_model", cost_model_from(self.cost_model))
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         if self.skip_guard is not None and (

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, TypedDict
 
 from energon_pack.errors import ConfigError
+from energon_pack.packing.step_cost import same_cost_model
 
 #: One shard as the fingerprint sees it: (name, sample count, file size in bytes or None when unknown).
 ShardFacts = tuple[str, int, int | None]
@@ -155,6 +156,16 @@ def _check_knobs(saved: dict | None, current: dict | None) -> None:
     order = {"packing_mode": 0, "balance": 2}
     for knob in sorted(set(saved) | set(current), key=lambda k: (order.get(k, 1), k)):
         old, new = saved.get(knob), current.get(knob)
+        if knob == "cost_model" and not same_cost_model(old, new):  # stable names; None: a default, saved before
+            raise ResumeConfigError(
+                knob,
+                f"the checkpoint's packs were balanced under the step-cost model {old or 'of the default'}, this "
+                f"loader prices {new}; exact resume needs the same cost model",
+                "restore with the cost_model the run was saved with (the same shape name, fitted file or model "
+                "config), or start the packing stream fresh without restoring its state",
+            )
+        if knob == "cost_model":
+            continue
         if _plain(old) != _plain(new):
             raise ResumeConfigError(
                 knob,

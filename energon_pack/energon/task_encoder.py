@@ -42,8 +42,8 @@ from energon_pack.packing import (
     PackingStats,
     StepCostModel,
     first_fit_decreasing,
-    named_cost_model,
 )
+from energon_pack.packing.step_cost import DEFAULT_SHAPE, resolve_cost_model
 from energon_pack.thd import ThdLayout, build_thd_batch
 
 from .carry_over import CarryOverPackingDataset
@@ -121,8 +121,8 @@ class CarryOverPackingMixin:
             )
         return cost
 
-    #: the step-cost shape of ``balance="compute"`` when ``cost_model`` names none
-    default_cost_shape = "qwen2.5-vl-7b"
+    #: the step-cost shape of ``balance="compute"`` when neither ``cost_model`` nor the trained model is known
+    default_cost_shape = DEFAULT_SHAPE
 
     def make_packer(self, buffer_size: int) -> OnlinePacker | ComputeBalancedPacker:
         if self.packing.balance == "compute":
@@ -136,9 +136,30 @@ class CarryOverPackingMixin:
         return OnlinePacker(self.packing_capacity(), max_buffered=buffer_size, **self.packing.packer_options())
 
     @functools.cached_property
+    def _resolved_cost_model(self) -> tuple[StepCostModel, str]:
+        return resolve_cost_model(
+            self.packing.cost_model,
+            seen_model=getattr(self, "_seen_model", None),
+            default_shape=self.default_cost_shape,
+            road=type(self).__name__,
+        )
+
+    @property
     def step_cost_model(self) -> StepCostModel:
-        """The step-cost model ``balance="compute"`` equalises (``cost_model``, or the encoder's default shape)."""
-        return named_cost_model(self.packing.cost_model or self.default_cost_shape)
+        """The step-cost model ``balance="compute"`` equalises: ``cost_model``, else the model seen by
+        :meth:`price_model`, else the encoder's default shape (one log line says which)."""
+        return self._resolved_cost_model[0]
+
+    @property
+    def cost_model_name(self) -> str:
+        """The stable name of :attr:`step_cost_model` (source + coefficient hash) in stats and the fingerprint."""
+        return self._resolved_cost_model[1]
+
+    def price_model(self, model: Any) -> None:
+        """Price ``model`` (e.g. Bridge's ``cfg.model``) when ``cost_model`` is None: the road saw what trains."""
+        if self.packing.cost_model is None and model is not None:
+            self._seen_model = model
+            self.__dict__.pop("_resolved_cost_model", None)
 
     def packing_step_cost(self, sample: Any) -> float:
         """One pre-encoded sample's step cost: its tokens as one segment (a text sample has no vision)."""
@@ -241,6 +262,8 @@ class CarryOverPackingMixin:
     def resume_knobs(self) -> dict:
         """This encoder's part of the resume fingerprint: every knob that changes which packs come next."""
         knobs = {f.name: getattr(self.packing, f.name) for f in fields(self.packing) if f.name not in RESUME_SAFE_KNOBS}
+        priced = self.packing.balance == "compute" or self.packing.cost_model is not None
+        knobs["cost_model"] = self.cost_model_name if priced else None  # the resolved model's name, not the object
         return {"pad_multiple": self.layout.pad_multiple, **knobs}
 
     # ---------------------------------------------------------------- the hook we override
@@ -346,6 +369,8 @@ class CarryOverPackingMixin:
         batch = build_thd_batch([m.segment for m in members], self.layout)
         stats = [s.packing_stats for s in samples if getattr(s, "packing_stats", None) is not None]
         batch["packing_stats"] = stats[-1] if stats else None
+        if stats and self.packing.balance == "compute":
+            batch["packing_stats"] = {**stats[-1], "cost_model": self.cost_model_name}
         batch["__key__"] = ",".join(m.__key__ for m in members)
         batch["__restore_key__"] = ()
         return batch

@@ -588,6 +588,8 @@ def check_bridge_config(
         raise TypeError(
             f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)"
         )
+    if hasattr(task_encoder, "price_model"):  # cost_model None: balance prices cfg.model, the model that trains
+        task_encoder.price_model(_get(cfg, "model", None))
     mtp = _get(cfg, "model.mtp_num_layers", None) or 0
     if mtp > 0:
         mtp_error = _mtp_on_packs_error(mtp, *_pack_alignment(cfg, task_encoder if packing is not None else None))

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, raise_config_errors
+from ..packing.step_cost import DEFAULT_MARK, resolve_cost_model
 from ..sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
 from ..thd import ThdLayout, alignment_multiple, without_equal_padded_boundaries
 
@@ -219,7 +220,7 @@ def build_sft_pack_dataset(
     cache_dir: str | None = None,
     format_kw: Mapping | None = None,
     balance: str | None = None,
-    cost_model: str | None = None,
+    cost_model: Any = None,
 ) -> SFTPackDataset:
     """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
 
@@ -605,6 +606,12 @@ def check_bridge_sft_config(
     except ConfigError as err:
         errors.extend(getattr(err, "errors", [err]))
     raise_config_errors(errors)
+    model = _get(cfg, "model")
+    if getattr(ds, "cost_model", None) is None and model is not None and getattr(ds, "balance", None) != "tokens":
+        # cost_model None: balance prices cfg.model, the model that trains (resolved once; the provider keeps it)
+        priced, name = resolve_cost_model(seen_model=model, road="cfg.model")
+        if not name.endswith(DEFAULT_MARK):  # a model it could not read leaves the sampler's default rule
+            object.__setattr__(ds, "_priced_model", priced)
 
 
 # ---------------------------------------------------------------------------------- the provider
@@ -633,7 +640,7 @@ def _sft_fields() -> list:
         ("overlength", str, field(default="skip")),
         ("cache_dir", str | None, field(default=None)),
         ("balance", str | None, field(default=None)),
-        ("cost_model", str | None, field(default=None)),
+        ("cost_model", Any, field(default=None)),
     ]
 
 
@@ -659,7 +666,8 @@ def _build_sft_datasets(self, context: Any) -> tuple:
         overlength=self.overlength,
         cache_dir=self.cache_dir,
         balance=self.balance,
-        cost_model=self.cost_model,
+        # None: cfg.model as check_bridge_sft_config resolved it (the model that trains), else the sampler's default
+        cost_model=self.cost_model if self.cost_model is not None else getattr(self, "_priced_model", None),
     )
     cyclic = self.dataloader_type == "cyclic"  # Bridge's cyclic sampler reshuffles the one epoch's packs itself
     train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=0 if cyclic else context.train_samples, **kw)

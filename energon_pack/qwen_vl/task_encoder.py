@@ -29,6 +29,7 @@ from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
 from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.packing.step_cost import DEFAULT_SHAPE, DEFAULT_SHAPES
 from energon_pack.pixels import TORCH_DTYPES, image_size_from_bytes
 from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
 from energon_pack.video import FrameSampling, probe_video
@@ -63,8 +64,9 @@ def check_static_pixel_memory(max_patches_per_pack: int, preset: VisionPreset) -
     return need
 
 
-#: the step-cost shape of ``balance="compute"`` per preset version (``PackingConfig.cost_model`` overrides it)
-DEFAULT_COST_SHAPES = {"qwen2": "qwen2-vl-7b", "qwen2.5": "qwen2.5-vl-7b", "qwen3": "qwen3-vl-8b"}
+#: the step-cost shape of ``balance="compute"`` per preset version, when neither ``PackingConfig.cost_model`` nor the
+#: trained model is known (the one table, in :mod:`energon_pack.packing.step_cost`)
+DEFAULT_COST_SHAPES = DEFAULT_SHAPES
 
 
 class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
@@ -217,7 +219,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     @property
     def default_cost_shape(self) -> str:  # type: ignore[override]
         """The 7B/8B model of the preset's version: what ``balance="compute"`` prices by default."""
-        return DEFAULT_COST_SHAPES.get(self.preset.rope_style, "qwen2.5-vl-7b")
+        return DEFAULT_COST_SHAPES.get(self.preset.rope_style, DEFAULT_SHAPE)
 
     def packing_step_cost(self, sample: Any) -> float:
         """One pre-encoded sample's step cost: its tokens as one segment, its images' and videos' grids."""

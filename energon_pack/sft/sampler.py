@@ -30,15 +30,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
-from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing, named_cost_model
+from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing
 from ..packing.balanced import BALANCE_MODES, DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
+from ..packing.step_cost import cost_model_from, cost_model_name, resolve_cost_model, same_cost_model
 from ..thd import accepts_old_width, aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
 OVERSIZE = "oversize"
-#: the shape ``balance="compute"`` prices when ``cost_model`` names none (its LLM: these are text samples)
-DEFAULT_COST_SHAPE = "qwen2.5-vl-7b"
 #: samples the compute-balanced packer holds (at most the window)
 BALANCE_BUFFER = 256
 #: (slack, room_weight) of the balanced plans of states saved before their config recorded it
@@ -68,9 +67,11 @@ class TokenBudgetBatchSampler:
             Default None: ``"compute"`` (0.04 fill points below ``"tokens"`` on a chat mix with 10% long
             documents), and :meth:`load_state_dict` of a state saved under ``"tokens"`` (every state saved before
             this default) continues that run by tokens; a mode given explicitly must match the state's.
-        cost_model: the step-cost model ``balance="compute"`` prices (a shape of
-            :data:`energon_pack.packing.step_cost.SHAPES` or a fitted model of its ``FITTED``); default None:
-            ``"qwen2.5-vl-7b"`` (its LLM).
+        cost_model: the step-cost model ``balance="compute"`` prices, best the model you train: every form
+            :func:`~energon_pack.packing.step_cost.cost_model_from` accepts (a shape or fitted name, a fitted
+            cost-model JSON path, a transformers config or model, a Megatron-Bridge model provider). Default
+            None: ``"qwen2.5-vl-7b"`` (its LLM), said in one log line
+            (:func:`~energon_pack.packing.step_cost.resolve_cost_model`); the state records the model's stable name.
     """
 
     def __init__(
@@ -86,7 +87,7 @@ class TokenBudgetBatchSampler:
         num_replicas: int = 1,
         rank: int = 0,
         balance: str | None = None,
-        cost_model: str | None = None,
+        cost_model: Any = None,
     ) -> None:
         self._dataset = lengths if hasattr(lengths, "skipped_lines") else None  # a JsonlSFTDataset or an array
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
@@ -255,9 +256,14 @@ class TokenBudgetBatchSampler:
         self.epoch, self._start, self._yielded = int(epoch), 0, 0
 
     # ------------------------------------------------------------------ checkpointing
-    def _set_balance(self, balance: str, cost_model: str | None) -> None:
+    def _set_balance(self, balance: str, cost_model: Any) -> None:
         self.balance, self.cost_model = balance, cost_model
-        self._step_cost = named_cost_model(cost_model or DEFAULT_COST_SHAPE) if balance == "compute" else None
+        self._step_cost = self.cost_model_name = None
+        if balance == "compute":
+            road = "the SFT sampler"
+            self._step_cost, self.cost_model_name = resolve_cost_model(cost_model, road=road)
+        elif cost_model is not None:
+            self.cost_model_name = cost_model_name(cost_model_from(cost_model))  # validated even when unused
         self._plan_cache = None
 
     def _config(self) -> dict[str, Any]:
@@ -274,7 +280,11 @@ class TokenBudgetBatchSampler:
             "lengths": hashlib.blake2b(self.lengths.tobytes(), digest_size=8).hexdigest(),
             # only when set: checkpoints of tokens-balanced runs, saved before the knob existed, still load
             **(
-                {"balance": self.balance, "cost_model": self.cost_model, "balance_tuning": list(self._balance_tuning)}
+                {
+                    "balance": self.balance,
+                    "cost_model": self.cost_model_name,
+                    "balance_tuning": list(self._balance_tuning),
+                }
                 if self.balance != "tokens"
                 else {}
             ),
@@ -293,13 +303,15 @@ class TokenBudgetBatchSampler:
         saved = dict(state["config"])
         if self._balance_defaulted and saved.get("balance", "tokens") != self.balance:
             # balance left to its default: continue the run the state was saved in, in its own mode
-            self._set_balance(saved.get("balance", "tokens"), saved.get("cost_model"))
+            self._set_balance(saved.get("balance", "tokens"), self.cost_model)
         mine, tuning = self._config(), None
         if self.balance == "compute" and saved.get("balance") == "compute":
             # the plan of a balanced run depends on the packer's tuning: continue with the one it was saved
             # under (a state without it predates the key: the tuning of that release)
             tuning = tuple(float(x) for x in saved.get("balance_tuning", PRE_KEY_BALANCE_TUNING))
             saved["balance_tuning"] = mine["balance_tuning"] = list(tuning)
+        if "cost_model" in saved and same_cost_model(saved["cost_model"], mine.get("cost_model")):
+            saved["cost_model"] = mine.get("cost_model")  # the same model (a state saved before stable names too)
         diff = sorted(k for k in {*mine, *saved} if saved.get(k) != mine.get(k))
         if diff:
             hint = (
