@@ -1,5 +1,6 @@
-"""Every Python block of the README and the docs pages marked ``<!-- runnable -->`` runs as written
-(against a small demo dataset in ``demo_data/``, as after ``energon-pack demo``); the batch contract
+"""Every Python block of the README and the docs pages marked ``<!-- runnable -->`` runs as written, in a
+temporary folder (never the repository root) holding a small demo dataset in ``demo_data/``; the README's first
+road also runs in an empty folder, where it writes the demo data itself; the batch contract
 table names every key the real batches carry. The docs' rule: unmarked blocks are illustrative (GPUs,
 Bridge, a model)."""
 
@@ -54,6 +55,21 @@ def test_runnable_block_runs_as_written(demo_cwd, index):
     script.write_text(RUNNABLE[index][0])
     proc = subprocess.run([sys.executable, str(script)], cwd=demo_cwd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_road_1_runs_in_an_empty_folder_and_says_what_it_packed(tmp_path):
+    """A user's first script, saved anywhere: no demo data there yet, no repository around it."""
+    road_1 = next(code for code, _ in RUNNABLE if "get_savable_loader(dataset)" in code)
+    (tmp_path / "road_1.py").write_text(road_1)
+    proc = subprocess.run([sys.executable, "road_1.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"pack {i}" for i in range(5)]
+    for line in lines:
+        assert re.fullmatch(r"pack \d: \d+ samples, \d+ of 8192 tokens", line), line
+        assert 8000 <= int(line.split()[4]) <= 8192  # full packs (the demo data fill ~99%)
+    assert (tmp_path / "demo_data" / ".nv-meta" / "dataset.yaml").is_file()
+    assert len(list((tmp_path / "demo_data").glob("demo-*.tar"))) == 2  # 200 samples, 100 per shard
 
 
 def contract_keys() -> set[str]:
