@@ -26,6 +26,8 @@ One module per concern:
 * :mod:`.loss`: :func:`packed_loss` on our pre-shifted labels, :func:`packed_loss_from_hidden` (the same from the
   final hidden states of :func:`packed_hidden_states`, chunked) and :func:`normalize_by_global_tokens`.
 * :mod:`.version`: :func:`check_transformers_version` and what the installed release's towers read.
+* :mod:`.trainer`: ``transformers.Trainer`` / ``trl.SFTTrainer`` on our packs (:class:`~.trainer.PackedIterableDataset`,
+  :class:`~.trainer.PackedCollator`, :class:`~.trainer.EnergonStateCallback`); loaded on first use of one of its names.
 
 Older releases than :data:`SUPPORTED_TRANSFORMERS` get a :class:`~energon_pack.errors.ConfigError` from our entry
 points; transformers is imported inside functions only, so importing this package costs nothing.
@@ -63,11 +65,32 @@ from energon_pack.integrations.hf.version import (
     check_transformers_version,
     vision_precompute_keys,
 )
+from energon_pack.lazy_exports import lazy_exports
+
+#: the Trainer adapters import transformers at the top: loaded on first use (PEP 562)
+_TRAINER_EXPORTS = {
+    name: "energon_pack.integrations.hf.trainer"
+    for name in (
+        "TRAINER_SETTINGS",
+        "EnergonStateCallback",
+        "PackedCollator",
+        "PackedIterableDataset",
+        "check_trainer_args",
+        "packed_trainer_loss",
+        "trainer_labels",
+    )
+}
+__getattr__, __dir__ = lazy_exports(__name__, _TRAINER_EXPORTS, globals())
 
 __all__ = [
+    "EnergonStateCallback",
     "LOSS_CHUNK_TOKENS",
+    "PackedCollator",
+    "PackedIterableDataset",
     "SUPPORTED_TRANSFORMERS",
+    "TRAINER_SETTINGS",
     "VARLEN_ATTENTION",
+    "check_trainer_args",
     "check_transformers_version",
     "check_vision_preset",
     "global_token_count",
@@ -80,10 +103,12 @@ __all__ = [
     "packed_hidden_states",
     "packed_loss",
     "packed_loss_from_hidden",
+    "packed_trainer_loss",
     "place_visual_rows",
     "prepare_model",
     "register_varlen_attention",
     "static_vision_kwargs",
+    "trainer_labels",
     "use_static_visual",
     "use_varlen_attention",
     "varlen_attention_forward",

@@ -1,0 +1,287 @@
+"""``transformers.Trainer`` / ``trl.SFTTrainer`` on our packs: a dataset, a collator and a checkpoint callback.
+
+::
+
+    loader = get_savable_loader(get_train_dataset(..., task_encoder=encoder, packing_buffer_size=K))
+    dataset = PackedIterableDataset(loader)
+    trainer = Trainer(
+        model=prepare_model(model),
+        args=TrainingArguments(output_dir, max_steps=N, **TRAINER_SETTINGS),
+        train_dataset=dataset,
+        data_collator=PackedCollator(model),
+        compute_loss_func=packed_trainer_loss,
+        callbacks=[EnergonStateCallback(dataset)],
+    )
+
+* :data:`TRAINER_SETTINGS`: what the Trainer's arguments must say for packs: one pack per micro-batch, every key
+  kept, no DataLoader workers (Energon has its own), and no Accelerate dispatch (it would slice every tensor of
+  a pack to its first row, as if it were a batch of samples).
+* :class:`PackedIterableDataset`: a torch ``IterableDataset`` over the Energon loader (one pack per item), which
+  the Trainer's DataLoader neither re-batches nor shuffles. It keeps the loader's state after each of its last
+  packs, since the Trainer (through Accelerate) reads a pack ahead of the one it trains on.
+* :class:`PackedCollator`: a pack -> the model's forward kwargs (:func:`~.batch.hf_forward_kwargs`: positions,
+  cu_seqlens for the varlen attention, no mask) plus ``labels`` in HF's unshifted form (:func:`trainer_labels`),
+  from which the Trainer counts ``num_items_in_batch``: the supervised tokens of the whole accumulated step.
+* :func:`packed_trainer_loss`: the Trainer's ``compute_loss_func``: our loss summed over the supervised tokens and
+  divided by ``num_items_in_batch`` (HF's Qwen-VL models keep that count from their own loss).
+* :class:`EnergonStateCallback`: writes the loader state of the last trained pack into each checkpoint folder and
+  restores it on ``resume_from_checkpoint``, so a resumed run trains the same packs as an uninterrupted one.
+
+This module imports transformers at the top: the package loads it on first use of one of its names only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from transformers import TrainerCallback
+
+from energon_pack.errors import ConfigError
+from energon_pack.integrations.hf.batch import hf_forward_kwargs
+from energon_pack.integrations.hf.loss import packed_loss
+from energon_pack.thd import IGNORE_INDEX
+
+__all__ = [
+    "TRAINER_SETTINGS",
+    "EnergonStateCallback",
+    "PackedCollator",
+    "PackedIterableDataset",
+    "check_trainer_args",
+    "packed_trainer_loss",
+    "trainer_labels",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The TrainingArguments / SFTConfig settings our packs need: ``TrainingArguments(..., **TRAINER_SETTINGS)``.
+TRAINER_SETTINGS: dict[str, Any] = {
+    "per_device_train_batch_size": 1,
+    "remove_unused_columns": False,
+    "dataloader_num_workers": 0,
+    "accelerator_config": {"dispatch_batches": False},
+}
+
+#: The file in each Trainer checkpoint folder that holds one rank's Energon loader state.
+STATE_FILE = "energon_loader_state_rank{rank}.pt"
+
+
+_SETTING_WHY = {
+    "per_device_train_batch_size": "each pack is one THD row, already as full as the width",
+    "remove_unused_columns": "the Trainer would drop the pack's keys its model's forward does not name",
+    "dataloader_num_workers": "each DataLoader worker would replay the whole Energon stream",
+    "accelerator_config": "Accelerate's dispatch slices every tensor of a pack to its first row",
+}
+
+
+def check_trainer_args(args: Any) -> None:
+    """Refuse ``TrainingArguments`` (or an ``SFTConfig``) that break packs, naming the setting and
+    :data:`TRAINER_SETTINGS`. :class:`EnergonStateCallback` calls it when training begins."""
+    for knob, want in TRAINER_SETTINGS.items():
+        got = getattr(args, knob, want)
+        if knob == "accelerator_config":
+            got = {"dispatch_batches": getattr(got, "dispatch_batches", None)}
+        if got != want:
+            raise ConfigError(
+                knob,
+                f"is {got!r}: {_SETTING_WHY[knob]}",
+                f"set {knob}={want!r} (TrainingArguments(..., **energon_pack.integrations.hf.TRAINER_SETTINGS))",
+            )
+
+
+class PackedIterableDataset(IterableDataset):
+    """Our packs from ``loader`` (an Energon savable loader, or any iterable of packed batches) for a Trainer.
+
+    With a savable loader (``save_state_rank``), the loader's state after each of the last ``keep`` packs is kept
+    (:meth:`state_after`), for :class:`EnergonStateCallback`. Iterating it inside a DataLoader worker is refused:
+    each worker would replay the whole stream.
+    """
+
+    def __init__(self, loader: Iterable[Mapping[str, Any]], *, keep: int = 16) -> None:
+        if keep < 2:
+            raise ConfigError("keep", f"must be at least 2, got {keep}", "leave keep=16")
+        self.loader = loader
+        self.savable = callable(getattr(loader, "save_state_rank", None))
+        self._states: deque[tuple[int, Any]] = deque([(0, None)], maxlen=keep)
+        self._yielded = 0
+        self._pending: Any = None
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        if get_worker_info() is not None:
+            raise ConfigError(
+                "dataloader_num_workers",
+                "the Trainer's DataLoader runs workers over the packs: each would replay the whole Energon stream",
+                "leave dataloader_num_workers=0 (Energon runs its own workers: WorkerConfig(num_workers=...))",
+            )
+        if self._pending is not None:
+            self.loader.restore_state_rank(self._pending)
+            self._pending = None
+        for pack in self.loader:
+            self._yielded += 1
+            if self.savable:
+                self._states.append((self._yielded, self.loader.save_state_rank()))
+            yield pack
+
+    def state_after(self, packs: int) -> Any:
+        """The loader's state after the first ``packs`` packs of this stream (since it was built or restored)."""
+        for count, state in self._states:
+            if count == packs:
+                return state
+        raise ConfigError(
+            "keep",
+            f"the loader state after pack {packs} is not kept (kept: {[c for c, _ in self._states]})",
+            "save checkpoints from a Trainer over this dataset (it reads at most a pack ahead), or raise keep=",
+        )
+
+    def restore(self, state: Any) -> None:
+        """Continue from ``state`` (a :meth:`state_after` result) at the next iteration."""
+        if not self.savable:
+            raise ConfigError(
+                "loader",
+                f"{type(self.loader).__name__} has no restore_state_rank",
+                "build the dataset over megatron.energon.get_savable_loader(...)",
+            )
+        self._pending = state
+        self._yielded = 0
+        self._states.clear()
+        self._states.append((0, state))
+
+
+def trainer_labels(batch: Mapping[str, Any]) -> torch.Tensor:
+    """HF's unshifted ``labels`` for a pack: HF's causal-LM loss predicts ``labels[i + 1]`` at position ``i``.
+
+    Our ``labels`` are pre-shifted (the target at position ``i``) and supervised where ``loss_mask`` is 1; the
+    result holds each supervised target one position later and ``-100`` elsewhere, so HF's shift gives back our
+    targets and the Trainer's count of ``labels[..., 1:] != -100`` is the pack's supervised tokens.
+    """
+    labels, loss_mask = batch["labels"], batch["loss_mask"]
+    keep = (loss_mask != 0) & (labels != IGNORE_INDEX)
+    if bool(((loss_mask != 0) & (loss_mask != 1)).any()):
+        raise ConfigError(
+            "loss_mask",
+            "holds weights other than 0 and 1, which HF's loss (one label per token) cannot carry",
+            "train weighted packs with packed_loss / packed_loss_from_hidden in your own step",
+        )
+    if bool(keep[..., -1].any()):
+        raise ConfigError(
+            "labels",
+            "the pack's last position is supervised: HF's shifted loss has no position before it to hold it",
+            "pass the packs as the task encoder builds them (a segment's last label is always -100)",
+        )
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[..., 1:] = labels[..., :-1].masked_fill(~keep[..., :-1], IGNORE_INDEX)
+    return out
+
+
+def packed_trainer_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+    """The Trainer's ``compute_loss_func`` for packs: :func:`~.loss.packed_loss` on the model's logits and the
+    collator's labels, summed over the supervised tokens and divided by ``num_items_in_batch`` (the supervised tokens
+    of the whole accumulated step, of every rank with ``average_tokens_across_devices``); by the pack's own count
+    where the Trainer gives none.
+
+    Needed because HF's Qwen-VL models declare ``accepts_loss_kwargs = False``: their own loss never sees
+    ``num_items_in_batch``, and the Trainer would average per-pack means over gradient accumulation instead.
+    """
+    logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[..., :-1] = labels[..., 1:]  # back to our pre-shifted form: the target at each position
+    batch = {"labels": targets, "loss_mask": (targets != IGNORE_INDEX).to(torch.float32)}
+    loss, count = packed_loss(logits, batch)
+    return loss / torch.as_tensor(count if num_items_in_batch is None else num_items_in_batch).to(loss).clamp(min=1)
+
+
+class PackedCollator:
+    """A Trainer's ``data_collator``: one pack -> ``model``'s forward kwargs and :func:`trainer_labels`.
+
+    ``model`` is the model being trained (HF Qwen-VL or a text-only LLM; prepared with
+    :func:`~energon_pack.integrations.hf.prepare_model`); ``preset`` normalises uint8 pixels, ``one_vision_call``
+    as in :func:`~.batch.hf_forward_kwargs`. The kwargs stay on the CPU: the Trainer moves them.
+    """
+
+    def __init__(self, model: Any, *, preset: Any = None, one_vision_call: bool = True) -> None:
+        self.model = model
+        self.preset = preset
+        self.one_vision_call = one_vision_call
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if len(features) != 1:
+            raise ConfigError(
+                "per_device_train_batch_size",
+                f"the collator got {len(features)} packs; each pack is one THD row, already as full as the width",
+                "set per_device_train_batch_size=1",
+            )
+        batch = features[0]
+        if not isinstance(batch, Mapping) or "cu_seqlens_q" not in batch or "loss_mask" not in batch:
+            got = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+            raise ConfigError(
+                "remove_unused_columns",
+                f"the collator got {got}, not a packed batch (the Trainer dropped the keys its model does not take)",
+                "set remove_unused_columns=False in TrainingArguments / SFTConfig",
+            )
+        kwargs = hf_forward_kwargs(
+            batch,
+            model=getattr(self.model, "module", self.model),
+            preset=self.preset,
+            one_vision_call=self.one_vision_call,
+        )
+        kwargs["labels"] = trainer_labels(batch)
+        return kwargs
+
+
+class EnergonStateCallback(TrainerCallback):
+    """Saves the Energon loader state of ``dataset`` (a :class:`PackedIterableDataset`) in each checkpoint folder and
+    restores it when the Trainer resumes from one.
+
+    The state saved at step ``s`` is the loader's after the packs the first ``s`` steps trained on (``s x
+    gradient_accumulation_steps``), not after the pack read ahead. On resume (``trainer.train(
+    resume_from_checkpoint=...)``) it is read from ``<output_dir>/checkpoint-<step>`` or ``resume_from``, and the
+    Trainer's own skipping of the first batches is turned off (``ignore_data_skip``): the restored loader
+    already starts at the next pack.
+    """
+
+    def __init__(self, dataset: PackedIterableDataset, *, resume_from: str | os.PathLike[str] | None = None) -> None:
+        if not isinstance(dataset, PackedIterableDataset) or not dataset.savable:
+            raise ConfigError(
+                "dataset",
+                f"{type(dataset).__name__} keeps no loader state",
+                "pass PackedIterableDataset(get_savable_loader(...))",
+            )
+        self.dataset = dataset
+        self.resume_from = resume_from
+        self._first_step = 0
+
+    @staticmethod
+    def _path(folder: str | os.PathLike[str], args: Any) -> str:
+        return os.path.join(folder, STATE_FILE.format(rank=args.process_index))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        check_trainer_args(args)
+        self._first_step = state.global_step
+        if state.global_step == 0:
+            return
+        folder = self.resume_from or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        path = self._path(folder, args)
+        if not os.path.isfile(path):
+            raise ConfigError(
+                "resume_from_checkpoint",
+                f"the run resumes at step {state.global_step} but {path} holds no Energon loader state",
+                "resume from a checkpoint written with EnergonStateCallback, or pass "
+                "EnergonStateCallback(dataset, resume_from=<that checkpoint folder>)",
+            )
+        self.dataset.restore(torch.load(path, weights_only=False))
+        if not args.ignore_data_skip:
+            logger.info(
+                "the Energon loader resumes at step %d: the Trainer's skip of batches is off", state.global_step
+            )
+            args.ignore_data_skip = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        packs = (state.global_step - self._first_step) * args.gradient_accumulation_steps
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self.dataset.state_after(packs), self._path(folder, args))
