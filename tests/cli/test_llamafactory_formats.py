@@ -410,7 +410,7 @@ def test_convert_reads_trl_and_alpaca_pairs_in_chosen_mode_and_keeps_unreadable_
     lines = write_jsonl(tmp_path / "lines.jsonl", [*records, ranking])  # detected as alpaca (instruction + output)
     assert main([str(lines), str(tmp_path / "refused"), "--workers", "0", "--no-progress"]) == 2
     assert "could be converted: preference_data=5 (e.g. line 1: chosen/rejected: a DPO/ORPO" in capsys.readouterr().err
-    flags = ["--workers", "0", "--no-progress", "--json", "--preference", "chosen"]
+    flags = ["--workers", "0", "--no-progress", "--json", "--preference", "chosen", "--max-skipped-share", "0.3"]
     assert (
         main([str(src), str(tmp_path / "out"), *flags]) == 0 and main([str(lines), str(tmp_path / "o2"), *flags]) == 0
     )
