@@ -16,9 +16,13 @@ Inputs (the layouts most published VLM SFT sets use), detected from the content:
 - ``parquet``: one ``.parquet`` file or a folder of them, with a ``messages`` / ``conversations`` /
   ``texts`` column and an ``images`` / ``image`` column (``{"bytes", "path"}`` structs or binary).
 
-An image value is a path (relative paths resolve against ``image_root``, default the source
-file's folder), a ``{"path"}`` / ``{"bytes"}`` dict, raw bytes or a ``data:`` URI. Images are
-stored with their ORIGINAL encoded bytes (never re-encoded), named by the format sniffed from
+A LLaMA-Factory dataset is read by its name in ``dataset_info.json`` (``data/dataset_info.json#mllm_demo``:
+its file, formatting, columns and tags, :mod:`.dataset_info`).
+
+An image value is a path (relative paths resolve against ``image_root``; without it, against the first
+folder that holds them of those :func:`~.media.media_roots` guesses: the source's folder, its
+``dataset_info.json`` folder, the current folder), a ``{"path"}`` / ``{"bytes"}`` dict, raw bytes or a
+``data:`` URI. Images are stored with their ORIGINAL encoded bytes (never re-encoded), named by the format sniffed from
 the bytes. Videos (LLaVA-Video / ShareGPT ``"video"`` / ``"videos"`` with ``<video>``
 placeholders, ``{"type": "video", "video": ...}`` parts, Parquet ``video`` columns) take the same
 values and are copied byte for byte too, after the header check the loader's costing needs
@@ -42,7 +46,8 @@ included), only from regular files up to ``max_media_mb``, and only past an imag
 Then :func:`~energon_pack.energon.prepare.prepare_webdataset` indexes the shards (in pure Python, the files
 ``energon prepare`` writes: :mod:`energon_pack.energon.index_writer`), so ``get_train_dataset(out_dir, ...)``
 works at once. Every unusable record is a counted skip
-with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``. Each written
+with a reason and examples (:data:`SKIP_REASONS`); ``written + skipped == records``; a run that lost a whole
+media kind or more than ``--max-skipped-share`` of its records exits with status 2 after writing it all. Each written
 record has passed the loader's own structural checks on the very JSON written
 (:func:`~energon_pack.chat.conversation.check_conversation`: turns, roles, tool calls, an assistant
 turn, placeholders against images), under the loader's reason names; what is left to the loader
