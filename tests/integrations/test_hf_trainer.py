@@ -172,3 +172,36 @@ def test_the_collator_refuses_batches_of_packs_and_dropped_columns(shards):
         collator([pack, pack])
     with pytest.raises(ConfigError, match="remove_unused_columns.*set remove_unused_columns=False"):
         collator([{"input_ids": pack["input_ids"]}])
+
+
+def _train(shards, out, steps, *, workers=0, save_steps=None, resume=None):
+    """The ``__keys__`` of the packs a Trainer run trained on (2 packs per step: gradient accumulation 2)."""
+    model = H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()).train())
+    dataset = H.PackedIterableDataset(_loader(shards, "qwen2.5-vl", workers=workers))
+    collator = _Recording(model)
+    save = dict(save_strategy="steps", save_steps=save_steps) if save_steps else {}
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(out, max_steps=steps, gradient_accumulation_steps=2, **save),
+        train_dataset=dataset,
+        data_collator=collator,
+        compute_loss_func=H.packed_trainer_loss,
+        callbacks=[H.EnergonStateCallback(dataset)],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return collator.keys
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_resumed_run_trains_the_packs_of_an_uninterrupted_one(shards, tmp_path, workers):
+    """Stopped after step 2 (checkpoint-2 holds the Energon state of the 4 packs trained, not of the one read
+    ahead) and resumed: steps 3-4 train the packs of steps 3-4 of an uninterrupted run."""
+    full = _train(shards, tmp_path / "full", 4, workers=workers)
+    first = _train(shards, tmp_path / "run", 2, workers=workers, save_steps=2)
+    state = tmp_path / "run" / "checkpoint-2" / "energon_loader_state_rank0.pt"
+    assert state.is_file()
+    resumed = _train(shards, tmp_path / "run", 4, workers=workers, resume=str(tmp_path / "run" / "checkpoint-2"))
+    assert len(full) == 9 and len(first) == 5 and len(resumed) == 5  # each run reads one pack ahead
+    assert first[:4] == full[:4]
+    assert resumed[:4] == full[4:8]
+    assert len({tuple(k) for k in full[:8]}) == 8
