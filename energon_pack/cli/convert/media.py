@@ -37,10 +37,14 @@ def media_roots(source: Path, image_root: Path | None, dataset_dir: Path | None 
     run from its checkout, opens a path it found nowhere else)."""
     if image_root is not None:
         return (os.path.abspath(image_root),)
-    folder = source if source.is_dir() else source.parent
+    folder = Path(os.path.abspath(source if source.is_dir() else source.parent))
     if dataset_dir is None:  # a dataset_info.json beside the file or up to two folders above it
         dataset_dir = next((d for d in (folder, *folder.parents[:2]) if (d / "dataset_info.json").is_file()), None)
-    roots = (folder, *((dataset_dir,) if dataset_dir is not None else ()), Path.cwd())
+    try:
+        cwd: tuple = (os.getcwd(),)
+    except FileNotFoundError:  # the current folder was deleted: not a root
+        cwd = ()
+    roots = (folder, *((dataset_dir,) if dataset_dir is not None else ()), *cwd)
     return tuple(dict.fromkeys(os.path.abspath(r) for r in roots))
 
 
