@@ -72,6 +72,10 @@ _EXPORTS: dict[str, str] = {
     "packed_hidden_states": "energon_pack.integrations.hf",
     "normalize_by_global_tokens": "energon_pack.integrations.hf",
     "use_varlen_attention": "energon_pack.integrations.hf",
+    "PackedIterableDataset": "energon_pack.integrations.hf",
+    "PackedCollator": "energon_pack.integrations.hf",
+    "packed_trainer_loss": "energon_pack.integrations.hf",
+    "EnergonStateCallback": "energon_pack.integrations.hf",
     # the packing core (no torch, no Energon) and the THD batch
     "BinPacking": "energon_pack.packing",
     "OnlinePacker": "energon_pack.packing",
@@ -122,12 +126,16 @@ if TYPE_CHECKING:  # static analysers see the real names
     )
     from energon_pack.integrations.bridge_sft import check_bridge_sft_config, make_bridge_sft_dataset_provider
     from energon_pack.integrations.hf import (
+        EnergonStateCallback,
+        PackedCollator,
+        PackedIterableDataset,
         hf_forward_kwargs,
         normalize_by_global_tokens,
         packed_forward,
         packed_hidden_states,
         packed_loss,
         packed_loss_from_hidden,
+        packed_trainer_loss,
         prepare_model,
         use_varlen_attention,
     )
