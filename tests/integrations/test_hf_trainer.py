@@ -205,3 +205,17 @@ def test_a_resumed_run_trains_the_packs_of_an_uninterrupted_one(shards, tmp_path
     assert first[:4] == full[:4]
     assert resumed[:4] == full[4:8]
     assert len({tuple(k) for k in full[:8]}) == 8
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "why"),
+    [
+        ("accelerator_config", {"dispatch_batches": None}, "dispatch slices every tensor of a pack"),
+        ("remove_unused_columns", True, "drop the pack's keys"),
+        ("dataloader_num_workers", 1, "replay the whole Energon stream"),
+    ],
+)
+def test_arguments_that_break_packs_are_refused_by_name(tmp_path, knob, value, why):
+    H.check_trainer_args(_args(tmp_path))
+    with pytest.raises(ConfigError, match=f"{knob}.*{why}.*TRAINER_SETTINGS"):
+        H.check_trainer_args(_args(tmp_path, **{knob: value}))
