@@ -49,8 +49,8 @@ def gpt_sft_modules() -> types.SimpleNamespace | None:
         for name, value in vars(real).items():
             if not name.startswith("__") and not hasattr(utils, name):
                 setattr(utils, name, value)
-    saved = sys.modules.get("datasets")
-    if saved is None and importlib.util.find_spec("datasets") is None:
+    stand_in = sys.modules.get("datasets") is None and importlib.util.find_spec("datasets") is None
+    if stand_in:
         sys.modules["datasets"] = types.SimpleNamespace(load_dataset=None, builder=types.SimpleNamespace())
     try:
         names = (
@@ -62,8 +62,8 @@ def gpt_sft_modules() -> types.SimpleNamespace | None:
         )
         mods = {name.split(".")[-1]: bridge_module(name) for name in names}
     finally:
-        if saved is None:
-            sys.modules.pop("datasets", None)
+        if stand_in:  # the real HF datasets (a TRL dependency), once imported, stays: a second import of it would
+            sys.modules.pop("datasets", None)  # register its pyarrow extension types twice
     return types.SimpleNamespace(**mods)
 
 

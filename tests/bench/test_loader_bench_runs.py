@@ -133,7 +133,10 @@ def test_demo_in_either_order_warms_up_interleaves_and_reports_carry_first(tmp_p
     assert f"8 packs per mode in 4 timed runs each, order {abba}, after an untimed warm-up" in printed
     table = [m[1] for m in re.finditer(r"^(carry|rounds) +64 ", printed, re.M)]
     assert table == ["carry", "rounds"]
-    assert "carry / rounds: 2.00x samples/s, 2.00x real tokens/s (the median over the runs" in printed
+    assert (
+        "carry / rounds speed: 2.00x samples/s (runs 2.00-2.00x), 2.00x real tokens/s, median of 4 paired runs; "
+        "carry faster in each of the 4 runs" in printed
+    )
     # each run reads 2 packs x 12 samples + 1 skipped = 25 of the dataset's 20
     assert "dataset holds 20 samples; each timed run reads 25 (it repeats the dataset 1.2 times)" in printed
     assert f"wrote {out}" in printed
