@@ -89,8 +89,11 @@ def bridge():
         sys.meta_path.remove(finder)
         for name in added:
             delattr(utils, name)
+        # the real HF datasets (installed with TRL) stays imported: a second import of it registers its pyarrow
+        # extension types twice; only the stubs go
+        scoped = [p for p in _SCOPED if p != "datasets" or p in finder.roots]
         for name in set(sys.modules) - before:
-            if any(name == p or name.startswith(p + ".") for p in _SCOPED):
+            if any(name == p or name.startswith(p + ".") for p in scoped):
                 del sys.modules[name]
     spec = importlib.util.spec_from_file_location("bridge_losses_file", root / "training" / "losses.py")
     losses = importlib.util.module_from_spec(spec)
