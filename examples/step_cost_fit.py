@@ -28,6 +28,7 @@ Two steps, so the GPU machine needs neither Energon nor the data:
 
     python examples/step_cost_fit.py packs --out .calib/packs.pt
     python examples/step_cost_fit.py packs --mix video --modes tokens,compute,rounds16 --out .calib/video.pt
+    python examples/step_cost_fit.py packs --data my_converted_data --width 4096 --out .calib/mine.pt
     python examples/step_cost_fit.py fit --packs .calib/packs.pt --size 3b --out bench_results/step_cost.json
     python examples/step_cost_fit.py fit --packs .calib/packs.pt --compile --repeat 24 --profile 3 --out ...
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -167,23 +169,30 @@ def save_packs(args: argparse.Namespace) -> None:
     for mode in modes:
         mode_packing(mode, args.buffer)  # an unknown mode fails before the records are written
     scratch = Path(tempfile.mkdtemp(prefix="step_cost_"))
-    videos = args.videos if args.mix == "video" else 0
-    source = write_records(scratch, args.samples, args.width, args.seed, videos=videos)
-    convert(source, scratch / "shards", progress=False, workers=args.workers)
-    saved: dict[str, Any] = {
-        "width": args.width,
-        "mix": args.mix,
-        "videos": videos,
-        "samples": args.samples,
-        "buffer": args.buffer,
-        "cost_model": args.cost_model,
-        "modes": {},
-        "calibration": [],
-    }
-    for mode in modes:
-        saved["modes"][mode], encoder = take_packs(scratch / "shards", args, mode, args.width, args.packs)
-    for width in [int(w) for w in args.calibration_widths.split(",") if w]:
-        saved["calibration"] += take_packs(scratch / "shards", args, "tokens", width, args.calibration_packs)[0]
+    try:
+        if args.data:  # a dataset the user converted (e.g. a public mix): packs of its own records
+            shards, videos, mix = Path(args.data), None, str(args.data)
+        else:
+            videos, mix = (args.videos if args.mix == "video" else 0), args.mix
+            source = write_records(scratch, args.samples, args.width, args.seed, videos=videos)
+            shards = scratch / "shards"
+            convert(source, shards, progress=False, workers=args.workers)
+        saved: dict[str, Any] = {
+            "width": args.width,
+            "mix": mix,
+            "videos": videos,
+            "samples": None if args.data else args.samples,
+            "buffer": args.buffer,
+            "cost_model": args.cost_model,
+            "modes": {},
+            "calibration": [],
+        }
+        for mode in modes:
+            saved["modes"][mode], encoder = take_packs(shards, args, mode, args.width, args.packs)
+        for width in [int(w) for w in args.calibration_widths.split(",") if w]:
+            saved["calibration"] += take_packs(shards, args, "tokens", width, args.calibration_packs)[0]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     special = encoder.tokenizer.special
     saved["special"] = {k: getattr(special, k) for k in SPECIAL_IDS}
     saved["vocab_rows"] = QWEN_VL_VOCAB_ROWS
@@ -786,6 +795,7 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.add_parser("packs", help="write the packs of each mode (needs the loader, no GPU)")
     a.add_argument("--out", default=".calib/packs.pt")
     a.add_argument("--mix", default="photos", choices=("photos", "video"))
+    a.add_argument("--data", default=None, help="an Energon-prepared dataset to pack instead of a generated --mix")
     a.add_argument("--videos", type=int, default=60, help="records given a clip in --mix video")
     a.add_argument(
         "--modes", default="tokens,compute", help="comma list of tokens, compute, compute:COST_MODEL, roundsN"
