@@ -1,7 +1,10 @@
 """Bin packing over multi-budget integer costs: offline FFD/BFD, the streaming OnlinePacker, stats.
 
-Pure Python + numpy: no torch, no Energon, so it is reusable by every loader path.
+Pure Python + numpy: no torch, no Energon, so it is reusable by every loader path. The packing spec
+(:mod:`.spec`, built on the THD layout) is imported on first use.
 """
+
+from typing import Any
 
 from .balanced import ComputeBalancedPacker
 from .costs import Cost, as_capacity, as_cost, as_cost_matrix
@@ -29,4 +32,18 @@ __all__ = [
     "decreasing_order",
     "first_fit_decreasing",
     "named_cost_model",
+    "PackingSpec",
+    "default_balance",
 ]
+
+_SPEC_NAMES = ("PackingSpec", "default_balance")
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`~.spec.PackingSpec` and its default rule, imported when first asked for (the spec needs torch's
+    THD layout; the rest of this package does not)."""
+    if name in _SPEC_NAMES:
+        from . import spec
+
+        return getattr(spec, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
