@@ -1,15 +1,20 @@
 """Tokens-only vs compute-balanced packs, and what data parallelism makes of them: ``python -m
-energon_pack.bench.balance_bench``.
+energon_pack.bench.balance_bench [--data PATH]``.
 
-A data-parallel step waits for its slowest rank, so the spread of pack costs is lost time. On a held-out-like
-VLM mix (:func:`~energon_pack.bench.mixes.llava_photos`) priced by a step-cost model
-(:class:`~energon_pack.packing.step_cost.StepCostModel`, FLOP-derived for a model shape) this packs the same
-stream with the tokens-only :class:`~energon_pack.packing.OnlinePacker` and with
-:class:`~energon_pack.packing.balanced.ComputeBalancedPacker`, and simulates N ranks: each step every rank
-trains ``accum`` packs drawn from the stream's packs, and the step lasts as long as the slowest rank's sum
-(bootstrap over ``draws`` steps). Printed per mode and buffer: fill, the packs' cost spread (cv) and the
-predicted DP efficiency (mean rank step / slowest rank step) for each rank count; the JSON has every number.
-Packs built by the final flush of the stream are left out (a training stream does not end there).
+A data-parallel step waits for its slowest rank, so the spread of pack costs is lost time. The stream is either
+the seeded bench mix (:func:`~energon_pack.bench.mixes.llava_photos`, the mix the packer's knobs are tuned on) or,
+with ``--data``, an Energon-prepared dataset read through the real Qwen2.5-VL encoder's own ``preencode_sample``
+(real tokenizer, image and video headers: each sample's aligned tokens and vision grids, :func:`read_samples`).
+The stream is packed per mode: ``tokens`` (:class:`~energon_pack.packing.OnlinePacker`), ``default``
+(:class:`~energon_pack.packing.balanced.ComputeBalancedPacker` pricing the preset's default shape, as
+``balance="compute"`` does when the model is unknown) and each named ``cost_model`` (e.g. ``qwen2.5-vl-3b``, as a
+user names it). Every pack is then priced by :func:`independent_pack_flops`, a FLOP count of Qwen2.5-VL-3B written
+here from its published architecture, independent of :mod:`energon_pack.packing.step_cost` (which the packer
+balances), and N ranks are simulated: each step every rank trains ``accum`` packs drawn from the stream's packs,
+and the step lasts as long as the slowest rank's sum (bootstrap over ``draws`` steps, :func:`dp_efficiency`).
+Printed per mode and buffer: fill, the packs' cost spread (cv), the DP efficiency (mean rank step / slowest rank
+step) per rank count and the packer's time per sample; the JSON has every number. Packs built by the final flush
+of the stream are left out (a training stream does not end there).
 """
 
 from __future__ import annotations
@@ -25,9 +30,104 @@ from energon_pack.bench.mixes import llava_photos
 from energon_pack.bench.outputs import OUT_HELP, write_report
 from energon_pack.packing import OnlinePacker
 from energon_pack.packing.balanced import ComputeBalancedPacker
-from energon_pack.packing.step_cost import SHAPES, StepCostModel
+from energon_pack.packing.step_cost import DEFAULT_SHAPES, named_cost_model
 
 DEFAULT_RANKS = (2, 4, 8, 64)
+#: the packing modes: tokens only, the preset's default cost model, then each named cost model
+DEFAULT_MODES = ("tokens", "default", "qwen2.5-vl-3b")
+
+#: Qwen2.5-VL-3B as published (its Hugging Face config.json): the LLM, the vision tower and its merger
+QWEN25_VL_3B = {
+    "layers": 36,
+    "hidden": 2048,
+    "heads": 16,
+    "kv_heads": 2,
+    "mlp": 11008,
+    "vocab": 151936,
+    "vit_layers": 32,
+    "vit_hidden": 1280,
+    "vit_mlp": 3420,
+    "patch": 14,
+    "temporal_patch": 2,
+    "window_px": 112,
+    "full_attention_layers": (7, 15, 23, 31),
+    "merge": 2,
+    "out_hidden": 2048,
+}
+
+
+def independent_pack_flops(segments: list[int], grids: list[tuple[int, int, int]], arch: dict = QWEN25_VL_3B) -> float:
+    """Training FLOPs (forward + backward = 3x forward, 2 per multiply-add) of one pack: ``segments`` (LLM token
+    lengths, each its own causal attention) and its images' / videos' (t, h, w) patch grids.
+
+    Written from the architecture alone, not from :mod:`energon_pack.packing.step_cost`: LLM projections (grouped
+    KV heads), gated MLP and LM head per token; causal attention per segment (half of ``L^2``); per patch the patch
+    embedding, every ViT block's projections and gated MLP; ViT attention per ``t`` slice, bidirectional: the four
+    full-attention blocks over the whole slice, the others within each window of ``window_px`` pixels (Qwen2.5-VL's
+    window index: a grid of ``window_px / patch / merge`` merged tokens, the edge windows smaller); the 2x2 merger
+    MLP per merged token."""
+    a = arch
+    d, head = a["hidden"], a["hidden"] // a["heads"]
+    per_token = a["layers"] * (2 * d * d + 2 * d * a["kv_heads"] * head + 3 * d * a["mlp"]) + d * a["vocab"]
+    tokens = sum(segments)
+    attention = a["layers"] * sum(2 * d * n * n for n in segments)  # QK^T + AV, causal half: 2 * (2 L^2 d) / 2
+    v, layers = a["vit_hidden"], a["vit_layers"]
+    full = len(a["full_attention_layers"])
+    per_patch = (
+        3 * a["temporal_patch"] * a["patch"] ** 2 * v  # patch embedding
+        + layers * (4 * v * v + 3 * v * a["vit_mlp"])  # qkv + proj, gated MLP
+        + ((v * a["merge"] ** 2) ** 2 + v * a["merge"] ** 2 * a["out_hidden"]) / a["merge"] ** 2  # merger per patch
+    )
+    patches = vit_attention = 0.0
+    side = a["window_px"] // a["patch"] // a["merge"]  # a window's side in merged tokens
+    for t, h, w in grids:
+        patches += t * h * w
+        mh, mw = h // a["merge"], w // a["merge"]
+        window_sq = sum(
+            (min(side, mh - i) * min(side, mw - j) * a["merge"] ** 2) ** 2
+            for i in range(0, mh, side)
+            for j in range(0, mw, side)
+        )
+        vit_attention += t * 4 * v * (full * (h * w) ** 2 + (layers - full) * window_sq)
+    return 3.0 * (2.0 * (per_token * tokens + per_patch * patches) + attention + vit_attention)
+
+
+def read_samples(path: str | Path, *, width: int, preset: str = "qwen2.5-vl", tokenizer: Any = None) -> list:
+    """Each sample of an Energon-prepared dataset as the real encoder pre-encodes it: (aligned tokens, the (t, h,
+    w) grids of its images and videos), in the order of one worker's stream; skipped samples are left out."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset, stateless
+
+    from energon_pack.chat.tokenizer import load_tokenizer
+    from energon_pack.energon.samples import PackCandidate
+    from energon_pack.qwen_vl import vision as V
+    from energon_pack.qwen_vl.chat import video_grid
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    class SampleReader(QwenVLPackingTaskEncoder):
+        @stateless
+        def postencode_sample(self, sample: Any) -> Any:
+            return sample
+
+        @stateless
+        def batch(self, samples: list) -> list:
+            out = []
+            for s in (s for s in samples if isinstance(s, PackCandidate)):
+                grids = [V.image_grid_thw(m.height, m.width, self.preset) for m in s.payload["image_metas"]]
+                grids += [video_grid(m, self.preset, self.chat) for m in s.payload["video_metas"]]
+                out.append((int(s.cost[0]), [tuple(int(x) for x in g) for g in grids]))
+            return out
+
+    encoder = SampleReader(tokenizer=tokenizer or load_tokenizer(preset), preset=preset, seq_length=width)
+    dataset = get_train_dataset(
+        str(path),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        task_encoder=encoder,
+        repeat=False,
+    )
+    return [row for batch in get_loader(dataset) for row in batch]
 
 
 def dp_efficiency(pack_costs: np.ndarray, ranks: int, accum: int = 1, draws: int = 20000, seed: int = 0) -> float:
@@ -37,94 +137,113 @@ def dp_efficiency(pack_costs: np.ndarray, ranks: int, accum: int = 1, draws: int
     return float(steps.mean() / steps.max(1).mean())
 
 
-def _stream_packs(packer: Any, samples: list, costs: np.ndarray, balanced: bool) -> list[list[int]]:
-    packs: list[list[int]] = []
-    for i, (tokens, _) in enumerate(samples):
-        packs.extend(packer.push(i, tokens, costs[i]) if balanced else packer.push(i, (tokens,)))
-    return packs  # the final flush is left out
+def packer_cost_model(mode: str, preset: str = "qwen2.5"):
+    """The step-cost model a mode's packer balances (None for ``tokens``)."""
+    if mode == "tokens":
+        return None
+    return named_cost_model(DEFAULT_SHAPES[preset] if mode == "default" else mode)
 
 
-def run_mode(mode: str, samples: list, costs: np.ndarray, width: int, buffer: int, ranks, accum: int) -> dict:
-    """Pack ``samples`` with one mode and buffer; fill, cost spread and DP efficiency per rank count."""
-    start = time.perf_counter()
-    if mode == "compute":
-        packer: Any = ComputeBalancedPacker(width, buffer_size=buffer)
+def run_mode(mode: str, samples: list, width: int, buffer: int, ranks, accum: int, pack_price=None) -> dict:
+    """Pack ``samples`` ((tokens, grids) each) with one mode and buffer; fill, the spread of the packs' prices
+    (``pack_price(segments, grids)``, default :func:`independent_pack_flops`) and DP efficiency per rank count."""
+    pack_price = pack_price or independent_pack_flops
+    model = packer_cost_model(mode)
+    if model is None:
+        packer: Any = OnlinePacker((width,), max_buffered=buffer)
+        push = lambda i, tokens, grids: packer.push(i, (tokens,))  # noqa: E731
     else:
-        packer = OnlinePacker((width,), max_buffered=buffer)
-    packs = _stream_packs(packer, samples, costs, mode == "compute")
+        packer = ComputeBalancedPacker(width, buffer_size=buffer)
+        costs = [model.sample_cost(t, g) for t, g in samples]  # the encoder prices each sample before the buffer
+        push = lambda i, tokens, grids: packer.push(i, tokens, costs[i])  # noqa: E731
+    packs: list[list[int]] = []
+    start = time.perf_counter()
+    for i, (tokens, grids) in enumerate(samples):
+        packs.extend(push(i, tokens, grids))  # the final flush is left out
     seconds = time.perf_counter() - start
-    tokens = np.asarray([s[0] for s in samples])
-    pack_tokens = np.asarray([tokens[p].sum() for p in packs])
-    pack_costs = np.asarray([costs[p].sum() for p in packs])
+    pack_tokens = np.asarray([sum(samples[i][0] for i in p) for p in packs])
+    pack_costs = np.asarray(
+        [pack_price([samples[i][0] for i in p], [g for i in p for g in samples[i][1]]) for p in packs]
+    )
     return {
         "mode": mode,
+        "cost_model": None if model is None else model.source,
         "buffer": buffer,
         "packs": len(packs),
         "fill": float(pack_tokens.sum() / (len(packs) * width)),
         "cost_cv": float(pack_costs.std() / pack_costs.mean()),
         "dp_efficiency": {str(n): dp_efficiency(pack_costs, n, accum) for n in ranks},
         "us_per_sample": seconds / len(samples) * 1e6,
-        "pack_costs": [round(float(c), 1) for c in pack_costs],
+        "pack_costs": [float(f"{c:.6g}") for c in pack_costs],
     }
 
 
 def bench_balance(
     *,
+    data: tuple[str, ...] = (),
     samples: int = 12000,
     width: int = 8192,
-    shape: str = "qwen2.5-vl-3b",
+    modes: tuple[str, ...] = DEFAULT_MODES,
     buffers: tuple[int, ...] = (64, 256),
     ranks: tuple[int, ...] = DEFAULT_RANKS,
     accum: int = 1,
     seed: int = 1,
 ) -> dict[str, Any]:
-    model = StepCostModel.from_shape(shape)
-    mix = llava_photos(samples, width, seed)
-    costs = np.asarray([model.sample_cost(t, g) for t, g in mix])
-    rows = [run_mode(mode, mix, costs, width, k, ranks, accum) for k in buffers for mode in ("tokens", "compute")]
+    """The modes x buffers table of each mix: every sample of each ``data`` path, or (none given) the bench mix
+    of ``samples`` samples and ``seed``."""
+    mixes = {str(p): read_samples(p, width=width) for p in data} or {"llava_photos": llava_photos(samples, width, seed)}
+    rows = [
+        {"mix": name, **run_mode(mode, mix, width, k, ranks, accum)}
+        for name, mix in mixes.items()
+        for k in buffers
+        for mode in modes
+    ]
     return {
-        "mix": "llava_photos",
-        "samples": samples,
+        "mixes": {
+            name: {"samples": len(mix), "media_samples": sum(1 for _, g in mix if g)} for name, mix in mixes.items()
+        },
         "width": width,
-        "seed": seed,
+        "seed": None if data else seed,
         "accum": accum,
-        "cost_model": model.as_dict(),
+        "priced_by": "independent_pack_flops: Qwen2.5-VL-3B from its published architecture (balance_bench.py)",
         "rows": rows,
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     ranks = list(result["rows"][0]["dp_efficiency"])
-    head = f"{'mode':<9}{'K':>5}{'fill':>9}{'cost cv':>9}" + "".join(f"{'DP-' + n:>8}" for n in ranks)
-    lines = [
-        f"{result['mix']} x {result['samples']}, width {result['width']}, cost model "
-        f"{result['cost_model']['source']}, accum {result['accum']}",
-        head + f"{'us/sample':>11}",
-    ]
-    for r in result["rows"]:
-        effs = "".join(f"{r['dp_efficiency'][n]:8.3f}" for n in ranks)
-        lines.append(
-            f"{r['mode']:<9}{r['buffer']:>5}{r['fill'] * 100:8.2f}%{r['cost_cv'] * 100:8.2f}%{effs}"
-            f"{r['us_per_sample']:11.1f}"
-        )
+    head = f"{'mode':<15}{'K':>5}{'fill':>9}{'cost cv':>9}" + "".join(f"{'DP-' + n:>8}" for n in ranks)
+    lines = [f"width {result['width']}, priced by {result['priced_by']}, accum {result['accum']}"]
+    for name, mix in result["mixes"].items():
+        lines += [f"{name} x {mix['samples']} ({mix['media_samples']} with media)", head + f"{'us/sample':>11}"]
+        for r in (r for r in result["rows"] if r["mix"] == name):
+            effs = "".join(f"{r['dp_efficiency'][n]:8.3f}" for n in ranks)
+            lines.append(
+                f"{r['mode']:<15}{r['buffer']:>5}{r['fill'] * 100:8.2f}%{r['cost_cv'] * 100:8.2f}%{effs}"
+                f"{r['us_per_sample']:11.1f}"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m energon_pack.bench.balance_bench", description=__doc__)
-    p.add_argument("--samples", type=int, default=12000)
+    p.add_argument(
+        "--data", action="append", default=[], help="an Energon-prepared dataset, repeatable (default: the bench mix)"
+    )
+    p.add_argument("--samples", type=int, default=12000, help="samples of the bench mix")
     p.add_argument("--width", type=int, default=8192)
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help="tokens, default and cost-model names")
     p.add_argument("--buffers", default="64,256", help="comma-separated buffer sizes")
     p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)), help="comma-separated rank counts")
     p.add_argument("--accum", type=int, default=1, help="packs per rank per step (gradient accumulation)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed of the bench mix")
     p.add_argument("--out", default="bench_results/balance.json", help=OUT_HELP)
     args = p.parse_args(argv)
     result = bench_balance(
+        data=tuple(args.data),
         samples=args.samples,
         width=args.width,
-        shape=args.shape,
+        modes=tuple(args.modes.split(",")),
         buffers=tuple(int(x) for x in args.buffers.split(",")),
         ranks=tuple(int(x) for x in args.ranks.split(",")),
         accum=args.accum,

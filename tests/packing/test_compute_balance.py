@@ -168,13 +168,19 @@ def test_knobs_checked(knobs):
         ComputeBalancedPacker(8192, **knobs)
 
 
-def test_the_bench_prints_both_modes():
+def test_the_bench_prints_every_mode():
     result = bench_balance(samples=1500, buffers=(64,), ranks=(8,))
-    assert [(r["mode"], r["buffer"]) for r in result["rows"]] == [("tokens", 64), ("compute", 64)]
-    tokens, compute = result["rows"]
-    assert compute["dp_efficiency"]["8"] > tokens["dp_efficiency"]["8"] and compute["cost_cv"] < tokens["cost_cv"]
+    rows = [(r["mix"], r["mode"], r["buffer"]) for r in result["rows"]]
+    assert rows == [("llava_photos", m, 64) for m in ("tokens", "default", "qwen2.5-vl-3b")]
+    tokens, default, named = result["rows"]
+    assert (tokens["cost_model"], default["cost_model"], named["cost_model"]) == (
+        None,
+        "flops:qwen2.5-vl-7b",
+        "flops:qwen2.5-vl-3b",
+    )
+    assert named["dp_efficiency"]["8"] > tokens["dp_efficiency"]["8"] and named["cost_cv"] < tokens["cost_cv"]
     table = format_table(result)
-    assert "DP-8" in table and table.count("\n") == 3
+    assert "DP-8" in table and table.count("\n") == 5 and result["mixes"]["llava_photos"]["samples"] == 1500
 
 
 def test_every_budget_is_respected(items):
