@@ -71,12 +71,16 @@ from energon_pack.lazy_exports import lazy_exports
 _TRAINER_EXPORTS = {
     name: "energon_pack.integrations.hf.trainer"
     for name in (
+        "SFT_SETTINGS",
         "TRAINER_SETTINGS",
         "EnergonStateCallback",
         "PackedCollator",
+        "PackedDataCallback",
         "PackedIterableDataset",
         "check_trainer_args",
         "packed_trainer_loss",
+        "steps_per_epoch",
+        "supervised_positions",
         "trainer_labels",
     )
 }
@@ -86,7 +90,9 @@ __all__ = [
     "EnergonStateCallback",
     "LOSS_CHUNK_TOKENS",
     "PackedCollator",
+    "PackedDataCallback",
     "PackedIterableDataset",
+    "SFT_SETTINGS",
     "SUPPORTED_TRANSFORMERS",
     "TRAINER_SETTINGS",
     "VARLEN_ATTENTION",
@@ -108,6 +114,8 @@ __all__ = [
     "prepare_model",
     "register_varlen_attention",
     "static_vision_kwargs",
+    "steps_per_epoch",
+    "supervised_positions",
     "trainer_labels",
     "use_static_visual",
     "use_varlen_attention",

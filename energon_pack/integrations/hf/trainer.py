@@ -48,23 +48,36 @@ from energon_pack.integrations.hf.loss import packed_loss
 from energon_pack.thd import IGNORE_INDEX
 
 __all__ = [
+    "SFT_SETTINGS",
     "TRAINER_SETTINGS",
     "EnergonStateCallback",
     "PackedCollator",
+    "PackedDataCallback",
     "PackedIterableDataset",
     "check_trainer_args",
     "packed_trainer_loss",
+    "steps_per_epoch",
+    "supervised_positions",
     "trainer_labels",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: The TrainingArguments / SFTConfig settings our packs need: ``TrainingArguments(..., **TRAINER_SETTINGS)``.
+#: The TrainingArguments settings our packs need: ``TrainingArguments(..., **TRAINER_SETTINGS)``.
 TRAINER_SETTINGS: dict[str, Any] = {
     "per_device_train_batch_size": 1,
     "remove_unused_columns": False,
     "dataloader_num_workers": 0,
     "accelerator_config": {"dispatch_batches": False},
+}
+
+#: TRL's ``SFTConfig(..., **SFT_SETTINGS)``: :data:`TRAINER_SETTINGS` plus what keeps TRL from preparing, packing or
+#: re-collating rows that are already packs.
+SFT_SETTINGS: dict[str, Any] = {
+    **TRAINER_SETTINGS,
+    "dataset_kwargs": {"skip_prepare_dataset": True},
+    "packing": False,
+    "padding_free": False,
 }
 
 #: The file in each Trainer checkpoint folder that holds one rank's Energon loader state.
@@ -76,22 +89,55 @@ _SETTING_WHY = {
     "remove_unused_columns": "the Trainer would drop the pack's keys its model's forward does not name",
     "dataloader_num_workers": "each DataLoader worker would replay the whole Energon stream",
     "accelerator_config": "Accelerate's dispatch slices every tensor of a pack to its first row",
+    "dataset_kwargs": "TRL would tokenize the packs again as raw text",
+    "packing": "TRL would pack the packs again, without their images",
+    "padding_free": "TRL's own padding-free collator would replace PackedCollator",
 }
 
 
+def _is_sft_config(args: Any) -> bool:
+    return hasattr(args, "packing") and hasattr(args, "dataset_kwargs")
+
+
 def check_trainer_args(args: Any) -> None:
-    """Refuse ``TrainingArguments`` (or an ``SFTConfig``) that break packs, naming the setting and
-    :data:`TRAINER_SETTINGS`. :class:`EnergonStateCallback` calls it when training begins."""
-    for knob, want in TRAINER_SETTINGS.items():
+    """Refuse ``TrainingArguments`` (or TRL's ``SFTConfig``) that break packs, naming the setting and
+    :data:`TRAINER_SETTINGS` (:data:`SFT_SETTINGS` for an ``SFTConfig``), and a run without ``max_steps``: a stream of
+    packs has no length the Trainer can read. :class:`PackedDataCallback` calls it when the Trainer is built."""
+    sft = _is_sft_config(args)
+    settings = SFT_SETTINGS if sft else TRAINER_SETTINGS
+    recipe = "SFTConfig(..., **SFT_SETTINGS)" if sft else "TrainingArguments(..., **TRAINER_SETTINGS)"
+    for knob, want in settings.items():
         got = getattr(args, knob, want)
         if knob == "accelerator_config":
             got = {"dispatch_batches": getattr(got, "dispatch_batches", None)}
+        elif knob == "dataset_kwargs":
+            got = {"skip_prepare_dataset": bool((got or {}).get("skip_prepare_dataset", False))}
         if got != want:
             raise ConfigError(
                 knob,
                 f"is {got!r}: {_SETTING_WHY[knob]}",
-                f"set {knob}={want!r} (TrainingArguments(..., **energon_pack.integrations.hf.TRAINER_SETTINGS))",
+                f"set {knob}={want!r} ({recipe}, from energon_pack.integrations.hf)",
             )
+    if getattr(args, "max_steps", 1) is None or getattr(args, "max_steps", 1) <= 0:
+        raise ConfigError(
+            "max_steps",
+            f"is {getattr(args, 'max_steps', None)!r}: the packs come as a stream whose length the Trainer cannot "
+            "read, so num_train_epochs cannot say when to stop",
+            "set max_steps=N (GPT-SFT JSONL: steps_per_epoch(sampler, gradient_accumulation_steps) x epochs; "
+            "Energon: the packs to train / gradient_accumulation_steps)",
+        )
+
+
+def steps_per_epoch(sampler: Any, gradient_accumulation_steps: int = 1) -> int:
+    """Optimizer steps per epoch of a GPT-SFT packing plan (a :class:`~energon_pack.sft.TokenBudgetBatchSampler`, the
+    packs of this rank): the Trainer's ``max_steps`` for one epoch, which it cannot read from a stream of packs."""
+    if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+        raise ConfigError(
+            "gradient_accumulation_steps",
+            f"must be an int >= 1, got {gradient_accumulation_steps!r}",
+            "pass TrainingArguments.gradient_accumulation_steps",
+        )
+    return -(-len(sampler) // gradient_accumulation_steps)
 
 
 class PackedIterableDataset(IterableDataset):
@@ -99,7 +145,8 @@ class PackedIterableDataset(IterableDataset):
 
     With a savable loader (``save_state_rank``), the loader's state after each of the last ``keep`` packs is kept
     (:meth:`state_after`), for :class:`EnergonStateCallback`. Iterating it inside a DataLoader worker is refused:
-    each worker would replay the whole stream.
+    each worker would replay the whole stream. One stream runs through every iteration; a first iteration closed
+    after one pack (TRL's ``SFTTrainer`` peeks at a sample when it is built) hands that pack to the next one.
     """
 
     def __init__(self, loader: Iterable[Mapping[str, Any]], *, keep: int = 16) -> None:
@@ -110,6 +157,8 @@ class PackedIterableDataset(IterableDataset):
         self._states: deque[tuple[int, Any]] = deque([(0, None)], maxlen=keep)
         self._yielded = 0
         self._pending: Any = None
+        self._stream: Iterator[Mapping[str, Any]] | None = None
+        self._peeked: tuple[Mapping[str, Any], Any] | None = None
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
         if get_worker_info() is not None:
@@ -121,11 +170,39 @@ class PackedIterableDataset(IterableDataset):
         if self._pending is not None:
             self.loader.restore_state_rank(self._pending)
             self._pending = None
-        for pack in self.loader:
+            self._stream = None
+        if self._stream is None:
+            self._stream = iter(self.loader)
+        first, here = self._yielded == 0, 0
+        while True:
+            if self._peeked is not None:
+                pack, state = self._peeked
+                self._peeked = None
+            else:
+                pack = next(self._stream, None)
+                if pack is None:
+                    self._stream = None  # the epoch ended: the next iteration starts the loader's next one
+                    return
+                state = self.loader.save_state_rank() if self.savable else None
             self._yielded += 1
+            here += 1
             if self.savable:
-                self._states.append((self._yielded, self.loader.save_state_rank()))
-            yield pack
+                self._states.append((self._yielded, state))
+            try:
+                yield pack
+            except GeneratorExit:
+                if first and here == 1:  # a look at the first pack (TRL's SFTTrainer peeks at init): keep it
+                    self._peeked = (pack, state)
+                    self._yielded = 0
+                    self._states.pop()
+                raise
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwarded to the loader's batch sampler (a :class:`~energon_pack.sft.TokenBudgetBatchSampler`: its seeded
+        order per epoch), which the Trainer cannot see through this dataset."""
+        sampler = getattr(self.loader, "batch_sampler", None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
 
     def state_after(self, packs: int) -> Any:
         """The loader's state after the first ``packs`` packs of this stream (since it was built or restored)."""
@@ -147,6 +224,7 @@ class PackedIterableDataset(IterableDataset):
                 "build the dataset over megatron.energon.get_savable_loader(...)",
             )
         self._pending = state
+        self._peeked = None
         self._yielded = 0
         self._states.clear()
         self._states.append((0, state))
@@ -178,20 +256,35 @@ def trainer_labels(batch: Mapping[str, Any]) -> torch.Tensor:
     return out
 
 
+def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions of a one-row pack whose next token is supervised, from HF's unshifted ``labels``
+    (:func:`trainer_labels`): the model's ``logits_to_keep``, and the rows :func:`packed_trainer_loss` expects."""
+    return (labels[0, 1:] != IGNORE_INDEX).nonzero().flatten()
+
+
 def packed_trainer_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
-    """The Trainer's ``compute_loss_func`` for packs: :func:`~.loss.packed_loss` on the model's logits and the
-    collator's labels, summed over the supervised tokens and divided by ``num_items_in_batch`` (the supervised tokens
-    of the whole accumulated step, of every rank with ``average_tokens_across_devices``); by the pack's own count
-    where the Trainer gives none.
+    """The Trainer's ``compute_loss_func`` for packs: cross entropy of the model's logits on the collator's labels,
+    summed over the supervised tokens and divided by ``num_items_in_batch`` (the supervised tokens of the whole
+    accumulated step, of every rank with ``average_tokens_across_devices``); by the pack's own count where the
+    Trainer gives none. The logits are those of every position or those of :func:`supervised_positions` only.
 
     Needed because HF's Qwen-VL models declare ``accepts_loss_kwargs = False``: their own loss never sees
     ``num_items_in_batch``, and the Trainer would average per-pack means over gradient accumulation instead.
     """
     logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
-    targets = torch.full_like(labels, IGNORE_INDEX)
-    targets[..., :-1] = labels[..., 1:]  # back to our pre-shifted form: the target at each position
-    batch = {"labels": targets, "loss_mask": (targets != IGNORE_INDEX).to(torch.float32)}
-    loss, count = packed_loss(logits, batch)
+    targets = labels[..., 1:]  # back to our pre-shifted form: the target at each position but the last
+    if logits.shape[:-1] == labels.shape:
+        logits = logits[..., :-1, :]
+    else:
+        targets = targets[targets != IGNORE_INDEX][None]
+        if logits.reshape(-1, logits.shape[-1]).shape[0] != targets.numel():
+            raise ConfigError(
+                "logits_to_keep",
+                f"the model returned logits of shape {tuple(logits.shape)} for {targets.numel()} supervised tokens",
+                "pass logits_to_keep=supervised_positions(labels) (PackedCollator does) or no logits_to_keep",
+            )
+        logits = logits.reshape(1, -1, logits.shape[-1])
+    loss, count = packed_loss(logits, {"labels": targets, "loss_mask": (targets != IGNORE_INDEX).to(torch.float32)})
     return loss / torch.as_tensor(count if num_items_in_batch is None else num_items_in_batch).to(loss).clamp(min=1)
 
 
@@ -201,12 +294,20 @@ class PackedCollator:
     ``model`` is the model being trained (HF Qwen-VL or a text-only LLM; prepared with
     :func:`~energon_pack.integrations.hf.prepare_model`); ``preset`` normalises uint8 pixels, ``one_vision_call``
     as in :func:`~.batch.hf_forward_kwargs`. The kwargs stay on the CPU: the Trainer moves them.
+
+    ``supervised_logits`` (default): ``logits_to_keep`` names the positions that predict a supervised token
+    (:func:`supervised_positions`), so the model's LM head projects those rows only, never the ``T x vocab`` logits
+    of the whole pack; :func:`packed_trainer_loss` reads either form. ``False`` for TRL's ``SFTTrainer``: its
+    fused LM head (used without ``compute_loss_func``) already skips the unsupervised rows and never builds logits.
     """
 
-    def __init__(self, model: Any, *, preset: Any = None, one_vision_call: bool = True) -> None:
+    def __init__(
+        self, model: Any, *, preset: Any = None, one_vision_call: bool = True, supervised_logits: bool = True
+    ) -> None:
         self.model = model
         self.preset = preset
         self.one_vision_call = one_vision_call
+        self.supervised_logits = supervised_logits
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(features) != 1:
@@ -230,12 +331,42 @@ class PackedCollator:
             one_vision_call=self.one_vision_call,
         )
         kwargs["labels"] = trainer_labels(batch)
+        if self.supervised_logits:
+            kwargs["logits_to_keep"] = supervised_positions(kwargs["labels"])
         return kwargs
 
 
-class EnergonStateCallback(TrainerCallback):
+class PackedDataCallback(TrainerCallback):
+    """Keeps a Trainer's data path what packs need: :func:`check_trainer_args` when the Trainer is built, and, with
+    several processes, Accelerate's ``IterableDatasetShard`` turned into a pass-through.
+
+    Accelerate wraps an iterable dataset in that shard, which hands each rank every ``world_size``-th item of the
+    stream it reads: with our packs each rank already reads its own Energon shard (``WorkerConfig`` rank and world
+    size from ``torch.distributed``; GPT-SFT: ``TokenBudgetBatchSampler(num_replicas=, rank=)``), so the shard would
+    drop all other packs. Any Trainer over a :class:`PackedIterableDataset` should carry this callback (or
+    :class:`EnergonStateCallback`, which is one).
+    """
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        check_trainer_args(args)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        check_trainer_args(args)
+        dataset = getattr(kwargs.get("train_dataloader"), "dataset", None)
+        if type(dataset).__name__ == "IterableDatasetShard" and isinstance(dataset.dataset, PackedIterableDataset):
+            if dataset.num_processes != 1:
+                logger.info(
+                    "rank %d reads its own packs: Accelerate's IterableDatasetShard (every %d-th pack) is a "
+                    "pass-through",
+                    dataset.process_index,
+                    dataset.num_processes,
+                )
+            dataset.num_processes, dataset.process_index = 1, 0
+
+
+class EnergonStateCallback(PackedDataCallback):
     """Saves the Energon loader state of ``dataset`` (a :class:`PackedIterableDataset`) in each checkpoint folder and
-    restores it when the Trainer resumes from one.
+    restores it when the Trainer resumes from one; does what :class:`PackedDataCallback` does.
 
     The state saved at step ``s`` is the loader's after the packs the first ``s`` steps trained on (``s x
     gradient_accumulation_steps``), not after the pack read ahead. On resume (``trainer.train(
@@ -260,7 +391,7 @@ class EnergonStateCallback(TrainerCallback):
         return os.path.join(folder, STATE_FILE.format(rank=args.process_index))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        check_trainer_args(args)
+        super().on_train_begin(args, state, control, **kwargs)
         self._first_step = state.global_step
         if state.global_step == 0:
             return
