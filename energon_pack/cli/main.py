@@ -16,6 +16,7 @@ from . import (
     bench_packing,
     bench_pixels,
     bench_sft,
+    calibrate,
     demo,
     inspect,
     make_demo,
@@ -48,6 +49,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     bench_sft,
     pack_offline,
     bench_offline,
+    calibrate,
 )
 BY_NAME = {module.NAME: module for module in COMMANDS}
 CONVERT_HELP = (
