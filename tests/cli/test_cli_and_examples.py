@@ -194,6 +194,7 @@ def test_cli_help_lists_every_command():
         "bench-sft",
         "pack-offline",
         "bench-offline",
+        "calibrate",
     ]
 
 
