@@ -56,8 +56,6 @@ PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 GRID_KEYS = ("image_grid_thw", "video_grid_thw")
 #: the tokenizer's ids the model config needs (saved with the packs: the GPU machine needs no tokenizer)
 SPECIAL_IDS = ("image_pad", "video_pad", "vision_start", "vision_end", "im_end", "pad")
-#: the cost terms of a pack the fit regresses step time on
-TERMS = ("slots", "tokens_squared", "patches", "patches_squared")
 #: a pack's counts the fit's residual is checked against (a per-item cost the terms do not price)
 COUNT_TERMS = ("segments", "images", "videos", "slices")
 #: the suffix of a mode whose packs run HF's vision-tower call per kind (``--vision-calls both``)
@@ -232,21 +230,17 @@ def _narrow(value: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def cost_terms(batch: dict) -> dict[str, float]:
-    """The step-cost model's terms of one pack (:meth:`StepCostModel.pack_terms`), with the token slots computed
-    (the width), the video patch rows apart and the pack's counts of segments, images, videos and vision time
-    slices (the vision tower's full-attention segments: what a per-item overhead would follow)."""
-    from energon_pack.bench.dp_sim import pack_segments
-    from energon_pack.packing import StepCostModel
+    """The step-cost model's terms of one pack (:func:`energon_pack.packing.calibrate.pack_cost_terms`: token slots,
+    the terms of :meth:`StepCostModel.pack_terms`, counts of segments, images and videos), with the video patch rows
+    apart and the vision time slices (the vision tower's full-attention segments: what a per-item overhead would
+    follow)."""
+    from energon_pack.packing.calibrate import pack_cost_terms
 
-    lengths, grids = pack_segments(batch)
-    image, video = (batch.get(key) for key in GRID_KEYS)
+    video = batch.get("video_grid_thw")
+    grids = [g for key in GRID_KEYS if batch.get(key) is not None for g in batch[key].tolist()]
     return {
-        "slots": float(batch["input_ids"].numel()),
-        **StepCostModel.pack_terms(lengths, grids),
+        **pack_cost_terms(batch),
         "video_patches": float(video.prod(-1).sum()) if isinstance(video, torch.Tensor) else 0.0,
-        "segments": float(len(lengths)),
-        "images": float(len(image)) if isinstance(image, torch.Tensor) else 0.0,
-        "videos": float(len(video)) if isinstance(video, torch.Tensor) else 0.0,
         "slices": float(sum(t for t, _, _ in grids)),
     }
 
@@ -621,49 +615,23 @@ def summarize(rows: list[dict], counts: dict) -> dict[str, Any]:
 
 
 def fit_terms(terms: list[dict], ms: list[float], flops: Any, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Least squares of step ms on (1, slots, tokens^2 sum, patches, patches^2 sum, and the ``extra`` terms) with
-    every coefficient >= 0 (a term whose coefficient comes out negative is dropped and the rest refitted: terms
-    move together in packs, a negative cost would be an artefact), the fitted model in token-equivalents (per
-    slot = 1), and the FLOP-derived model's R^2 alone."""
-    names = (*TERMS, *extra)
+    """The fit of step ms on the cost terms and the ``extra`` ones (:func:`energon_pack.packing.calibrate.
+    fit_step_times`: coefficients >= 0 by NNLS), the fitted model in token-equivalents (per slot = 1), and the
+    FLOP-derived model's R^2 alone."""
+    from energon_pack.packing.calibrate import fit_step_times
+
+    report = fit_step_times(terms, ms, extra=extra)
     y = np.asarray(ms, dtype=float)
-    x_all = np.asarray([[1.0, *(t[k] for k in names)] for t in terms], dtype=float)
-    keep = [0] + [j + 1 for j in range(len(names)) if x_all[:, j + 1].std() > 0]
-    while True:
-        x = x_all[:, keep]
-        scale = np.abs(x).max(0)
-        scale[scale == 0] = 1
-        coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
-        coef = coef / scale
-        negative = [k for k, c in zip(keep, coef) if k and c < 0]
-        if not negative:
-            break
-        keep.remove(min(negative, key=lambda k: coef[keep.index(k)] * scale[keep.index(k)]))
-    full = dict.fromkeys(("intercept", *names), 0.0)
-    full.update({(("intercept", *names)[k]): float(c) for k, c in zip(keep, coef)})
-    pred = x @ coef
-    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
     cost = np.asarray([flops.terms_cost(t) for t in terms])
     a, b = np.polyfit(cost, y, 1) if cost.std() > 0 else (0.0, float(y.mean()))
     flop_r2 = 1 - ((y - (a * cost + b)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
-    unit = full["slots"]
-    fitted = (
-        {
-            "per_token": 1.0,
-            "per_token_squared": full["tokens_squared"] / unit,
-            "per_patch": full["patches"] / unit,
-            "per_patch_squared": full["patches_squared"] / unit,
-        }
-        if unit > 0
-        else None
-    )
     return {
-        "coefficients_ms": full,
-        "terms_kept": [("intercept", *names)[k] for k in keep],
-        "r2": round(float(r2), 4),
-        "residual_cv": round(float((y - pred).std() / y.mean()), 4),
-        "residuals_ms": (y - pred).tolist(),
-        "fitted_token_equivalents": fitted,
+        "coefficients_ms": report.coefficients_ms,
+        "terms_kept": report.terms_kept,
+        "r2": report.r2,
+        "residual_cv": report.residual_cv,
+        "residuals_ms": report.residuals_ms,
+        "fitted_token_equivalents": report.token_equivalents(),
         "flop_model_r2": round(float(flop_r2), 4),
         "ms_per_token_equivalent": float(a),
         "intercept_ms": float(b),

@@ -247,6 +247,22 @@ class FitReport:
         """Whether the fit explains the steps well enough to balance packs by it (R^2 >= :data:`MIN_R2`)."""
         return self.r2 >= MIN_R2
 
+    def token_equivalents(self) -> dict[str, float] | None:
+        """The fitted coefficients over the per-slot one (the unit of a cost model), None when that is 0."""
+        unit = self.coefficients_ms["slots"]
+        return {FIT_TERMS[k]: self.coefficients_ms[k] / unit for k in FIT_TERMS} if unit > 0 else None
+
+    def cost_model(self) -> StepCostModel:
+        """The fitted :class:`StepCostModel` (source ``fit:<name>``); a per-slot cost of 0 is a ConfigError."""
+        prices = self.token_equivalents()
+        if prices is None:
+            raise ConfigError(
+                "steps",
+                "the fitted cost of a token slot is 0 (the step times do not grow with the steps' lengths)",
+                "record steps of different lengths, after the warm-up, on one GPU",
+            )
+        return StepCostModel(**prices, source=f"fit:{self.name}")
+
     def as_dict(self) -> dict[str, Any]:
         """The report without its per-step residuals (what the cost-model file keeps)."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "residuals_ms"}
@@ -261,33 +277,21 @@ def fit_step_times(
     extra: Sequence[str] = (),
     warmup: int = 0,
     skipped_lines: int = 0,
-) -> tuple[StepCostModel, FitReport]:
-    """The fit of step ``ms`` on an intercept, the :data:`FIT_TERMS` and ``extra`` terms of each step (e.g. a count
-    a residual follows; reported, not priced by the model), coefficients >= 0 (:func:`nnls`).
-
-    Refused (ConfigError naming ``steps``): fewer than :data:`MIN_STEPS` steps, steps of one slot count (the per-token
-    cost cannot be told from the fixed one), a per-token cost fitted to 0."""
+) -> FitReport:
+    """The regression alone: step ``ms`` on an intercept, the :data:`FIT_TERMS` and ``extra`` terms of each step
+    (e.g. a count a residual may follow; reported, not priced by the model), coefficients >= 0 (:func:`nnls`, on
+    columns scaled to 1). A term that is constant, or no different from the terms before it, is fitted as 0 (the
+    latter listed in ``not_separable``). :func:`fit_cost_model` adds the refusals a cost model needs."""
     names = (*FIT_TERMS, *extra)
     y = np.asarray(ms, dtype=float)
-    if len(y) < MIN_STEPS:
-        raise ConfigError(
-            "steps",
-            f"{len(y)} steps after the {warmup} warm-up steps; a fit needs at least {MIN_STEPS}",
-            "record more steps (or drop fewer with warmup)",
-        )
+    if not len(y):
+        raise ConfigError("steps", "there are no steps to fit", "record steps (StepTimeCallback / StepTimer)")
     x = np.asarray([[1.0, *(float(t.get(k, 0.0)) for k in names)] for t in terms], dtype=float)
-    if x[:, 1].std() == 0:
-        raise ConfigError(
-            "steps",
-            f"every step computes {int(x[0, 1])} token slots, so the per-token cost cannot be told from the fixed "
-            "cost of a step",
-            "record steps of different lengths (packs of several widths, or packs not padded to one width)",
-        )
     scale = np.abs(x).max(0)
     scale[scale == 0] = 1.0
     xs = x / scale
     columns, not_separable = [0], []
-    for j in range(1, x.shape[1]):  # a term that adds nothing to the ones before it cannot be priced apart
+    for j in range(1, x.shape[1]):
         if xs[:, j].std() == 0:
             continue
         if np.linalg.matrix_rank(xs[:, [*columns, j]], tol=1e-9 * len(y)) > len(columns):
@@ -296,24 +300,12 @@ def fit_step_times(
             not_separable.append(names[j - 1])
     coef = np.zeros(x.shape[1])
     coef[columns] = nnls(xs[:, columns], y) / scale[columns]
-    pred = x @ coef
-    residual = y - pred
+    residual = y - x @ coef
     spread = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / spread if spread > 0 else 0.0
     full = dict(zip(("intercept", *names), (float(c) for c in coef)))
-    unit = full["slots"]
-    if unit <= 0:
-        raise ConfigError(
-            "steps",
-            "the fitted cost of a token slot is 0 (the step times do not grow with the steps' lengths)",
-            "record steps of different lengths, after the warm-up, on one GPU",
-        )
-    model = StepCostModel(
-        **{FIT_TERMS[k]: full[k] / unit for k in FIT_TERMS},
-        source=f"fit:{name}",
-    )
     mean = float(y.mean())
-    report = FitReport(
+    return FitReport(
         name=name,
         steps=len(y),
         warmup=warmup,
@@ -327,24 +319,42 @@ def fit_step_times(
         residuals_ms=residual.tolist(),
         skipped_lines=skipped_lines,
     )
-    return model, report
 
 
 def fit_cost_model(
     records: Sequence[StepTimeRecord], *, name: str = "run", warmup: int = DEFAULT_WARMUP, skipped_lines: int = 0
 ) -> tuple[StepCostModel, FitReport]:
     """The step-cost model of recorded steps: the first ``warmup`` records (in order) dropped, the rest fitted
-    (:func:`fit_step_times`); the model's source is ``fit:<name>``."""
+    (:func:`fit_step_times`), the model in token-equivalents (:meth:`FitReport.cost_model`, source ``fit:<name>``).
+
+    Refused (one ConfigError naming ``steps``): fewer than :data:`MIN_STEPS` steps after the warm-up, steps that
+    all compute one slot count (the per-token cost cannot be told from the fixed one), a per-token cost fitted to 0.
+    """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ConfigError("warmup", f"is {warmup!r}", "pass the number of first steps to drop, an int >= 0")
     kept = list(records)[warmup:]
-    return fit_step_times(
+    if len(kept) < MIN_STEPS:
+        raise ConfigError(
+            "steps",
+            f"{len(kept)} steps after the {min(warmup, len(records))} warm-up steps; a fit needs at least {MIN_STEPS}",
+            "record more steps (or drop fewer with warmup)",
+        )
+    slots = {r.terms["slots"] for r in kept}
+    if len(slots) == 1:
+        raise ConfigError(
+            "steps",
+            f"every step computes {int(slots.pop())} token slots, so the per-token cost cannot be told from the fixed "
+            "cost of a step",
+            "record steps of different lengths (packs of several widths, or packs not padded to one width)",
+        )
+    report = fit_step_times(
         [r.terms for r in kept],
         [r.seconds * 1e3 for r in kept],
         name=name,
         warmup=min(warmup, len(records)),
         skipped_lines=skipped_lines,
     )
+    return report.cost_model(), report
 
 
 def write_cost_model(path: str | os.PathLike, model: StepCostModel, report: FitReport) -> str:
