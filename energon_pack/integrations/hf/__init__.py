@@ -78,10 +78,12 @@ _TRAINER_EXPORTS = {
         "PackedDataCallback",
         "PackedIterableDataset",
         "check_trainer_args",
+        "for_sft_trainer",
         "packed_trainer_loss",
         "steps_per_epoch",
         "supervised_positions",
         "trainer_labels",
+        "trl_dataset",
     )
 }
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINER_EXPORTS, globals())
@@ -99,6 +101,7 @@ __all__ = [
     "check_trainer_args",
     "check_transformers_version",
     "check_vision_preset",
+    "for_sft_trainer",
     "global_token_count",
     "guard_vision_towers",
     "hf_forward_kwargs",
@@ -117,6 +120,7 @@ __all__ = [
     "steps_per_epoch",
     "supervised_positions",
     "trainer_labels",
+    "trl_dataset",
     "use_static_visual",
     "use_varlen_attention",
     "varlen_attention_forward",

@@ -32,6 +32,7 @@ This module imports transformers at the top: the package loads it on first use o
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import deque
@@ -55,10 +56,12 @@ __all__ = [
     "PackedDataCallback",
     "PackedIterableDataset",
     "check_trainer_args",
+    "for_sft_trainer",
     "packed_trainer_loss",
     "steps_per_epoch",
     "supervised_positions",
     "trainer_labels",
+    "trl_dataset",
 ]
 
 logger = logging.getLogger(__name__)
@@ -256,6 +259,37 @@ def trainer_labels(batch: Mapping[str, Any]) -> torch.Tensor:
     return out
 
 
+def for_sft_trainer(model: Any) -> Any:
+    """``model`` (prepared with :func:`~energon_pack.integrations.hf.prepare_model`) made ready for TRL's
+    ``SFTTrainer``: it says it accepts loss kwargs, so the Trainer counts ``num_items_in_batch`` and hands it to TRL's
+    fused LM head, which divides by it. HF's Qwen-VL models say they do not (their own loss ignores it); the Trainer
+    would then average per-pack means over gradient accumulation and ranks instead of weighting every supervised
+    token the same. Returns ``model``."""
+    model.accepts_loss_kwargs = True
+    return model
+
+
+@functools.cache
+def _trl_dataset_class() -> type:
+    import datasets
+
+    class TRLPackedDataset(PackedIterableDataset, datasets.IterableDataset):
+        """:class:`PackedIterableDataset` that is also a ``datasets.IterableDataset`` (of one shard)."""
+
+        n_shards = 1  # Accelerate then leaves the ranks to PackedDataCallback instead of calling shard()
+
+        def __repr__(self) -> str:
+            return f"TRLPackedDataset({type(self.loader).__name__})"
+
+    return TRLPackedDataset
+
+
+def trl_dataset(loader: Iterable[Mapping[str, Any]], *, keep: int = 16) -> PackedIterableDataset:
+    """A :class:`PackedIterableDataset` that TRL's ``SFTTrainer`` takes: TRL admits Hugging Face ``datasets``
+    objects only, so this one is also a ``datasets.IterableDataset``; everything else is the same."""
+    return _trl_dataset_class()(loader, keep=keep)
+
+
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
     """The positions of a one-row pack whose next token is supervised, from HF's unshifted ``labels``
     (:func:`trainer_labels`): the model's ``logits_to_keep``, and the rows :func:`packed_trainer_loss` expects."""
@@ -330,6 +364,8 @@ class PackedCollator:
             preset=self.preset,
             one_vision_call=self.one_vision_call,
         )
+        # None is every forward's default; TRL reads an attention_mask key as a tensor (its token count)
+        kwargs = {key: value for key, value in kwargs.items() if value is not None}
         kwargs["labels"] = trainer_labels(batch)
         if self.supervised_logits:
             kwargs["logits_to_keep"] = supervised_positions(kwargs["labels"])
@@ -352,6 +388,15 @@ class PackedDataCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         check_trainer_args(args)
+        model = kwargs.get("model")
+        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+        if _is_sft_config(args) and getattr(base, "accepts_loss_kwargs", True) is False:
+            raise ConfigError(
+                "model",
+                f"{type(base).__name__} says it takes no num_items_in_batch: TRL's SFTTrainer would average per-pack "
+                "means over gradient accumulation and ranks, not weigh every supervised token the same",
+                "build SFTTrainer(model=for_sft_trainer(prepare_model(model)), ...)",
+            )
         dataset = getattr(kwargs.get("train_dataloader"), "dataset", None)
         if type(dataset).__name__ == "IterableDatasetShard" and isinstance(dataset.dataset, PackedIterableDataset):
             if dataset.num_processes != 1:
