@@ -30,6 +30,7 @@ __all__ = [
     "PackingSpec",
     "OldName",
     "accepts_old_names",
+    "alignment_knobs",
     "default_balance",
     "knob_help",
     "renamed_knobs",
@@ -226,7 +227,7 @@ def knob_help(knob: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- old names
-def _alignment_knobs(multiple: Any) -> dict[str, Any]:
+def alignment_knobs(multiple: Any) -> dict[str, Any]:
     """The ``cp``/``tp``/``sp`` whose derived alignment is exactly ``multiple`` (an even N: ``cp=N//2``, Megatron's
     ``2*cp``; an odd N > 1: ``tp=N, sp=True``; 1: nothing)."""
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
@@ -259,10 +260,10 @@ OLD_NAMES: dict[str, OldName] = {
     "width": OldName("seq_length"),
     "packed_sequence_size": OldName("seq_length", note="Bridge's PackedSequenceSpecs name"),
     "pad_multiple": OldName(
-        "cp/tp/sp", convert=_alignment_knobs, note="the alignment is derived from them: pad_multiple=2*N is cp=N"
+        "cp/tp/sp", convert=alignment_knobs, note="the alignment is derived from them: pad_multiple=2*N is cp=N"
     ),
     "pad_seq_to_mult": OldName(
-        "cp/tp/sp", convert=_alignment_knobs, note="the alignment is derived from them: pad_seq_to_mult=2*N is cp=N"
+        "cp/tp/sp", convert=alignment_knobs, note="the alignment is derived from them: pad_seq_to_mult=2*N is cp=N"
     ),
     "max_seq_length": OldName("seq_length", accepted=False),
     "on_oversize": OldName("overlength", accepted=False, note="the packers' internal option"),

@@ -23,7 +23,8 @@ import torch
 
 from ..errors import ConfigError
 from ..packing import PackingStats
-from ..thd import ThdLayout, ThdSegment, accepts_old_width, build_thd_batch
+from ..packing.spec import PackingSpec, accepts_old_names
+from ..thd import ThdLayout, ThdSegment, build_thd_batch
 from .dataset import PADDING_KEY
 from .formats import Encoded
 
@@ -50,18 +51,38 @@ class InBatchPacker:
         self.sampler, self.dataset = sampler, dataset  # where packing_stats come from (module docstring)
 
     @classmethod
-    @accepts_old_width
-    def for_dataset(cls, dataset: Any, seq_length: int, *, sampler: Any = None, **layout_kw: Any) -> InBatchPacker:
-        """The packer for ``dataset``: a :class:`ThdLayout` of ``seq_length`` with the dataset tokenizer's pad id.
+    @accepts_old_names
+    def for_dataset(
+        cls,
+        dataset: Any,
+        seq_length: int,
+        *,
+        sampler: Any = None,
+        cp: int = 1,
+        tp: int = 1,
+        sp: bool = False,
+        eval_cp: int | None = None,
+        pad_to_max_length: bool = False,
+        pad_cu_seqlens: bool = False,
+        max_segments: int | None = None,
+    ) -> InBatchPacker:
+        """The packer for ``dataset`` with the layout knobs of :class:`~energon_pack.packing.spec.PackingSpec`
+        (documented there; old names such as ``width`` and ``pad_multiple`` accepted with one DeprecationWarning).
 
         Args:
             dataset: the :class:`JsonlSFTDataset` (its ``pad_token_id``; its skips when there is no sampler).
-            seq_length: the pack width in tokens (the sampler's). Old name ``width=`` still accepted (deprecated).
+            seq_length, cp, tp, sp, eval_cp, pad_to_max_length, pad_cu_seqlens, max_segments: the spec's knobs (the
+                sampler's width and alignment).
             sampler: the :class:`TokenBudgetBatchSampler` whose plan stats batches carry; None: the dataset's skips.
-            layout_kw: the other :class:`ThdLayout` fields (pad_multiple, pad_to_max_length, ...).
         """
-        layout_kw.setdefault("pad_token_id", dataset.pad_token_id)
-        return cls(ThdLayout(seq_length=seq_length, **layout_kw), sampler=sampler, dataset=dataset)
+        layout = dict(pad_to_max_length=pad_to_max_length, pad_cu_seqlens=pad_cu_seqlens, max_segments=max_segments)
+        spec = PackingSpec(seq_length=seq_length, cp=cp, tp=tp, sp=sp, eval_cp=eval_cp, **layout)
+        return cls.from_spec(dataset, spec, sampler=sampler)
+
+    @classmethod
+    def from_spec(cls, dataset: Any, spec: PackingSpec, *, sampler: Any = None) -> InBatchPacker:
+        """The packer of ``spec``'s row layout, with the dataset tokenizer's pad id."""
+        return cls(spec.layout(pad_token_id=dataset.pad_token_id), sampler=sampler, dataset=dataset)
 
     def packing_stats(self) -> dict | None:
         """What each batch carries as ``packing_stats`` (None without a sampler or dataset)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
 from ..records import decode_json_record
-from ..thd import OVERLENGTH_POLICIES
+from ..thd import check_text_overlength
 from .formats import FORMATS, ChatFormat, Encoded, PromptCompletionFormat, make_format
 from .index import LineIndex, cache_path, file_fingerprint, load_cached, save_cached
 from .length_pass import _literal_control_contents, default_workers, run_length_pass
@@ -97,8 +97,9 @@ class JsonlSFTDataset:
             with a ``DemoTokenizerWarning``).
         format: ``"prompt_completion"`` (default) or ``"chat"`` (``messages`` / ShareGPT ``conversations``).
         max_length: the most tokens a sample may have, usually the pack width ``seq_length``; None: no limit.
-        overlength: what a longer line gets: ``"skip"`` (counted, default), ``"truncate"`` (keep the first
-            ``max_length`` tokens) or ``"error"``.
+        overlength: :attr:`PackingSpec.overlength <energon_pack.packing.spec.PackingSpec>` for a line over
+            ``max_length`` (``"truncate"`` keeps its first ``max_length`` tokens; the keeping policies of the
+            Qwen-VL encoders are refused here).
         cache_dir: where the line index and length caches go; None: the user cache dir.
         cache_tokens: also keep the length pass's ids on disk (4 bytes a token) so ``__getitem__`` slices
             instead of tokenising (default False).
@@ -130,8 +131,7 @@ class JsonlSFTDataset:
     ) -> None:
         if format not in FORMATS:
             raise ConfigError("format", f"unknown format {format!r}", f"use one of {FORMATS}")
-        if overlength not in OVERLENGTH_POLICIES:
-            raise ConfigError("overlength", f"unknown policy {overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
+        check_text_overlength(overlength, "the GPT-SFT JSONL dataset")
         if max_length is not None and (
             isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
         ):

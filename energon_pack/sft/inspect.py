@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..packing.spec import alignment_knobs
 from ..thd import accepts_old_width
 from . import length_pass
 from .dataset import JsonlSFTDataset
@@ -210,7 +211,8 @@ def inspect_jsonl(
         lengths = np.asarray(ds.lengths, dtype=np.int64)
     after = _cache_entries(path, format_kw.get("cache_dir"))
     good = lengths[lengths > 0]
-    sampler = TokenBudgetBatchSampler(lengths, width, pad_multiple=pad_multiple, window=window, seed=seed)
+    align = alignment_knobs(pad_multiple)  # the report's explicit alignment as the spec's cp/tp/sp
+    sampler = TokenBudgetBatchSampler(lengths, width, **align, window=window, seed=seed)
     stats = sampler.stats
     first_lines: dict[str, list[int]] = {}
     for line, reason, _ in ds.skipped_lines:

@@ -31,9 +31,10 @@ import numpy as np
 
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
 from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing
-from ..packing.balanced import BALANCE_MODES, DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
+from ..packing.balanced import DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
+from ..packing.spec import PackingSpec, accepts_old_names
 from ..packing.step_cost import cost_model_from, cost_model_name, resolve_cost_model, same_cost_model
-from ..thd import accepts_old_width, aligned_length, warn_old_width
+from ..thd import aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
 
 STATE_FORMAT = 1
@@ -44,34 +45,32 @@ BALANCE_BUFFER = 256
 PRE_KEY_BALANCE_TUNING = (0.03, 0.15)
 
 
-@accepts_old_width
+@accepts_old_names
 class TokenBudgetBatchSampler:
     """Batch sampler for ``DataLoader(batch_sampler=...)``: each yielded list fills one THD row (module doc).
+
+    The packing knobs are :class:`~energon_pack.packing.spec.PackingSpec`'s (documented there, validated there, one
+    ``balance`` default rule); :meth:`from_spec` takes a spec as it is. Old names (``width``, ``pad_multiple``) are
+    accepted with one DeprecationWarning naming the new knob (:data:`~energon_pack.packing.spec.OLD_NAMES`).
 
     Args:
         lengths: a :class:`JsonlSFTDataset` (its ``lengths``, skip reasons and path; an all-skipped dataset
             raises at once) or a 1-D array of token lengths per index (<= 0: unusable).
-        seq_length: the pack width in tokens (the same as the collate's :class:`ThdLayout`); a multiple of
-            ``pad_multiple``. Old name ``width=`` still accepted (deprecated).
-        pad_multiple: segments are packed by their length rounded up to this (default 1; the layout's alignment).
-        max_segments: the most samples per pack (a second budget); None: no limit.
+        seq_length, cp, tp, sp, eval_cp, max_segments, seed, balance, cost_model: the spec's knobs (the same
+            ``seq_length`` and alignment as the collate's :class:`ThdLayout`; segments are packed by their length
+            rounded up to the alignment of ``cp``/``tp``/``sp``/``eval_cp``, :attr:`pad_multiple`).
         window: samples packed together per best-fit-decreasing call (default 4096): larger fills better,
             but packs mix samples from further apart in the shuffled order.
-        shuffle: seeded permutation of the lines and of each window's packs (default True).
-        seed: the seed of that order; the epoch is mixed in (:meth:`set_epoch`).
+        shuffle: seeded permutation (by ``seed``, the epoch mixed in: :meth:`set_epoch`) of the lines and of each
+            window's packs (default True).
         num_replicas: data-parallel ranks sharing the plan (default 1).
         rank: this rank, in ``[0, num_replicas)``.
-        balance: ``"tokens"`` (best-fit-decreasing per window, the fullest packs) or ``"compute"`` (each window
-            through :class:`~energon_pack.packing.balanced.ComputeBalancedPacker`: packs full in tokens and about
-            equal in step cost, attention per segment squared included, so ranks wait less for their slowest).
-            Default None: ``"compute"`` (0.04 fill points below ``"tokens"`` on a chat mix with 10% long
-            documents), and :meth:`load_state_dict` of a state saved under ``"tokens"`` (every state saved before
-            this default) continues that run by tokens; a mode given explicitly must match the state's.
-        cost_model: the step-cost model ``balance="compute"`` prices, best the model you train: every form
-            :func:`~energon_pack.packing.step_cost.cost_model_from` accepts (a shape or fitted name, a fitted
-            cost-model JSON path, a transformers config or model, a Megatron-Bridge model provider). Default
-            None: ``"qwen2.5-vl-7b"`` (its LLM), said in one log line
-            (:func:`~energon_pack.packing.step_cost.resolve_cost_model`); the state records the model's stable name.
+
+    ``balance="tokens"`` packs each window best-fit-decreasing; ``"compute"`` streams it through
+    :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` (0.04 fill points below ``"tokens"`` on a chat mix
+    with 10% long documents). With ``balance`` left to its default, :meth:`load_state_dict` of a state saved under
+    the other mode continues that run in the state's mode; a mode given explicitly must match the state's. The
+    state records the cost model's stable name.
     """
 
     def __init__(
@@ -79,7 +78,10 @@ class TokenBudgetBatchSampler:
         lengths: Any,
         seq_length: int,
         *,
-        pad_multiple: int = 1,
+        cp: int = 1,
+        tp: int = 1,
+        sp: bool = False,
+        eval_cp: int | None = None,
         max_segments: int | None = None,
         window: int = 4096,
         shuffle: bool = True,
@@ -93,37 +95,33 @@ class TokenBudgetBatchSampler:
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
-        for knob, value in (
-            ("seq_length", seq_length),
-            ("pad_multiple", pad_multiple),
-            ("window", window),
-            ("num_replicas", num_replicas),
-        ):
+        #: the packing knobs (validated once, by the spec; the balance default is its one rule)
+        self.spec = PackingSpec(
+            seq_length=seq_length,
+            cp=cp,
+            tp=tp,
+            sp=sp,
+            eval_cp=eval_cp,
+            max_segments=max_segments,
+            balance=balance,
+            cost_model=cost_model,
+            seed=seed,
+        )
+        for knob, value in (("window", window), ("num_replicas", num_replicas)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
-        if seq_length % pad_multiple:
-            raise ConfigError(
-                "seq_length",
-                f"{seq_length} is not divisible by pad_multiple {pad_multiple}",
-                "use a multiple of pad_multiple",
-            )
-        if max_segments is not None and (not isinstance(max_segments, int) or max_segments < 1):
-            raise ConfigError(
-                "max_segments", f"must be an int >= 1 or None, got {max_segments!r}", "set the most samples per pack"
-            )
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ConfigError("rank", f"must be in [0, {num_replicas}), got {rank!r}", "pass the data-parallel rank")
-        self.seq_length, self.pad_multiple, self.max_segments = seq_length, pad_multiple, max_segments
+        self.seq_length, self.max_segments = seq_length, max_segments
+        #: the segment alignment (``ThdLayout.pad_multiple``), derived from cp/tp/sp/eval_cp
+        self.pad_multiple = self.spec.alignment
         self.window, self.shuffle, self.seed = window, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         #: whether ``balance`` was left to its default (then a restored state's mode is adopted)
-        self._balance_defaulted = balance is None
-        balance = "compute" if balance is None else balance
-        if balance not in BALANCE_MODES:
-            raise ConfigError("balance", f"unknown mode {balance!r}", f"use one of {BALANCE_MODES}")
+        self._balance_defaulted = self.spec.balance_defaulted
         #: (slack, room_weight) of the balanced packer: the defaults, or a restored state's (load_state_dict)
         self._balance_tuning = (DEFAULT_SLACK, DEFAULT_ROOM_WEIGHT)
-        self._set_balance(balance, cost_model)
+        self._set_balance(self.spec.balance, cost_model)
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
         self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
         unnamed = int((self.lengths <= 0).sum()) - sum(self.skips.values())
@@ -138,6 +136,14 @@ class TokenBudgetBatchSampler:
         self._start = 0  # first step of the next __iter__ (set by load_state_dict)
         self._yielded = 0
         self._plan_cache: tuple[int, list[list[int]], PackingStats] | None = None
+
+    @classmethod
+    def from_spec(cls, lengths: Any, spec: PackingSpec, **sampler_knobs: Any) -> TokenBudgetBatchSampler:
+        """The sampler of ``spec``'s knobs (its width, alignment, segment budget, seed, balance and cost model);
+        ``sampler_knobs``: ``window``, ``shuffle``, ``num_replicas``, ``rank``."""
+        knobs = ("cp", "tp", "sp", "eval_cp", "max_segments", "seed", "cost_model")
+        balance = None if spec.balance_defaulted else spec.balance
+        return cls(lengths, spec.seq_length, balance=balance, **{k: getattr(spec, k) for k in knobs}, **sampler_knobs)
 
     @property
     def width(self) -> int:

@@ -54,10 +54,10 @@ def test_dataloader_two_workers_two_ranks_end_to_end(tmp_path):
     write_mixed_chat_file(path)
     ds = JsonlSFTDataset(path, TOK, format="chat", max_length=SEQ_LENGTH)
     assert ds.skips == {"invalid_json": 7}
-    collate = InBatchPacker.for_dataset(ds, SEQ_LENGTH, pad_multiple=4, pad_to_max_length=True)
+    collate = InBatchPacker.for_dataset(ds, SEQ_LENGTH, cp=2, pad_to_max_length=True)
     seen, steps = [], []
     for rank in range(2):
-        sampler = TokenBudgetBatchSampler(ds, SEQ_LENGTH, pad_multiple=4, num_replicas=2, rank=rank, seed=1)
+        sampler = TokenBudgetBatchSampler(ds, SEQ_LENGTH, cp=2, num_replicas=2, rank=rank, seed=1)
         sampler.set_epoch(1)
         loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2)
         batches = list(loader)
@@ -87,6 +87,6 @@ def test_for_dataset_old_name_width_still_works_and_warns(tmp_path):
     write_mixed_chat_file(path, n=20)
     ds = JsonlSFTDataset(path, TOK, format="chat", max_length=SEQ_LENGTH)
     with pytest.warns(DeprecationWarning, match=r"InBatchPacker\.for_dataset: 'width' is deprecated, use 'seq_length'"):
-        old = InBatchPacker.for_dataset(ds, width=SEQ_LENGTH, pad_multiple=4)
-    assert old.layout == InBatchPacker.for_dataset(ds, seq_length=SEQ_LENGTH, pad_multiple=4).layout
+        old = InBatchPacker.for_dataset(ds, width=SEQ_LENGTH, cp=2)
+    assert old.layout == InBatchPacker.for_dataset(ds, seq_length=SEQ_LENGTH, cp=2).layout
     assert old.layout.seq_length == SEQ_LENGTH and old.layout.pad_token_id == ds.pad_token_id

@@ -104,7 +104,7 @@ def test_mixed_file_batches_carry_the_dataset_skips_and_valid_plus_skipped_is_to
     assert total == 120 and set(ds.skips) == {"missing_field", "invalid_json", "too_long", "empty_completion"}
     delivered = 0
     for rank in range(ranks):
-        sampler = TokenBudgetBatchSampler(ds, WIDTH, pad_multiple=4, num_replicas=ranks, rank=rank)
+        sampler = TokenBudgetBatchSampler(ds, WIDTH, cp=2, num_replicas=ranks, rank=rank)
         assert sampler.stats.skips == ds.skips
         assert sampler.stats.samples + sampler.stats.skipped == total
         batches = list(_loader(ds, sampler, workers=2))

@@ -31,10 +31,10 @@ def rank_batches(lengths, world, epoch=0, **kw):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("pad_multiple", [1, 8])
-def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, pad_multiple):
+@pytest.mark.parametrize("cp, pad_multiple", [(1, 1), (4, 8)])
+def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, cp, pad_multiple):
     lengths = make_lengths()
-    per_rank = rank_batches(lengths, world, pad_multiple=pad_multiple, window=128)
+    per_rank = rank_batches(lengths, world, cp=cp, window=128)
     assert len({len(b) for b in per_rank}) == 1  # all ranks run the same number of steps
     seen = Counter(i for batches in per_rank for mb in batches for i in mb if i != PADDING_INDEX)
     fits = (lengths > 0) & (aligned_length(lengths, pad_multiple) <= SEQ_LENGTH)
@@ -45,10 +45,10 @@ def test_every_usable_line_exactly_once_per_epoch_and_equal_steps(world, pad_mul
                 continue
             assert PADDING_INDEX not in mb and aligned_length(lengths[mb], pad_multiple).sum() <= SEQ_LENGTH
     padding = sum(mb == [PADDING_INDEX] for batches in per_rank for mb in batches)
-    plan = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, pad_multiple=pad_multiple, window=128).plan()
+    plan = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, cp=cp, window=128).plan()
     assert padding == -len(plan) % world  # only the last step is padded, on the ranks that ran out
-    s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, pad_multiple=pad_multiple, window=128)
-    assert s.stats.skips.get("oversize", 0) == int(((lengths > 0) & ~fits).sum())
+    s = TokenBudgetBatchSampler(lengths, SEQ_LENGTH, cp=cp, window=128)
+    assert s.pad_multiple == pad_multiple and s.stats.skips.get("oversize", 0) == int(((lengths > 0) & ~fits).sum())
 
 
 def test_padding_steps_counted_on_the_short_ranks():
@@ -113,7 +113,7 @@ def test_state_dict_with_explicit_steps_and_mismatched_config():
 
 def test_config_errors_name_the_knob():
     with pytest.raises(ConfigError, match="^seq_length: 100 is not divisible by pad_multiple 8"):
-        TokenBudgetBatchSampler([5], 100, pad_multiple=8)
+        TokenBudgetBatchSampler([5], 100, cp=4)
     with pytest.raises(ConfigError, match="rank"):
         TokenBudgetBatchSampler([5], 128, num_replicas=2, rank=2)
 
@@ -121,8 +121,8 @@ def test_config_errors_name_the_knob():
 def test_old_name_width_still_works_and_warns():
     lengths = make_lengths()
     with pytest.warns(DeprecationWarning, match="TokenBudgetBatchSampler: 'width' is deprecated, use 'seq_length'"):
-        old = TokenBudgetBatchSampler(lengths, width=SEQ_LENGTH, pad_multiple=4)
-    new = TokenBudgetBatchSampler(lengths, seq_length=SEQ_LENGTH, pad_multiple=4)
+        old = TokenBudgetBatchSampler(lengths, width=SEQ_LENGTH, cp=2)
+    new = TokenBudgetBatchSampler(lengths, seq_length=SEQ_LENGTH, cp=2)
     assert old.seq_length == SEQ_LENGTH and old.plan() == new.plan()
     with pytest.warns(DeprecationWarning, match=r"TokenBudgetBatchSampler\.width: 'width' is deprecated"):
         assert new.width == SEQ_LENGTH
