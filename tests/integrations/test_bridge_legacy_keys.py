@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from energon_pack.integrations.bridge_sft import to_gpt_batch
+from energon_pack.integrations.bridge import to_gpt_batch
 from energon_pack.thd import ThdLayout, ThdSegment, build_thd_batch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

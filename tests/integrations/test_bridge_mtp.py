@@ -26,6 +26,7 @@ from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import bridge as B
+from energon_pack.integrations.bridge import mtp as M
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
@@ -248,9 +249,9 @@ def test_padded_segments_are_refused_because_megatron_core_0_16_rolls_them_wrong
 def test_check_bridge_config_allows_mtp_where_megatron_core_masks_it(caplog):
     """With the real Megatron-Core 0.16.1 importable: its roll takes packed_seq_params (MTP allowed at
     alignment 1, no warning) and the padded probe fails (so alignment > 1 stays refused)."""
-    mcore = B._mcore_mtp_roll()
+    mcore = M._mcore_mtp_roll()
     assert (mcore.version, mcore.packed) == ("0.16.1", True)
-    assert B._mtp_roll_follows_padded_segments(mcore) is False
+    assert M._mtp_roll_follows_padded_segments(mcore) is False
     with caplog.at_level("WARNING", logger="energon_pack.integrations.bridge"):
         B.check_bridge_config(_cfg())
     assert caplog.records == []

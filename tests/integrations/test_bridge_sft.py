@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from energon_pack.errors import ConfigError
-from energon_pack.integrations import bridge_sft as S
+from energon_pack.integrations import bridge as S
+from energon_pack.integrations.bridge import rules
 from energon_pack.sft import TokenBudgetBatchSampler
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -704,7 +705,7 @@ def test_bridge_config_names_the_wrong_knob(data, path, value, knob):
     cfg = sft_recipe_cfg(data)
     cfg.model.calculate_per_token_loss = True
     owner, _, attr = path.rpartition(".")
-    setattr(S._get(cfg, owner), attr, value)
+    setattr(rules.get(cfg, owner), attr, value)
     with pytest.raises(ConfigError) as err:
         S.check_bridge_sft_config(cfg, data_parallel_size=2)
     assert err.value.knob == knob

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from energon_pack.errors import ConfigError
-from energon_pack.integrations import bridge_sft as S
+from energon_pack.integrations import bridge as S
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 

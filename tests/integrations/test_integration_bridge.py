@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import dataclasses
 import pickle
 import subprocess
 import sys
@@ -24,6 +25,9 @@ from PIL import Image
 
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import bridge as B
+from energon_pack.integrations.bridge import mtp as M
+from energon_pack.integrations.bridge import provider as bridge_provider
+from energon_pack.integrations.bridge import rules
 from energon_pack.qwen_vl import get_preset
 from energon_pack.thd import PADDED_BOUNDARY_KEYS
 
@@ -191,7 +195,7 @@ def test_auto_position_mode_and_flat_batches():
 def test_fallback_visual_inputs_behaves_like_bridge():
     load_bridge()
     generic = bridge_module("training.utils.visual_inputs").GenericVisualInputs
-    assert [f.name for f in B.dataclasses.fields(generic)] == [f.name for f in B.dataclasses.fields(B.VisualInputs)]
+    assert [f.name for f in dataclasses.fields(generic)] == [f.name for f in dataclasses.fields(B.VisualInputs)]
     cases = [
         dict(
             pixel_values=torch.randn(2, 3, 4, 5, 6),
@@ -490,14 +494,14 @@ def test_check_bridge_config_accepts_correct_config(te_cp2):
 def test_check_bridge_config_names_the_wrong_knob(te_cp2, path, value, knob):
     cfg = good_cfg()
     owner, _, attr = path.rpartition(".")
-    setattr(B._get(cfg, owner) if owner else cfg, attr, value)
+    setattr(rules.get(cfg, owner) if owner else cfg, attr, value)
     with pytest.raises(ConfigError) as err:
         B.check_bridge_config(cfg, te_cp2)
     assert err.value.knob == knob
 
 
 def _fake_mcore(version, roll):
-    """Stand-in for what ``B._mcore_mtp_roll`` finds: a roll_tensor, Bridge-light's PackedSeqParams, a version."""
+    """Stand-in for what ``M._mcore_mtp_roll`` finds: a roll_tensor, Bridge-light's PackedSeqParams, a version."""
     import inspect
 
     packed = "packed_seq_params" in inspect.signature(roll).parameters
@@ -540,7 +544,7 @@ def test_mtp_on_packs_is_allowed_where_megatron_core_masks_it_at_our_boundaries(
     """Issue 45: MTP on packs as Bridge now allows it (PR #5990), where Megatron-Core's roll keeps MTP targets
     inside each packed sequence (>= 0.16) and rolls by the boundaries our segments have: alignment 1 always,
     padded packs (CP, or SP over TP) only with a roll that follows padded segments (probed)."""
-    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.16.1", _roll_by("cu_seqlens_q")))
+    monkeypatch.setattr(M, "_mcore_mtp_roll", _fake_mcore("0.16.1", _roll_by("cu_seqlens_q")))
     with caplog.at_level("WARNING", logger="energon_pack.integrations.bridge"):
         B.check_bridge_config(_mtp_cfg())  # alignment 1: allowed, nothing assumed
         B.check_bridge_config(_mtp_cfg(tp=4))  # TP without SP does not pad segments
@@ -554,7 +558,7 @@ def test_mtp_on_packs_is_allowed_where_megatron_core_masks_it_at_our_boundaries(
     with pytest.raises(ConfigError) as err:  # the encoder's alignment (4) is the one that counts
         B.check_bridge_config(_mtp_cfg(tp=4, sp=True), te)
     assert "on packs aligned to 4 (model.tensor_model_parallel_size=4, model.sequence_parallel=True)" in str(err.value)
-    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.21.0", _roll_by("cu_seqlens_q_padded")))
+    monkeypatch.setattr(M, "_mcore_mtp_roll", _fake_mcore("0.21.0", _roll_by("cu_seqlens_q_padded")))
     B.check_bridge_config(_mtp_cfg(cp=2, tp=4, sp=True))  # a roll that follows padded segments: allowed
 
 
@@ -562,7 +566,7 @@ def test_mtp_on_packs_is_refused_where_megatron_core_rolls_across_boundaries(mon
     def roll_tensor(tensor, shifts=-1, dims=-1, cp_group=None):  # Megatron-Core 0.15's signature
         return torch.roll(tensor, shifts, dims), None
 
-    monkeypatch.setattr(B, "_mcore_mtp_roll", _fake_mcore("0.15.3", roll_tensor))
+    monkeypatch.setattr(M, "_mcore_mtp_roll", _fake_mcore("0.15.3", roll_tensor))
     with pytest.raises(ConfigError) as err:
         B.check_bridge_config(_mtp_cfg())
     assert str(err.value) == (
@@ -573,7 +577,7 @@ def test_mtp_on_packs_is_refused_where_megatron_core_rolls_across_boundaries(mon
 
 
 def test_mtp_on_packs_without_megatron_core_here_is_allowed_at_alignment_1_with_a_warning(monkeypatch, caplog):
-    monkeypatch.setattr(B, "_mcore_mtp_roll", lambda: None)
+    monkeypatch.setattr(M, "_mcore_mtp_roll", lambda: None)
     with caplog.at_level("WARNING", logger="energon_pack.integrations.bridge"):
         B.check_bridge_config(_mtp_cfg())
     assert [r.getMessage() for r in caplog.records] == [
@@ -586,9 +590,9 @@ def test_mtp_on_packs_without_megatron_core_here_is_allowed_at_alignment_1_with_
 
 
 def test_mtp_probe_tells_a_roll_by_padded_segments_from_one_by_unpadded():
-    assert B._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q_padded"))()) is True
-    assert B._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q"))()) is False
-    assert B._mcore_mtp_roll() is None  # the main venv: no Megatron-Core (or only Bridge-light's stand-in)
+    assert M._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q_padded"))()) is True
+    assert M._mtp_roll_follows_padded_segments(_fake_mcore("x", _roll_by("cu_seqlens_q"))()) is False
+    assert M._mcore_mtp_roll() is None  # the main venv: no Megatron-Core (or only Bridge-light's stand-in)
 
 
 def test_check_bridge_config_parallel_sizes_and_many_errors(te_cp2):
@@ -695,7 +699,7 @@ def test_check_bridge_config_forward_step(te_cp2):
 def test_provider_is_a_bridge_dataset_provider_and_builds_loaders(bridge_dataset, monkeypatch, tmp_path):
     base = bridge_module("data.base")
     monkeypatch.setenv("ENERGON_PACK_CACHE", str(tmp_path))
-    monkeypatch.setattr(B, "_PROVIDER_CLASS", None)
+    monkeypatch.setattr(bridge_provider, "_CLASSES", {})
     te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024)
     provider = B.make_bridge_dataset_provider(
         bridge_dataset, te, packing_buffer_size=8, num_workers=0, shuffle_buffer_size=1
@@ -907,7 +911,7 @@ def _row(lengths, **layout):
 def test_padded_boundaries_only_when_they_differ():
     """Bridge's packing emits cu_seqlens_*_padded only when a physical span differs from its length (so TE keeps
     its unpadded path); always on the static pad_cu_seqlens path; the GPT step's batch follows the same rule."""
-    from energon_pack.integrations.bridge_sft import to_gpt_batch
+    from energon_pack.integrations.bridge import to_gpt_batch
 
     dense = _row([5, 7], seq_length=64)  # alignment 1, dynamic width: nothing padded
     out = B.to_bridge_batch(dense)

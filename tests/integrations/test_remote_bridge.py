@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from energon_pack.integrations import bridge as B
+from energon_pack.integrations.bridge import provider as bridge_provider
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_integration_bridge import write_bridge_dataset  # noqa: E402
@@ -24,7 +25,7 @@ def test_provider_reads_a_remote_bridge_dataset_like_the_local_one(s3_store, tmp
     assert Path(kwargs["dataset_config"]).parent == tmp_path / "cache" / "bridge_dataset_configs"  # never in the bucket
     load_bridge()
     base = bridge_module("data.base")
-    monkeypatch.setattr(B, "_PROVIDER_CLASS", None)
+    monkeypatch.setattr(bridge_provider, "_CLASSES", {})
     first = {}
     for name, path in (("local", local), ("remote", remote)):
         te = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=1024)

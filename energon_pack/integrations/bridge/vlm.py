@@ -1,223 +1,52 @@
-"""Megatron-Bridge: our packed THD rows in the form Bridge's VLM step reads, its config checks,
-a dataset provider for Bridge recipes, and Bridge-prepared ChatML datasets read as they are.
+"""Megatron-Bridge's VLM road: the task encoder whose batches are in the form ``vlm_step`` reads, Bridge-prepared
+ChatML datasets read as they are, the config check, and the Energon dataset provider for Bridge recipes.
 
-Bridge's VLM step (``megatron.bridge.training.vlm_step.get_batch_from_iterator``) keeps an
-allow-list of batch keys and sets every other key to None: ``visual_inputs`` (one object whose
-every field gets ``.cuda()``), ``tokens``/``input_ids``, ``position_ids``, ``labels``,
-``loss_mask``, ``attention_mask`` (only when the dataset provides masks), ``cu_seqlens_q``,
-``cu_seqlens_kv``, ``cu_seqlens_q_padded``, ``cu_seqlens_kv_padded`` and the host scalars
-``max_seqlen_q``/``max_seqlen_kv``. Our flat ``pixel_values``/``image_grid_thw``/... would be
-dropped there, so :func:`to_bridge_batch` moves them into one ``visual_inputs`` object (Bridge's
-``GenericVisualInputs`` when importable, else :class:`VisualInputs` with the same fields and
-``normalized_for_model()``).
-
-``position_ids``: Bridge's Qwen2/2.5-VL model recomputes M-RoPE per segment from
-``cu_seqlens_q`` / ``cu_seqlens_q_padded`` and overwrites what it is given, so we pass the
-per-segment 1-D positions [1, T] like Bridge's own encoder. Bridge's Qwen3-VL model uses a
-passed [3, B, T] tensor as is, so for Qwen3-VL we pass our ``mrope_position_ids`` [3, 1, T]
-(equal to Bridge's own per-segment positions on every real token; gaps are never attended).
-
-Nothing here imports Bridge or Megatron-Core at module import time.
+The batch form is :mod:`.batch`'s, the rules :mod:`.rules`' (shared with the GPT-SFT road). Nothing here imports
+Bridge or Megatron-Core at module import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import torch
 import yaml
 from megatron.energon import Cooker, stateless
 
-from energon_pack.chat.tokenizer import describe_tokenizer, is_demo_tokenizer
-from energon_pack.energon import SkippedSample
-from energon_pack.energon.bridge_layout import (  # noqa: F401 (also importable from here, their old home)
-    BRIDGE_CHATML_DATASET_CLASSES,
+from ...chat.tokenizer import describe_tokenizer, is_demo_tokenizer
+from ...energon import SkippedSample
+from ...energon.bridge_layout import (
     FIELD_MAP_SUBFLAVOR,
-    BridgeChatMLDataset,
     bridge_chatml_to_sample,
     cook_bridge_chatml,
     read_bridge_dataset,
 )
-from energon_pack.errors import ConfigError, raise_config_errors
-from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
-from energon_pack.thd import VISUAL_KEYS, alignment_multiple, without_equal_padded_boundaries
+from ...errors import ConfigError, raise_config_errors
+from ...qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+from ...thd import alignment_multiple
+from .batch import to_bridge_batch
+from .mtp import vlm_mtp_error
+from .provider import provider_class
+from .rules import TOPOLOGY, forward_step_error, get, model_alignment, rule_errors, topology, topology_errors
 
 __all__ = [
-    "BRIDGE_BATCH_KEYS",
-    "BRIDGE_CHATML_DATASET_CLASSES",
-    "BridgeChatMLDataset",
     "BridgeQwenVLPackingTaskEncoder",
-    "METADATA_KEYS",
-    "VisualInputs",
-    "bridge_chatml_to_sample",
     "bridge_dataset_kwargs",
-    "bridge_visual_inputs_class",
     "check_bridge_config",
-    "cook_bridge_chatml",
     "make_bridge_dataset_provider",
-    "read_bridge_dataset",
-    "to_bridge_batch",
 ]
-
-_log = logging.getLogger(__name__)
-
-#: The keys of a converted batch that Bridge's VLM step reads (``tokens`` is not emitted: the step
-#: falls back to ``input_ids`` when it is absent, as with Bridge's own Qwen-VL encoder).
-BRIDGE_BATCH_KEYS = (
-    "input_ids",
-    "position_ids",
-    "labels",
-    "loss_mask",
-    "attention_mask",
-    "visual_inputs",
-    "cu_seqlens_q",
-    "cu_seqlens_kv",
-    "cu_seqlens_q_padded",
-    "cu_seqlens_kv_padded",
-    "max_seqlen_q",
-    "max_seqlen_kv",
-    "total_tokens",
-)
-#: Energon bookkeeping (restore keys) and our per-worker counters; Bridge's step sets them to None.
-METADATA_KEYS = ("__key__", "__keys__", "__restore_key__", "packing_stats")
 
 POSITION_MODES = ("auto", "mrope", "flat")
 
 
-# ---------------------------------------------------------------------------------- visual inputs
-@dataclass
-class VisualInputs:
-    """Stand-in for Bridge's ``GenericVisualInputs`` (same fields, same two methods).
-
-    Used only when Bridge is not importable; :func:`to_bridge_batch` prefers Bridge's class.
-    """
-
-    pixel_values: torch.Tensor | None = None
-    pixel_values_videos: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    second_per_grid_ts: torch.Tensor | None = None
-    image_sizes: torch.Tensor | None = None
-    image_position_ids: torch.Tensor | None = None
-    mm_token_type_ids: torch.Tensor | None = None
-
-    def as_model_kwargs(self) -> dict[str, torch.Tensor]:
-        """The fields that are set, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    def normalized_for_model(self) -> dict[str, torch.Tensor]:
-        """Set fields; batched Qwen tensors flattened: pixels [B,N,C,H,W] -> [B*N,C,H,W], grids [B,N,3] -> [B*N,3]."""
-        out = self.as_model_kwargs()
-        for name in ("pixel_values", "pixel_values_videos"):
-            value = out.get(name)
-            if isinstance(value, torch.Tensor) and value.dim() == 5:
-                out[name] = value.reshape(value.shape[0] * value.shape[1], *value.shape[2:])
-        for name in ("image_grid_thw", "video_grid_thw"):
-            value = out.get(name)
-            if isinstance(value, torch.Tensor) and value.dim() == 3:
-                out[name] = value.reshape(-1, value.shape[-1])
-        return out
-
-
-def bridge_visual_inputs_class() -> type:
-    """Bridge's ``GenericVisualInputs`` when importable, else :class:`VisualInputs`."""
-    try:
-        from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
-    except Exception:  # Bridge absent, or its package __init__ needs Megatron-Core / TE
-        return VisualInputs
-    return GenericVisualInputs
-
-
-# ---------------------------------------------------------------------------------- the batch
-def to_bridge_batch(
-    batch: dict, *, position_ids: str = "mrope", visual_inputs_cls: type | None = None, static_cu: bool = False
-) -> dict:
-    """Our THD row (docs/concepts/batch_contract.md) -> the dict Bridge's VLM step reads.
-
-    Keys: :data:`BRIDGE_BATCH_KEYS` plus the Energon/statistics :data:`METADATA_KEYS` present in
-    ``batch``. Tensors are not copied. ``position_ids``: ``"mrope"`` passes
-    ``mrope_position_ids`` [3, 1, T] when the batch has them (Qwen3-VL uses them as they are),
-    ``"flat"`` the per-segment 1-D positions [1, T] (Qwen2/2.5-VL recompute M-RoPE inside the
-    model). ``visual_inputs`` is always an object; fields no segment has are None.
-
-    Args:
-        batch: one packed THD row of our encoders (docs/concepts/batch_contract.md): ``input_ids`` [1, T],
-            ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens_q``, ... and the flat visual keys. A
-            static-visual row or uint8 pixels are refused (ConfigError): Bridge's vision models cannot read them.
-        position_ids: which positions become Bridge's ``position_ids``: ``"mrope"`` (our
-            ``mrope_position_ids`` [3, 1, T], falling back to the 1-D positions when the batch has none,
-            e.g. text) or ``"flat"`` (the per-segment 1-D positions [1, T]). Default ``"mrope"``: the
-            positions Qwen3-VL uses as given; :class:`BridgeQwenVLPackingTaskEncoder` picks ``"flat"`` for
-            Qwen2/2.5-VL presets itself.
-        visual_inputs_cls: the class of the ``visual_inputs`` object, built with the visual keys as fields.
-            Default None: Bridge's ``GenericVisualInputs`` when importable (what its VLM step expects), else
-            :class:`VisualInputs` (same fields and methods), so conversion works without Bridge installed.
-        static_cu: the row comes from the static path (``pad_cu_seqlens``): ``cu_seqlens_*_padded`` stay even
-            when equal to ``cu_seqlens_*``. Default False: they are left out when equal, as Bridge's own packing
-            does, so Transformer Engine takes its unpadded path.
-    """
-    if position_ids not in ("mrope", "flat"):
-        raise ConfigError("position_ids", f"unknown mode {position_ids!r}", "use 'mrope' or 'flat'")
-    missing = [k for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens_q") if k not in batch]
-    if missing:
-        raise ValueError(f"not a packed THD batch: missing {missing}")
-    if batch["input_ids"].dim() != 2 or batch["input_ids"].shape[0] != 1:
-        raise ValueError(f"Bridge's packed VLM step needs one THD row [1, T], got {tuple(batch['input_ids'].shape)}")
-    if batch.get("visual_pixel_values") is not None:
-        raise ConfigError(
-            "static_visual",
-            "the batch holds static (padded, token-ordered) vision rows; Bridge's vision "
-            "models read pixel_values/grid_thw and pad for their own CUDA graphs",
-            "build the encoder with static_visual=False",
-        )
-    for key in ("pixel_values", "pixel_values_videos"):
-        pixels = batch.get(key)
-        if isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8:
-            raise ConfigError(
-                "pixel_dtype",
-                f"{key} is uint8: Bridge's step feeds it to the vision model as raw 0..255 values",
-                "use pixel_dtype 'float32' or 'bfloat16' with Megatron-Bridge",
-            )
-    cls = visual_inputs_cls or bridge_visual_inputs_class()
-    visual = cls(**{k: batch.get(k) for k in VISUAL_KEYS})
-    mrope = batch.get("mrope_position_ids")
-    out = {
-        "input_ids": batch["input_ids"],
-        "position_ids": mrope if position_ids == "mrope" and mrope is not None else batch["position_ids"],
-        "labels": batch["labels"],
-        "loss_mask": batch["loss_mask"],
-        "attention_mask": None,
-        "visual_inputs": visual,
-        "cu_seqlens_q": batch["cu_seqlens_q"],
-        "cu_seqlens_kv": batch.get("cu_seqlens_kv", batch["cu_seqlens_q"]),
-        "cu_seqlens_q_padded": batch.get("cu_seqlens_q_padded"),
-        "cu_seqlens_kv_padded": batch.get("cu_seqlens_kv_padded", batch.get("cu_seqlens_q_padded")),
-        "max_seqlen_q": batch["max_seqlen_q"],
-        "max_seqlen_kv": batch.get("max_seqlen_kv", batch["max_seqlen_q"]),
-        "total_tokens": batch.get("total_tokens", int(batch["input_ids"].shape[1])),
-    }
-    if out["cu_seqlens_q_padded"] is None:  # Bridge: absent when equal to the logical boundaries
-        del out["cu_seqlens_q_padded"], out["cu_seqlens_kv_padded"]
-    without_equal_padded_boundaries(out, static_cu=static_cu)
-    for key in METADATA_KEYS:
-        if key in batch:
-            out[key] = batch[key]
-    return out
-
-
 # ---------------------------------------------------------------------------------- Bridge datasets
 def _config_dir() -> Path:
-    from ..env import cache_dir
+    from ...env import cache_dir
 
     return Path(os.environ.get("ENERGON_PACK_CACHE") or cache_dir()) / "bridge_dataset_configs"
 
@@ -325,29 +154,6 @@ class BridgeQwenVLPackingTaskEncoder(QwenVLPackingTaskEncoder):
 
 
 # ---------------------------------------------------------------------------------- config checks
-_MISSING = object()
-
-
-def _get(cfg: Any, path: str, default: Any = _MISSING) -> Any:
-    obj = cfg
-    for part in path.split("."):
-        if obj is None:
-            return default
-        obj = getattr(obj, part, _MISSING)
-        if obj is _MISSING:
-            return default
-    return obj
-
-
-def _is_vlm_forward_step(func: Any) -> bool:
-    while isinstance(func, partial):
-        func = func.func
-    return (getattr(func, "__module__", None), getattr(func, "__name__", None)) == (
-        "megatron.bridge.training.vlm_step",
-        "forward_step",
-    )
-
-
 def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
     preset = getattr(getattr(task_encoder, "preset", None), "name", None) or "qwen2.5-vl"
     return ConfigError(
@@ -360,107 +166,13 @@ def _demo_tokenizer_error(task_encoder: Any) -> ConfigError:
     )
 
 
-#: The first Megatron-Core whose MTP roll (``roll_tensor(..., packed_seq_params=)``, MCore PR #2173) keeps every
-#: MTP target inside its packed sequence; GPTModel rolls ``labels`` and ``loss_mask`` with it once per MTP depth.
-#: Bridge PR #5990 (2026-09-07) only lifted Bridge's own guard against MTP with native Energon packing.
-MTP_PACKED_MCORE = "0.16.0"
-
-
-def _mcore_mtp_roll() -> Any:
-    """Megatron-Core's MTP ``roll_tensor`` (``roll``), ``PackedSeqParams`` (``params``), ``version`` and whether the
-    roll takes ``packed_seq_params`` (``packed``), or None where Megatron-Core is not importable here (or is only
-    a test stand-in)."""
-    import inspect
-
-    try:
-        import megatron.core as mcore
-        from megatron.core.packed_seq_params import PackedSeqParams
-        from megatron.core.transformer.multi_token_prediction import roll_tensor
-    except ImportError:
-        return None
-    if not inspect.isfunction(roll_tensor):
-        return None
-    packed = "packed_seq_params" in inspect.signature(roll_tensor).parameters
-    return SimpleNamespace(roll=roll_tensor, params=PackedSeqParams, version=mcore.__version__, packed=packed)
-
-
-def _mtp_roll_follows_padded_segments(mcore: Any) -> bool:
-    """Whether ``mcore.roll`` keeps MTP targets inside segments that carry alignment padding, probed on an
-    8-token pack as Bridge passes it (logical ``cu_seqlens_q`` [0, 2, 5], physical ``_padded`` [0, 4, 8])."""
-    logical, physical = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 4, 8], dtype=torch.int32)
-    mask = torch.tensor([[1.0, 1, 0, 0, 1, 1, 1, 0]])  # segment 0 at 0-1, segment 1 at 4-6, gaps at 2-3 and 7
-    params = mcore.params(
-        qkv_format="thd",
-        cu_seqlens_q=logical,
-        cu_seqlens_kv=logical,
-        cu_seqlens_q_padded=physical,
-        cu_seqlens_kv_padded=physical,
-        max_seqlen_q=4,
-        max_seqlen_kv=4,
-    )
-    try:
-        labels, _ = mcore.roll(torch.arange(1, 9).unsqueeze(0), shifts=-1, dims=-1, packed_seq_params=params)
-        rolled, _ = mcore.roll(mask, shifts=-1, dims=-1, packed_seq_params=params)
-    except Exception:  # noqa: BLE001 (a roll that fails on the probe is not shown to handle padded packs)
-        return False
-    kept = rolled[0].nonzero().flatten().tolist()
-    return kept == [0, 4, 5] and labels[0, kept].tolist() == [2, 6, 7]
-
-
 def _pack_alignment(cfg: Any, task_encoder: Any) -> tuple[int, str]:
     """The segment alignment of the packs that train (the encoder's when known, else what ``cfg``'s parallel
     sizes call for; 0 when they are no sizes) and the knobs behind it, in words."""
-    sizes = {
-        k: _get(cfg, k, None)
-        for k in (
-            "model.context_parallel_size",
-            "model.tensor_model_parallel_size",
-            "model.sequence_parallel",
-            "dist.eval_context_parallel_size",
-        )
-    }
+    sizes = {k: get(cfg, k, None) for k in TOPOLOGY}
     shown = {k: v for k, v in sizes.items() if v is True or v not in (None, 1, False)}  # True == 1: kept
     words = ", ".join(f"{k}={v}" for k, v in shown.items()) or "the task encoder's"
-    if task_encoder is not None:
-        return task_encoder.layout.pad_multiple, words
-    cp, tp, sp, eval_cp = sizes.values()
-    try:
-        return alignment_multiple(cp or 1, tp or 1, bool(sp), eval_cp), words
-    except ConfigError:  # a size that is no size, named by the checks below
-        return 0, words
-
-
-def _mtp_on_packs_error(mtp: int, alignment: int, parallel: str) -> ConfigError | None:
-    """MTP on packs is right where Megatron-Core rolls MTP targets within each packed sequence (GPTModel rolls
-    ``labels`` and ``loss_mask`` by the ``cu_seqlens_q`` Bridge passes) and those are where our segments lie:
-    always at alignment 1 (no gap between segments; the fixed-width tail is label -100, loss 0), at alignment > 1
-    only where the roll follows padded segments (probed). Without Megatron-Core here: allowed at alignment 1
-    with a logged warning saying what is assumed."""
-    mcore = _mcore_mtp_roll()
-    fix = "set model.mtp_num_layers=None to train on packs"
-    if mcore is not None and not mcore.packed:
-        return ConfigError(
-            "model.mtp_num_layers",
-            f"is {mtp}; Megatron-Core {mcore.version}'s MTP rolls labels across packed segment boundaries (its "
-            "roll_tensor takes no packed_seq_params), so each segment's last tokens learn the next segment's",
-            f"install Megatron-Core >= {MTP_PACKED_MCORE}, or {fix}",
-        )
-    if alignment != 1 and (mcore is None or not _mtp_roll_follows_padded_segments(mcore)):
-        who = f"Megatron-Core {mcore.version}" if mcore is not None else "Megatron-Core (not importable here)"
-        return ConfigError(
-            "model.mtp_num_layers",
-            f"is {mtp} on packs aligned to {alignment or '?'} ({parallel}): {who} rolls the MTP labels and loss mask "
-            "by the unpadded cu_seqlens_q over padded segments, so MTP targets land on the wrong tokens",
-            "train MTP with model.context_parallel_size=1 and model.sequence_parallel=False or "
-            f"model.tensor_model_parallel_size=1 (alignment 1), or {fix}",
-        )
-    if mcore is None:
-        _log.warning(
-            "MTP on packs: Megatron-Core is not importable here, so its masking at packed boundaries is unchecked; "
-            "assumed the job runs Megatron-Core >= %s",
-            MTP_PACKED_MCORE,
-        )
-    return None
+    return (task_encoder.layout.pad_multiple if task_encoder is not None else model_alignment(cfg)), words
 
 
 def check_bridge_config(
@@ -476,7 +188,7 @@ def check_bridge_config(
     fine, Bridge then uses ``train.micro_batch_size``), per-token loss
     (``model.calculate_per_token_loss=True``: otherwise each pack's loss is divided by its own
     token count and packs are reweighted), ``ddp.average_in_collective=False``, no pipeline
-    parallelism, MTP only where Megatron-Core masks it at our packed boundaries (:func:`_mtp_on_packs_error`),
+    parallelism, MTP only where Megatron-Core masks it at our packed boundaries (:func:`.mtp.vlm_mtp_error`),
     CUDA graphs only on static packs (:func:`_check_cuda_graphs`), MoE EP overlap and
     ``delay_wgrad_compute`` off (model and
     ``comm_overlap``), no Qwen3-VL DistTrain, and, with a task encoder, CP/TP/SP/eval-CP equal to
@@ -502,76 +214,20 @@ def check_bridge_config(
             vision-token-id comparison). Default False: the demo ids mean nothing to the model's embedding and
             its token counts are not the model's; set True only for a dry run that never trains.
     """
-    errors: list[ConfigError] = []
+    errors = rule_errors(cfg, "vlm")
 
     def bad(knob: str, problem: str, fix: str) -> None:
         errors.append(ConfigError(knob, problem, fix))
 
-    mbs = _get(cfg, "train.micro_batch_size")
-    if mbs != 1:
-        bad(
-            "train.micro_batch_size",
-            f"is {mbs!r}; one packed THD row is one micro-batch",
-            "set train.micro_batch_size=1 (and scale global_batch_size in packs)",
-        )
-    eval_mbs = _get(cfg, "validation.eval_micro_batch_size", None)
-    if eval_mbs is not None and eval_mbs != 1:
-        bad(
-            "validation.eval_micro_batch_size",
-            f"is {eval_mbs!r}; validation packs are one THD row per micro-batch too",
-            "set validation.eval_micro_batch_size=1 (or None: Bridge then uses train.micro_batch_size)",
-        )
-    if _get(cfg, "model.calculate_per_token_loss") is not True:
-        bad(
-            "model.calculate_per_token_loss",
-            f"is {_get(cfg, 'model.calculate_per_token_loss', None)!r}; packs hold different numbers of "
-            "supervised tokens, so a per-pack mean silently reweights the loss pack by pack",
-            "set model.calculate_per_token_loss=True",
-        )
-    if _get(cfg, "ddp.average_in_collective", False) is not False:
-        bad(
-            "ddp.average_in_collective",
-            "is True; gradients must be summed and divided by the global token count",
-            "set ddp.average_in_collective=False",
-        )
-    pp = _get(cfg, "model.pipeline_model_parallel_size", 1)
-    if pp not in (None, 1):
-        bad(
-            "model.pipeline_model_parallel_size",
-            f"is {pp}; Bridge's packed VLM path does not support pipeline parallelism",
-            "set model.pipeline_model_parallel_size=1",
-        )
-    for owner in ("model", "comm_overlap", "comm_overlap.user_comm_overlap_cfg"):
-        for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
-            if _get(cfg, f"{owner}.{name}", False) is True:
-                bad(
-                    f"{owner}.{name}",
-                    "is True; the combined-1F1B schedule plan drops visual inputs and packed-sequence metadata",
-                    f"set {owner}.{name}=False",
-                )
-    if _get(cfg, "model.dist_train.use_dist_train", False) is True:
-        bad(
-            "model.dist_train.use_dist_train",
-            "is True; Qwen3-VL DistTrain does not take packed batches",
-            "disable DistTrain",
-        )
-    if forward_step_func is not None and not _is_vlm_forward_step(forward_step_func):
-        name = (
-            f"{getattr(forward_step_func, '__module__', '?')}."
-            f"{getattr(forward_step_func, '__name__', forward_step_func)}"
-        )
-        bad(
-            "forward_step_func",
-            f"is {name}; only vlm_step.forward_step reads visual_inputs and packed THD metadata "
-            "(qwen3_vl_step rejects pre-packed batches)",
-            "pass megatron.bridge.training.vlm_step.forward_step to finetune()",
-        )
+    step = forward_step_error(forward_step_func, "vlm")
+    if step is not None:
+        errors.append(step)
 
-    provider_encoder = _get(cfg, "dataset.task_encoder", None)
+    provider_encoder = get(cfg, "dataset.task_encoder", None)
     if getattr(provider_encoder, "packing", None) is None:
         provider_encoder = None  # not our provider: Bridge's own dataset configs have no such encoder
     else:
-        owned = loader_owned_dataset_kwargs(_get(cfg, "dataset.dataset_kwargs", None))
+        owned = loader_owned_dataset_kwargs(get(cfg, "dataset.dataset_kwargs", None))
         if owned is not None:
             errors.append(owned)
     if task_encoder is None:
@@ -588,11 +244,13 @@ def check_bridge_config(
         raise TypeError(
             f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)"
         )
-    if hasattr(task_encoder, "price_model"):  # cost_model None: balance prices cfg.model, the model that trains
-        task_encoder.price_model(_get(cfg, "model", None))
-    mtp = _get(cfg, "model.mtp_num_layers", None) or 0
+    model = get(cfg, "model", None)
+    for encoder in {id(e): e for e in (task_encoder, get(cfg, "dataset.validation_task_encoder", None))}.values():
+        if hasattr(encoder, "price_model"):  # cost_model None: balance prices cfg.model, the model that trains
+            encoder.price_model(model)
+    mtp = get(cfg, "model.mtp_num_layers", None) or 0
     if mtp > 0:
-        mtp_error = _mtp_on_packs_error(mtp, *_pack_alignment(cfg, task_encoder if packing is not None else None))
+        mtp_error = vlm_mtp_error(mtp, *_pack_alignment(cfg, task_encoder if packing is not None else None))
         if mtp_error is not None:
             errors.append(mtp_error)
     if packing is not None:
@@ -608,7 +266,7 @@ def check_bridge_config(
                 ("model.vision_start_token_id", special.vision_start),
                 ("model.vision_end_token_id", special.vision_end),
             ):
-                theirs = _get(cfg, knob, None)
+                theirs = get(cfg, knob, None)
                 if theirs is not None and theirs != ours:
                     bad(
                         knob,
@@ -616,37 +274,24 @@ def check_bridge_config(
                         "the model would not find the vision tokens",
                         "build the encoder with the tokenizer of the model being trained",
                     )
-        cp = _get(cfg, "model.context_parallel_size", 1) or 1
-        tp = _get(cfg, "model.tensor_model_parallel_size", 1) or 1
-        sp = bool(_get(cfg, "model.sequence_parallel", False))
-        eval_cp = _get(cfg, "dist.eval_context_parallel_size", None)
-        for knob, model_value, ours in (
-            ("model.context_parallel_size", cp, packing.cp),
-            ("model.tensor_model_parallel_size", tp, packing.tp),
-            ("model.sequence_parallel", sp, packing.sp),
-            ("dist.eval_context_parallel_size", eval_cp, packing.eval_cp),
-        ):
-            if model_value != ours:
-                enc_knob = {
-                    "model.context_parallel_size": "cp",
-                    "model.tensor_model_parallel_size": "tp",
-                    "model.sequence_parallel": "sp",
-                    "dist.eval_context_parallel_size": "eval_cp",
-                }[knob]
-                bad(
-                    knob,
-                    f"is {model_value!r} but the task encoder packs for {enc_knob}={ours!r}",
-                    f"build the encoder with {enc_knob}={model_value!r} (or set {knob}={ours!r})",
-                )
-        want = alignment_multiple(cp, tp, sp, eval_cp)
+        errors.extend(
+            topology_errors(
+                cfg,
+                {"cp": packing.cp, "tp": packing.tp, "sp": packing.sp, "eval_cp": packing.eval_cp},
+                packer="the task encoder",
+                fix=lambda name, value: f"build the encoder with {name}={value!r}",
+            )
+        )
+        t = topology(cfg)
+        want = alignment_multiple(t["cp"], t["tp"], t["sp"], t["eval_cp"])
         have = task_encoder.layout.pad_multiple
         if want != have:
             bad(
                 "task_encoder alignment",
                 f"segments are aligned to {have}, the model needs lcm(2*CP, CP*TP if SP) = {want}",
-                f"build the encoder with cp={cp}, tp={tp}, sp={sp}",
+                f"build the encoder with cp={t['cp']}, tp={t['tp']}, sp={t['sp']}",
             )
-        seq_length = _get(cfg, "model.seq_length", None)
+        seq_length = get(cfg, "model.seq_length", None)
         if seq_length is not None and seq_length < packing.seq_length:
             bad(
                 "model.seq_length",
@@ -659,7 +304,7 @@ def check_bridge_config(
                 "is True; Bridge's vision models read pixel_values/grid_thw and pad for their own CUDA graphs",
                 "build the encoder with static_visual=False (keep max_patches_per_pack)",
             )
-        ep = _get(cfg, "model.expert_model_parallel_size", 1) or 1
+        ep = get(cfg, "model.expert_model_parallel_size", 1) or 1
         if ep > 1 and not packing.pad_to_max_length:
             bad(
                 "task_encoder pad_to_max_length",
@@ -686,9 +331,9 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
     ``max_segments``). A full-iteration graph would hold the vision input, which varies: refused. Vision
     graphs (``vision_cuda_graph_impl``) are refused: Bridge's graphed tower attends across all the images of
     a pack. Dynamic packs: every graph refused."""
-    impl = _get(cfg, "model.cuda_graph_impl", None) or "none"
-    scopes = _names(_get(cfg, "model.cuda_graph_scope", None)) + _names(_get(cfg, "model.cuda_graph_modules", None))
-    layer_graph = _get(cfg, "model.enable_cuda_graph", False) is True
+    impl = get(cfg, "model.cuda_graph_impl", None) or "none"
+    scopes = _names(get(cfg, "model.cuda_graph_scope", None)) + _names(get(cfg, "model.cuda_graph_modules", None))
+    layer_graph = get(cfg, "model.enable_cuda_graph", False) is True
     wants = impl != "none" or layer_graph
     full = wants and (
         impl == "full_iteration" or any(n.startswith("full") for n in scopes)
@@ -715,7 +360,7 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
             "build the encoder with "
             "pad_cu_seqlens=True and max_segments (static cu_seqlens), or cuda_graph_scope without 'attn'",
         )
-    vision = _get(cfg, "model.vision_cuda_graph_impl", None) or "none"
+    vision = get(cfg, "model.vision_cuda_graph_impl", None) or "none"
     if vision != "none":
         bad(
             "model.vision_cuda_graph_impl",
@@ -727,8 +372,6 @@ def _check_cuda_graphs(cfg: Any, packing: Any, bad: Callable[[str, str, str], No
 
 
 # ---------------------------------------------------------------------------------- dataset provider
-_PROVIDER_CLASS: type | None = None
-
 #: What the provider's loader sets itself and ``dataset_kwargs`` must not hold: the ``get_train_dataset`` arguments
 #: Bridge's ``EnergonMultiModalDataModule`` passes (its own config refuses these as "builder-owned") and the
 #: datamodule's constructor arguments, which the provider fills from its fields (a duplicate is a raw TypeError).
@@ -774,20 +417,20 @@ def loader_owned_dataset_kwargs(dataset_kwargs: Any) -> ConfigError | None:
     )
 
 
-def _provider_fields() -> dict:
-    return dict(
-        path=(str, ""),
-        task_encoder=(Any, None),
-        seq_length=(int | None, None),
-        packing_buffer_size=(int, 64),
-        shuffle_buffer_size=(int, 100),
-        max_samples_per_sequence=(int | None, None),
-        num_val_workers=(int | None, None),
-        do_validation=(bool, False),
-        validation_task_encoder=(Any, None),
-        dataset_kwargs=(dict, dataclasses.field(default_factory=dict)),
-        dataloader_type=(str | None, "external"),
-    )
+#: the VLM provider's own fields (name, type, default); Bridge's dataloader fields come from its base class
+_PROVIDER_FIELDS = [
+    ("path", str, ""),
+    ("task_encoder", Any, None),
+    ("seq_length", int | None, None),
+    ("packing_buffer_size", int, 64),
+    ("shuffle_buffer_size", int, 100),
+    ("max_samples_per_sequence", int | None, None),
+    ("num_val_workers", int | None, None),
+    ("do_validation", bool, False),
+    ("validation_task_encoder", Any, None),
+    ("dataset_kwargs", dict, dataclasses.field(default_factory=dict)),
+    ("dataloader_type", str | None, "external"),
+]
 
 
 def _build_datasets(self, context: Any) -> tuple:
@@ -824,49 +467,14 @@ def _build_datasets(self, context: Any) -> tuple:
 
 
 def _provider_class() -> type:
-    """A dataclass subclassing Bridge's ``DatasetProvider`` (Bridge dispatches on isinstance);
-    a plain dataclass with Bridge's dataloader fields when Bridge is not importable."""
-    global _PROVIDER_CLASS
-    if _PROVIDER_CLASS is not None:
-        return _PROVIDER_CLASS
-    try:
-        from megatron.bridge.data.base import DatasetProvider
-
-        bases: tuple = (DatasetProvider,)
-        extra: dict = {}
-    except Exception:
-        bases = ()
-        extra = dict(
-            num_workers=(int, 2),
-            data_sharding=(bool, True),
-            pin_memory=(bool, True),
-            drop_last=(bool, True),
-            persistent_workers=(bool, True),
-            trust_remote_code=(bool | None, None),
-            dataloader_save=(str | None, None),
-            dataloader_load=(str | None, None),
-        )
-    spec = {**extra, **_provider_fields()}
-    made = []
-    for name, (typ, default) in spec.items():
-        made.append(
-            (name, typ, default if isinstance(default, dataclasses.Field) else dataclasses.field(default=default))
-        )
-    cls = dataclasses.make_dataclass(
+    """The VLM provider class (:func:`.provider.provider_class`)."""
+    return provider_class(
         "EnergonPackDatasetProvider",
-        made,
-        bases=bases,
-        kw_only=True,
-        namespace={
-            "build_datasets": _build_datasets,
-            "__doc__": "Bridge dataset provider over an energon_pack task encoder.",
-        },
+        __name__,
+        _PROVIDER_FIELDS,
+        _build_datasets,
+        "Bridge dataset provider over an energon_pack task encoder.",
     )
-    cls.__module__ = __name__
-    if hasattr(cls, "__abstractmethods__"):
-        cls.__abstractmethods__ = frozenset()
-    _PROVIDER_CLASS = cls
-    return cls
 
 
 def make_bridge_dataset_provider(path: str | Path, task_encoder: Any, *, packing_buffer_size: int = 64, **kwargs: Any):
