@@ -18,11 +18,13 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ConfigError
-from ..thd import OVERLENGTH_POLICIES, ThdLayout, alignment_multiple
 from .balanced import BALANCE_MODES
+
+if TYPE_CHECKING:
+    from ..thd import ThdLayout
 
 __all__ = [
     "KNOB_DOCS",
@@ -139,6 +141,8 @@ class PackingSpec:
             from .step_cost import cost_model_from
 
             object.__setattr__(self, "cost_model", cost_model_from(self.cost_model))
+        from ..thd import OVERLENGTH_POLICIES  # torch's layer, imported when a spec is built (not by CLI --help)
+
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         for knob in ("max_media_per_pack", "max_patches_per_pack"):
@@ -160,6 +164,8 @@ class PackingSpec:
     def alignment(self) -> int:
         """Every segment's span is its length rounded up to this: Megatron-Bridge's lcm rule over ``cp``, ``tp``,
         ``sp`` and ``eval_cp`` (:func:`~energon_pack.thd.alignment_multiple`); ``ThdLayout.pad_multiple``."""
+        from ..thd import alignment_multiple
+
         return alignment_multiple(self.cp, self.tp, self.sp, self.eval_cp)
 
     @classmethod
@@ -182,6 +188,8 @@ class PackingSpec:
 
     def layout(self, pad_token_id: int = 0) -> ThdLayout:
         """The THD row layout of these packs (``pad_token_id``: the tokenizer's pad id)."""
+        from ..thd import ThdLayout
+
         return ThdLayout(
             seq_length=self.seq_length,
             pad_multiple=self.alignment,
