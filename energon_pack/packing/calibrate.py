@@ -140,7 +140,7 @@ class StepTimeRecord:
     @classmethod
     def from_dict(cls, data: Any, where: str = "a step record") -> StepTimeRecord:
         """A record from its JSON object; anything else is one ConfigError naming the record."""
-        fix = "write the steps with energon_pack.integrations.step_times (StepTimeCallback or StepTimeRecorder)"
+        fix = "write the steps with energon_pack.integrations.step_times (StepTimeCallback or StepTimer)"
         if not isinstance(data, Mapping):
             raise ConfigError("steps", f"{where} is a {type(data).__name__}, not a JSON object", fix)
         missing = [k for k in ("step", "seconds", *FIT_TERMS) if k not in data]
@@ -179,7 +179,7 @@ def read_step_times(path: str | os.PathLike) -> tuple[list[StepTimeRecord], int]
                 skipped += 1  # cut by a killed run
                 continue
             raise ConfigError(
-                "steps", f"{name} line {i} is not JSON", "pass the JSONL StepTimeCallback / StepTimeRecorder wrote"
+                "steps", f"{name} line {i} is not JSON", "pass the JSONL StepTimeCallback / StepTimer wrote"
             ) from None
         records.append(StepTimeRecord.from_dict(data, where=f"{name} line {i}"))
     return records, skipped
