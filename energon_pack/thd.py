@@ -28,8 +28,38 @@ from energon_pack.errors import ConfigError
 
 IGNORE_INDEX = -100
 
-#: What to do with a sample longer than the width: a counted skip, an error, or (text only) truncation.
-OVERLENGTH_POLICIES = ("skip", "truncate", "error")
+#: What each ``overlength`` policy does with a sample over the pack's budgets (longer than the width, or over a
+#: patch budget); the keys are the accepted values, "skip" the default.
+OVERLENGTH_MEANINGS = {
+    "skip": "count it as an 'oversize' skip and go on",
+    "truncate": "keep its first seq_length tokens (text roads only: cutting would split visual blocks)",
+    "error": "raise naming the sample and the knob",
+    "fit": "Qwen-VL: lower that sample's image pixels and video frame sizes (a pixel budget shared by its media, "
+    "qwen-vl-utils' total_pixels rule), then its video frames, until it fits; text alone over the width is an "
+    "'oversize_text' skip; counted as 'fitted' adjustments with pixels before/after",
+    "split": "Qwen-VL: cut a multi-turn conversation at user turns into pieces that fit, each with the media its "
+    "turns reference and the system prompt repeated, every supervised token trained once; a turn alone over the "
+    "width is fitted (media) or an 'oversize_text' skip; counted as 'split' adjustments with their pieces",
+}
+OVERLENGTH_POLICIES = tuple(OVERLENGTH_MEANINGS)
+#: The policies that keep a multimodal sample by changing it (the Qwen-VL encoders' only; text roads refuse them).
+KEEPING_OVERLENGTH_POLICIES = ("fit", "split")
+
+
+def check_text_overlength(policy: str, road: str) -> str:
+    """``policy`` for a text-only road; ConfigError naming ``overlength`` for an unknown one or for "fit" /
+    "split" (they lower media or cut a multimodal conversation: the Qwen-VL encoders' policies)."""
+    text_policies = tuple(p for p in OVERLENGTH_POLICIES if p not in KEEPING_OVERLENGTH_POLICIES)
+    if policy in KEEPING_OVERLENGTH_POLICIES:
+        raise ConfigError(
+            "overlength",
+            f"{policy!r} is a Qwen-VL policy ({OVERLENGTH_MEANINGS[policy]}); {road} packs text records",
+            f"use one of {text_policies} ('truncate' keeps a long record's first seq_length tokens)",
+        )
+    if policy not in OVERLENGTH_POLICIES:
+        raise ConfigError("overlength", f"unknown policy {policy!r}", f"use one of {text_policies}")
+    return policy
+
 
 #: Visual tensors a segment may carry; each is concatenated along dim 0 in segment order.
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -40,6 +70,8 @@ _VISION_PRESET_FIELDS = ("name", "rope_style", "tokens_per_second", "patch_size"
 
 __all__ = [
     "IGNORE_INDEX",
+    "KEEPING_OVERLENGTH_POLICIES",
+    "OVERLENGTH_MEANINGS",
     "OVERLENGTH_POLICIES",
     "PADDED_BOUNDARY_KEYS",
     "VISION_PRESET_KEY",
@@ -50,6 +82,7 @@ __all__ = [
     "aligned_length",
     "alignment_multiple",
     "build_thd_batch",
+    "check_text_overlength",
     "shifted_labels_and_loss_mask",
     "thd_attention_mask",
     "vision_preset_record",

@@ -108,9 +108,14 @@ class CarryOverPackingMixin:
         """Cost of one pre-encoded sample in every budget (tokens first)."""
         return tuple(sample.cost)
 
-    def placed_cost(self, sample: Any) -> tuple[int, ...]:
+    def placed_cost(self, sample: Any, stats: PackingStats | None = None) -> tuple[int, ...]:
         """:meth:`packing_cost` under the ``overlength`` policy, in one place for every packer (carry by tokens or
-        by compute, rounds): ``"error"`` raises naming the sample and the knob; otherwise the packer skips it."""
+        by compute, rounds): ``"error"`` raises naming the sample and the knob; otherwise the packer skips it. A
+        sample kept by ``"fit"`` / ``"split"`` carries its adjustment counters, added to ``stats`` here (once per
+        sample: restored samples keep their saved costs)."""
+        adjustment = getattr(sample, "payload", None)
+        if stats is not None and isinstance(adjustment, dict) and adjustment.get("adjustment"):
+            stats.record_adjustment(adjustment["adjustment"])
         cost, capacity = self.packing_cost(sample), self.packing_capacity()
         if self.packing.overlength == "error" and any(c > cap for c, cap in zip(cost, capacity)):
             raise OverlengthError(
@@ -183,7 +188,7 @@ class CarryOverPackingMixin:
             else:
                 valid.append(sample)
         capacity = self.packing_capacity()
-        result = first_fit_decreasing([self.placed_cost(s) for s in valid], capacity, on_oversize="skip")
+        result = first_fit_decreasing([self.placed_cost(s, stats) for s in valid], capacity, on_oversize="skip")
         if result.skipped:
             stats.record_skip("oversize", len(result.skipped))
         groups = [[valid[i] for i in group] for group in result.groups]
@@ -333,10 +338,10 @@ class CarryOverPackingMixin:
                 **common,
             )
         else:
-            dataset = CarryOverPackingDataset(
+            carry = dataset = CarryOverPackingDataset(
                 dataset,
                 make_packer=partial(self.make_packer, packing_buffer_size),
-                cost_fn=self.placed_cost,
+                cost_fn=lambda sample: self.placed_cost(sample, carry.stats),  # counted in the packer's stats
                 step_cost_fn=self.packing_step_cost if self.packing.balance == "compute" else None,
                 final_packer=self.pack_selected_samples,
                 **common,

@@ -31,7 +31,7 @@ from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDataset
 
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import decode_json_record
-from energon_pack.thd import ThdSegment
+from energon_pack.thd import ThdSegment, check_text_overlength
 
 from .config import PackingConfig
 from .samples import EncodedSegment, PackCandidate, SkippedSample
@@ -108,7 +108,9 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         packing_kw = {k: kw.pop(k) for k in list(kw) if k in PackingConfig.__dataclass_fields__}
         # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
         self.format = make_format(format, resolve_tokenizer(tokenizer, where=type(self).__name__), **kw)
-        self.configure_packing(PackingConfig.build(config, **packing_kw), self.format.tokenizer.pad_id)
+        packing = PackingConfig.build(config, **packing_kw)
+        check_text_overlength(packing.overlength, type(self).__name__)
+        self.configure_packing(packing, self.format.tokenizer.pad_id)
         if format == "chat" and self.packing.overlength != "truncate":
             shortest = len(
                 self.format.encode(

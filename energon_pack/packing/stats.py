@@ -1,8 +1,13 @@
-"""Packing telemetry: real used tokens (not capacity), fill histogram, samples per pack, skips.
+"""Packing telemetry: real used tokens (not capacity), fill histogram, samples per pack, skips, adjustments.
 
 One :class:`PackingStats` per worker; ``merge`` adds another worker's stats, so a trainer
 can report the fill of all ranks and workers. Everything is plain data (``state_dict``) so
 stats survive a checkpoint together with the packer.
+
+Adjustments count samples that were kept by changing them (``overlength="fit"`` / ``"split"``), never skips:
+``fitted`` samples with ``fit_pixels_before`` / ``fit_pixels_after`` (their media's resized pixels, every frame of a
+video counted), ``split`` conversations with ``split_pieces`` delivered and ``split_dropped_pieces`` (pieces whose
+turns hold no supervised token: nothing to train).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class PackingStats:
     fill_histogram: list[int] = field(default_factory=lambda: [0] * FILL_BUCKETS)
     samples_per_pack: Counter = field(default_factory=Counter)
     skips: Counter = field(default_factory=Counter)
+    adjustments: Counter = field(default_factory=Counter)
 
     @property
     def fill(self) -> float:
@@ -58,6 +64,10 @@ class PackingStats:
     def record_skip(self, reason: str, count: int = 1) -> None:
         self.skips[reason] += count
 
+    def record_adjustment(self, counts: dict[str, int]) -> None:
+        """Add a kept sample's adjustment counters (e.g. ``{"fitted": 1, "fit_pixels_before": ..}``)."""
+        self.adjustments.update(counts)
+
     def merge(self, other: PackingStats) -> PackingStats:
         """A new stats object counting both ``self`` and ``other`` (e.g. two workers)."""
         width = max(len(self.budget_used), len(other.budget_used))
@@ -71,6 +81,7 @@ class PackingStats:
             fill_histogram=[a + b for a, b in zip(self.fill_histogram, other.fill_histogram)],
             samples_per_pack=self.samples_per_pack + other.samples_per_pack,
             skips=self.skips + other.skips,
+            adjustments=self.adjustments + other.adjustments,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -84,6 +95,7 @@ class PackingStats:
             "mean_samples_per_pack": round(self.mean_samples_per_pack, 3),
             "skipped": self.skipped,
             "skips": dict(sorted(self.skips.items())),
+            "adjustments": dict(sorted(self.adjustments.items())),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -96,6 +108,7 @@ class PackingStats:
             "fill_histogram": list(self.fill_histogram),
             "samples_per_pack": sorted(self.samples_per_pack.items()),
             "skips": sorted(self.skips.items()),
+            "adjustments": sorted(self.adjustments.items()),
         }
 
     @classmethod
@@ -109,6 +122,7 @@ class PackingStats:
             fill_histogram=list(state["fill_histogram"]),
             samples_per_pack=Counter(dict(state["samples_per_pack"])),
             skips=Counter(dict(state["skips"])),
+            adjustments=Counter(dict(state.get("adjustments", ()))),  # absent from states saved before fit/split
         )
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..chat import ChatConfig, ChatMLBuilder, normalize_conversation, place_media, render_chat, require_assistant_turn
+from ..chat.conversation import Conversation
 from ..chat.templates import template_supports_tools
 from ..chat.tokenizer import as_qwen_tokenizer
 from ..errors import SampleSkipped
@@ -41,6 +42,12 @@ from .video import VideoFile, VideoPlan, pending_video_file, plan_video
 class ImageMeta:
     width: int
     height: int
+    #: this image's own pixel cap (``overlength="fit"`` lowered it); None: the preset's ``max_pixels``
+    max_pixels: int | None = None
+
+    def grid(self, preset: VisionPreset) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid under ``preset`` and this image's own cap."""
+        return V.image_grid_thw(self.height, self.width, V.with_max_pixels(preset, self.max_pixels))
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class VideoMeta:
     fps: float | None = None  # frame rate of the given (sampled) frames; preset.video_fps when None
     #: a video file: Qwen's sampling of it from its header (frames, size, times); None for frame lists
     plan: VideoPlan | None = None
+    #: a frame list's own ``video_max_pixels`` (``overlength="fit"`` lowered it); None: the preset's
+    max_pixels: int | None = None
 
     @classmethod
     def from_plan(cls, plan: VideoPlan) -> VideoMeta:
@@ -98,7 +107,8 @@ def video_grid(meta: VideoMeta, preset: VisionPreset, config: ChatConfig) -> tup
     """(t, h, w) patch grid of a video from metadata alone (a file's plan, or a frame list's size rule)."""
     if meta.plan is not None:
         return meta.plan.grid_thw
-    return V.video_grid_thw(video_frames_used(meta, config), meta.height, meta.width, preset)
+    fitted = V.with_max_pixels(preset, meta.max_pixels, video=True)
+    return V.video_grid_thw(video_frames_used(meta, config), meta.height, meta.width, fitted)
 
 
 def _render(messages, image_metas, video_metas, tok, preset, config, materialize) -> tuple[ChatMLBuilder, dict]:
@@ -107,7 +117,7 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
     require_assistant_turn(messages)
     messages = place_media(messages, len(image_metas), len(video_metas))
 
-    image_grids = [V.image_grid_thw(m.height, m.width, preset) for m in image_metas]
+    image_grids = [m.grid(preset) for m in image_metas]
     merge2 = preset.merge_size**2
     image_counts = [t * h * w // merge2 for t, h, w in image_grids]
     frames = [video_frames_used(m, config) for m in video_metas]
@@ -171,6 +181,13 @@ def _render(messages, image_metas, video_metas, tok, preset, config, materialize
     return builder, info
 
 
+def as_messages(conversation: Any, config: ChatConfig) -> Conversation:
+    """Normalized messages: a :class:`Conversation` as it is (e.g. a split piece), anything else normalized."""
+    if isinstance(conversation, Conversation):
+        return conversation
+    return normalize_conversation(conversation, preference=config.preference)
+
+
 def _metas(images, videos) -> tuple[list[ImageMeta], list[VideoMeta]]:
     ims = [m if isinstance(m, ImageMeta) else ImageMeta(int(m[0]), int(m[1])) for m in (images or ())]
     vids = [m if isinstance(m, VideoMeta) else VideoMeta(*m) for m in (videos or ())]
@@ -190,7 +207,7 @@ def encoded_length(
     config = config or ChatConfig()
     ims, vids = _metas(images, videos)
     builder, _ = _render(
-        normalize_conversation(conversation, preference=config.preference),
+        as_messages(conversation, config),
         ims,
         vids,
         as_qwen_tokenizer(tokenizer),
@@ -214,8 +231,7 @@ def preencode_chat(
     config = config or ChatConfig()
     ims, vids = _metas(images, videos)
     tok = as_qwen_tokenizer(tokenizer)
-    messages = normalize_conversation(conversation, preference=config.preference)
-    b, info = _render(messages, ims, vids, tok, preset, config, materialize=True)
+    b, info = _render(as_messages(conversation, config), ims, vids, tok, preset, config, materialize=True)
     input_ids, target = b.supervised(config.loss_policy)
     labels, loss_mask = shifted_labels_and_loss_mask(input_ids, target, IGNORE_INDEX)
     return EncodedChat(
@@ -263,6 +279,8 @@ def postencode_media(
     config: ChatConfig | None = None,
     expected: EncodedChat | None = None,
     lazy_layout: bool = False,
+    image_metas: Sequence[ImageMeta] | None = None,
+    video_metas: Sequence[VideoMeta] | None = None,
 ) -> VisualInputs:
     """Decode + patchify images (bytes or PIL) and videos (lists of frames, truncated to
     ``config.max_num_frames``, or :class:`~.video.VideoFile`: only its planned frames are decoded). Pixel
@@ -270,21 +288,24 @@ def postencode_media(
     uint8). With ``expected``, the grids must equal the preencoded ones
     (SampleSkipped("image_size_mismatch") if a header lied about the size). With ``lazy_layout``
     the pixels are :class:`~.vision.PendingPatchRows` (decoded and resized here, so bad media is a
-    skip here; laid out when the THD builder writes them into the pack)."""
+    skip here; laid out when the THD builder writes them into the pack). ``image_metas`` / ``video_metas``: the
+    preencoded metadata, whose per-medium pixel caps (a fitted sample's) the resize follows."""
     config = config or ChatConfig()
     pending, grids = [], []
-    for img in images:
-        rows, g = V.pending_image(img, preset)
+    caps = [m.max_pixels for m in image_metas] if image_metas is not None else [None] * len(images)
+    video_caps = [m.max_pixels for m in video_metas] if video_metas is not None else [None] * len(videos)
+    for img, cap in zip(images, caps):
+        rows, g = V.pending_image(img, preset, cap)
         pending.append(rows)
         grids.append(g)
     vpending, vgrids, spg = [], [], []
     fps_list = list(video_fps) if video_fps is not None else [None] * len(videos)
-    for frames, fps in zip(videos, fps_list):
+    for frames, fps, cap in zip(videos, fps_list, video_caps):
         if isinstance(frames, VideoFile):  # decode only the planned frames of the file
             rows, g = pending_video_file(frames.data, frames.plan, preset)
             s = V.second_per_grid_t(preset, frames.plan.sampled_fps)
         else:
-            rows, g, s = V.pending_video(list(frames)[: config.max_num_frames], preset, fps)
+            rows, g, s = V.pending_video(list(frames)[: config.max_num_frames], preset, fps, cap)
         vpending.append(rows)
         vgrids.append(g)
         spg.append(s)

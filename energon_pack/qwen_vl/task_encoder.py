@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Generator
 from typing import Any
 
 import torch
 from megatron.energon import DefaultTaskEncoder, SkipSample, stateless
+from megatron.energon.task_encoder.base import get_failure_tolerance
+from megatron.energon.wrappers import MapDataset
 
 from energon_pack.chat import ChatConfig
 from energon_pack.chat.tokenizer import as_qwen_tokenizer, resolve_tokenizer
@@ -35,8 +38,9 @@ from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
 from energon_pack.video import FrameSampling, probe_video
 
 from . import vision as V
-from .chat import ImageMeta, VideoMeta, encoded_length, postencode_media, preencode_chat, video_grid
+from .chat import ImageMeta, VideoMeta, as_messages, encoded_length, postencode_media, preencode_chat, video_grid
 from .mrope import mrope_position_ids
+from .overlength import Piece, conversation_pieces, fit_media
 from .presets import VisionPreset, get_preset
 from .static_visual import static_visual_rows
 from .video import VideoFile, check_sampling, plan_video
@@ -135,7 +139,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         super().__init__()
         config = PackingConfig.build(config, **config_overrides)
         if config.overlength == "truncate":
-            raise ConfigError("overlength", "truncate would cut visual tokens", "use 'skip' or 'error'")
+            raise ConfigError(
+                "overlength", "truncate would cut visual tokens", "use 'fit' or 'split' to keep such samples, or 'skip'"
+            )
         self.preset = get_preset(preset)
         #: how video files (``KEY.0.mp4``, ...) are sampled; qwen-vl-utils' defaults
         self.video_sampling = check_sampling(video_sampling or FrameSampling(), self.preset)
@@ -189,32 +195,145 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     # ------------------------------------------------------------------ pre-encode (cheap)
     @stateless
     def preencode_sample(self, sample: ChatMLSample) -> PackCandidate | SkippedSample:
+        """The sample's candidate (``overlength="fit"``: its media lowered to fit), or a counted-skip marker."""
         try:
-            conversation, images, videos = parse_chatml(sample)
-            image_metas = [ImageMeta(*image_size_from_bytes(img)) for img in images]
-            video_metas = [self._video_meta(video) for video in videos]
-            length = encoded_length(
-                conversation, image_metas, video_metas, tokenizer=self.tokenizer, preset=self.preset, config=self.chat
-            )
+            parsed = self._parsed(sample)
+            if self.packing.overlength == "fit" and not self._fits(parsed["cost"]):
+                parsed = self._fitted(parsed)
         except SampleSkipped as skip:
             return SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
+        return self._candidate(sample, parsed)
+
+    @stateless
+    def preencode_pieces(self, sample: ChatMLSample) -> Generator[PackCandidate | SkippedSample, None, None]:
+        """``overlength="split"``: the sample, or the pieces of an over-long conversation
+        (:func:`~.overlength.conversation_pieces`), each fitted when alone over the budgets; a generator, so each
+        piece has its own restore key."""
+        try:
+            parsed = self._parsed(sample)
+            if self._fits(parsed["cost"]):
+                yield self._candidate(sample, parsed)
+                return
+            pieces = conversation_pieces(
+                as_messages(parsed["conversation"], self.chat),
+                len(parsed["images"]),
+                len(parsed["videos"]),
+                loss_policy=self.chat.loss_policy,
+                system_prompt=self.chat.resolve_system_prompt(self.preset.default_system_prompt),
+                fits=lambda piece: self._fits(self._piece(parsed, piece)["cost"]),
+            )
+        except SampleSkipped as skip:
+            yield SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
+            return
+        kept = [piece for piece in pieces if piece.trained]
+        split = len(pieces) > 1  # one piece: the whole sample, fitted below
+        for i, piece in enumerate(kept):
+            counts = {
+                "split_pieces": int(split),
+                "split": int(split and i == 0),
+                "split_dropped_pieces": (len(pieces) - len(kept)) * (i == 0),
+            }
+            try:
+                part = self._piece(parsed, piece)
+                if not self._fits(part["cost"]):
+                    if not part["images"] and not part["videos"]:
+                        raise SampleSkipped(
+                            "oversize_text", f"a turn of {part['length']} tokens alone is over the budgets"
+                        )
+                    part = self._fitted(part)
+                    counts = {**counts, **part["adjustment"]}
+            except SampleSkipped as skip:
+                yield SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
+                continue
+            part["adjustment"] = {k: v for k, v in counts.items() if v}
+            candidate = self._candidate(sample, part)
+            if split:
+                candidate.__key__ = f"{sample.__key__}#{i}"
+            yield candidate
+
+    def build_encode_sample(self, dataset: Any, *, worker_config: Any) -> Any:
+        """Energon's pre-encode map; with ``overlength="split"`` over :meth:`preencode_pieces` (one sample in, its
+        pieces out)."""
+        if self.packing.overlength != "split":
+            return super().build_encode_sample(dataset, worker_config=worker_config)
+        return MapDataset(
+            dataset,
+            self.preencode_pieces,
+            worker_config=worker_config,
+            stateless_map_fn=True,
+            failure_tolerance=get_failure_tolerance(self.preencode_pieces, self.__default_failure_tolerance__),
+        )
+
+    def _parsed(self, sample: ChatMLSample) -> dict:
+        """The sample's conversation, media, metadata, length and cost (SampleSkipped when bad)."""
+        conversation, images, videos = parse_chatml(sample)
+        image_metas = [ImageMeta(*image_size_from_bytes(img)) for img in images]
+        video_metas = [self._video_meta(video) for video in videos]
         # video files stay encoded in the buffer, with their plan (frames are decoded after selection)
         videos = [VideoFile(v, m.plan) if m.plan is not None else v for v, m in zip(videos, video_metas)]
-        video_grids = [video_grid(m, self.preset, self.chat) for m in video_metas]
-        patches = sum(math.prod(V.image_grid_thw(m.height, m.width, self.preset)) for m in image_metas)
-        patches += sum(math.prod(grid) for grid in video_grids)
-        cost = self.packing.cost(self.layout.segment_span(length), patches, len(images) + len(videos))
-        frames = len(image_metas) + sum(grid[0] for grid in video_grids)
-        cost += (frames,) if self.max_vision_frames is not None else ()
-        payload = {
+        return self._measured(conversation, images, videos, image_metas, video_metas)
+
+    def _measured(self, conversation: Any, images: list, videos: list, image_metas: list, video_metas: list) -> dict:
+        length, cost, _visual = self._measure(conversation, image_metas, video_metas)
+        return {
             "conversation": conversation,
             "images": images,
             "videos": videos,
             "image_metas": image_metas,
             "video_metas": video_metas,
             "length": length,
+            "cost": cost,
         }
-        return PackCandidate.derive_from(sample, cost=cost, payload=payload)
+
+    def _measure(self, conversation: Any, image_metas: list, video_metas: list) -> tuple[int, tuple, int]:
+        """(token length, cost in every budget, visual pad tokens) of a conversation with these media sizes."""
+        length = encoded_length(
+            conversation, image_metas, video_metas, tokenizer=self.tokenizer, preset=self.preset, config=self.chat
+        )
+        video_grids = [video_grid(m, self.preset, self.chat) for m in video_metas]
+        grids = [m.grid(self.preset) for m in image_metas] + video_grids
+        patches = sum(math.prod(grid) for grid in grids)
+        cost = self.packing.cost(self.layout.segment_span(length), patches, len(image_metas) + len(video_metas))
+        frames = len(image_metas) + sum(grid[0] for grid in video_grids)
+        cost += (frames,) if self.max_vision_frames is not None else ()
+        return length, cost, patches // self.preset.merge_size**2
+
+    def _fits(self, cost: tuple) -> bool:
+        return all(c <= cap for c, cap in zip(cost, self.packing_capacity()))
+
+    def _fitted(self, parsed: dict) -> dict:
+        """``parsed`` with its media lowered to fit (:func:`~.overlength.fit_media`), its adjustment counted."""
+        fitted = fit_media(
+            parsed["image_metas"],
+            parsed["video_metas"],
+            parsed["videos"],
+            measure=lambda images, videos: self._measure(parsed["conversation"], images, videos),
+            capacity=self.packing_capacity(),
+            width=self.packing.seq_length,
+            span=self.layout.segment_span,
+            preset=self.preset,
+            sampling=self.video_sampling,
+            config=self.chat,
+        )
+        videos = fitted.videos(parsed["videos"])
+        out = self._measured(parsed["conversation"], parsed["images"], videos, fitted.image_metas, fitted.video_metas)
+        return {**out, "adjustment": fitted.counts()}
+
+    def _piece(self, parsed: dict, piece: Piece) -> dict:
+        """One piece of a split sample: its messages, its own media and their metadata, measured."""
+        images, videos = piece.image_indices, piece.video_indices
+        return self._measured(
+            piece.messages,
+            [parsed["images"][i] for i in images],
+            [parsed["videos"][i] for i in videos],
+            [parsed["image_metas"][i] for i in images],
+            [parsed["video_metas"][i] for i in videos],
+        )
+
+    @staticmethod
+    def _candidate(sample: ChatMLSample, parsed: dict) -> PackCandidate:
+        payload = {key: value for key, value in parsed.items() if key != "cost"}
+        return PackCandidate.derive_from(sample, cost=parsed["cost"], payload=payload)
 
     @property
     def default_cost_shape(self) -> str:  # type: ignore[override]
@@ -224,7 +343,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def packing_step_cost(self, sample: Any) -> float:
         """One pre-encoded sample's step cost: its tokens as one segment, its images' and videos' grids."""
         payload = sample.payload
-        grids = [V.image_grid_thw(m.height, m.width, self.preset) for m in payload["image_metas"]]
+        grids = [m.grid(self.preset) for m in payload["image_metas"]]
         grids += [video_grid(m, self.preset, self.chat) for m in payload["video_metas"]]
         return self.step_cost_model.sample_cost(sample.cost[0], grids)
 
@@ -293,7 +412,14 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             raise SampleSkipped("length_mismatch", f"metadata length {p['length']} != encoded {enc.length}")
         # laid out when the pack is built: written once, into the pack's (shared-memory) buffer
         media = postencode_media(
-            p["images"], p["videos"], preset=self.preset, config=self.chat, expected=enc, lazy_layout=True
+            p["images"],
+            p["videos"],
+            preset=self.preset,
+            config=self.chat,
+            expected=enc,
+            lazy_layout=True,
+            image_metas=p["image_metas"],
+            video_metas=p["video_metas"],
         )
         special = self.tokenizer.special
         positions = mrope_position_ids(

@@ -9,6 +9,7 @@ resize, patch layout, the backend dispatch) are the model-neutral engine's,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -100,6 +101,15 @@ def _check_size(height: int, width: int, what: str) -> None:
             "extreme_aspect_ratio",
             f"{what} {width}x{height} has aspect ratio > {MAX_ASPECT_RATIO} (Qwen-VL resize refuses it)",
         )
+
+
+def with_max_pixels(preset: VisionPreset, max_pixels: int | None, *, video: bool = False) -> VisionPreset:
+    """``preset`` with one medium's own pixel cap (``overlength="fit"``): ``max_pixels`` of an image, or
+    ``video_max_pixels`` of a frame-list video; ``preset`` itself when None. HF's processor given the same cap
+    resizes to the same size."""
+    if max_pixels is None:
+        return preset
+    return dataclasses.replace(preset, **{"video_max_pixels" if video else "max_pixels": max_pixels})
 
 
 def resized_image_size(height: int, width: int, preset: VisionPreset) -> tuple[int, int]:
@@ -225,9 +235,12 @@ def warm_pixel_path(preset: VisionPreset) -> bool:
     return pixels.warm(preset)
 
 
-def _image_frames(image: Image.Image | bytes, preset: VisionPreset, kernels) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 [1, H, W, 3] resized like HF (PIL's bytes), image_grid_thw int64 [1, 3])."""
-    rgb, rh, rw = decode_for_patchify(image, preset)
+def _image_frames(
+    image: Image.Image | bytes, preset: VisionPreset, kernels, max_pixels: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 [1, H, W, 3] resized like HF (PIL's bytes), image_grid_thw int64 [1, 3]); ``max_pixels``: this
+    image's own cap (a fitted sample's), else the preset's."""
+    rgb, rh, rw = decode_for_patchify(image, with_max_pixels(preset, max_pixels))
     frames = pixels.resize(rgb, rh, rw, preset.resample, kernels is not None)[None]
     return frames, np.asarray([frames_grid(frames, preset)], dtype=np.int64)
 
@@ -248,18 +261,24 @@ def patchify_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[np
     return pixel_values, grid
 
 
-def pending_image(image: Image.Image | bytes, preset: VisionPreset) -> tuple[PendingPatchRows, np.ndarray]:
-    """:func:`patchify_image` with the layout left for later: (rows, image_grid_thw)."""
-    frames, grid = _image_frames(image, preset, pixels.compiled(preset.resample))
+def pending_image(
+    image: Image.Image | bytes, preset: VisionPreset, max_pixels: int | None = None
+) -> tuple[PendingPatchRows, np.ndarray]:
+    """:func:`patchify_image` with the layout left for later: (rows, image_grid_thw); ``max_pixels`` caps this
+    image (a fitted sample's), the rows keep ``preset``'s normalisation."""
+    frames, grid = _image_frames(image, preset, pixels.compiled(preset.resample), max_pixels)
     return PendingPatchRows([frames], preset), grid
 
 
-def _video_frames(frames: Sequence[Image.Image | bytes], preset: VisionPreset, kernels) -> np.ndarray:
-    """uint8 [T, H, W, 3]: every frame decoded and resized to the size the first frame's maps to."""
+def _video_frames(
+    frames: Sequence[Image.Image | bytes], preset: VisionPreset, kernels, max_pixels: int | None = None
+) -> np.ndarray:
+    """uint8 [T, H, W, 3]: every frame decoded and resized to the size the first frame's maps to (under
+    ``max_pixels``, this video's own ``video_max_pixels``, when given)."""
     if len(frames) == 0:
         raise SampleSkipped("empty_video", "video has no frames")
     first = to_rgb_image(open_image(frames[0]))
-    rh, rw = resized_video_size(len(frames), first.height, first.width, preset)
+    rh, rw = resized_video_size(len(frames), first.height, first.width, with_max_pixels(preset, max_pixels, video=True))
     # one frame decoded at a time, written into the final uint8 array (no per-frame lists, no stack copy)
     out = np.empty((len(frames), rh, rw, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
@@ -286,9 +305,13 @@ def patchify_video(
 
 
 def pending_video(
-    frames: Sequence[Image.Image | bytes], preset: VisionPreset, fps: float | None = None
+    frames: Sequence[Image.Image | bytes],
+    preset: VisionPreset,
+    fps: float | None = None,
+    max_pixels: int | None = None,
 ) -> tuple[PendingPatchRows, np.ndarray, float]:
-    """:func:`patchify_video` with the layout left for later: (rows, video_grid_thw, second_per_grid_ts)."""
-    decoded = _video_frames(frames, preset, pixels.compiled(preset.resample))
+    """:func:`patchify_video` with the layout left for later: (rows, video_grid_thw, second_per_grid_ts);
+    ``max_pixels``: this video's own ``video_max_pixels`` (a fitted sample's)."""
+    decoded = _video_frames(frames, preset, pixels.compiled(preset.resample), max_pixels)
     grid = np.asarray([frames_grid(decoded, preset)], dtype=np.int64)
     return PendingPatchRows([decoded], preset), grid, second_per_grid_t(preset, fps)

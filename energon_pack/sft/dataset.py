@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, SampleSkipped
+from ..packing.spec import DEFAULTS
 from ..records import decode_json_record
 from ..thd import check_text_overlength
 from .formats import FORMATS, ChatFormat, Encoded, PromptCompletionFormat, make_format
@@ -122,7 +123,7 @@ class JsonlSFTDataset:
         format: str = "prompt_completion",
         *,
         max_length: int | None = None,
-        overlength: str = "skip",
+        overlength: str = DEFAULTS["overlength"],
         cache_dir: str | os.PathLike | None = None,
         cache_tokens: bool = False,
         length_workers: int | None = None,
