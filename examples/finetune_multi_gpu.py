@@ -49,7 +49,6 @@ Per step: loss, real tokens, step time and the time spent waiting for the loader
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import json
 import math
@@ -64,6 +63,7 @@ import torch.distributed as dist
 
 from energon_pack import hf_forward_kwargs, normalize_by_global_tokens, packed_loss
 from energon_pack import prepare_model as prepare_hf_model
+from energon_pack.integrations.manual_gc import ManualGC
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
@@ -655,8 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     tracker = PackingStatsTracker()
     history, keys = [], []
     batches = iter(loader)
-    if args.manual_gc:
-        gc.disable()
+    collector = ManualGC(args.manual_gc).start() if args.manual_gc else None
     for step in range(start_step, args.steps):
         t0 = time.perf_counter()
         graphs = compiled_graphs()
@@ -692,10 +691,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.save_at is not None and step + 1 == args.save_at:
             save_checkpoint(Path(args.ckpt), step + 1, model, opt, loader, rank)
-        if args.manual_gc and (step + 1) % args.manual_gc == 0:
-            gc.collect()  # between steps, on every rank at the same step
-
-    gc.enable()
+        if collector is not None:
+            collector.step()  # between steps, on every rank at the same step
+    if collector is not None:
+        collector.stop()
     timed = history[1:] if len(history) > 1 else history  # the first step includes loader and kernel start-up
     elapsed = sum(h["step_s"] for h in timed)
     waits = gather(sum(h["data_wait_s"] for h in timed))

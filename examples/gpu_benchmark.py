@@ -56,6 +56,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune_multi_gpu as ft  # noqa: E402
 from energon_pack.integrations import hf as H  # noqa: E402
+from energon_pack.integrations.manual_gc import ManualGC  # noqa: E402
 
 PEAK_SPEC, PEAK_MEASURED = 989e12, 790e12
 FEEDS = ("padded", "unpadded", "rounds16", "rounds64", "carry", "carry-static")
@@ -240,6 +241,7 @@ def run_feed(
     steps, real, slots, patches, attn, waits, step_ms = 0, 0, 0, 0, 0.0, 0.0, []
     warm, quiet, t_start, warm_s, graphs_at_start = 0, 0, None, [], None
     step_real, step_compiled = [], []  # per timed step: real tokens, whether any rank compiled a graph
+    collector = ManualGC(args.manual_gc).start() if args.manual_gc else None
     while True:
         # Warm-up lasts at least --warmup steps and until --settle steps in a row compiled no new
         # graph on any rank (at most --max-warmup): a new shape met in the timed phase would put
@@ -294,6 +296,8 @@ def run_feed(
         opt.zero_grad(set_to_none=True)
         if cuda:
             ev1.record()
+        if collector is not None:
+            collector.step()  # between steps (the host issues it while the GPU runs this one)
         if not timed:
             if cuda:
                 torch.cuda.synchronize(device)
@@ -331,6 +335,8 @@ def run_feed(
         torch.cuda.synchronize(device)
         step_ms = [a.elapsed_time(b) for a, b in zip(step_ms[0::2], step_ms[1::2])]
     wall = time.perf_counter() - t_start
+    if collector is not None:
+        collector.stop()
     del packs, sample_feed, loader
     gc.collect()
     tot = ft.all_sum([real, slots, patches, attn], device)
@@ -340,6 +346,7 @@ def run_feed(
     med = statistics.median(step_ms)
     row = {
         "feed": name,
+        "manual_gc": args.manual_gc,
         "balance": balance,
         "gpus": world,
         "static_budgets": budget,
@@ -508,6 +515,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--max-warmup", type=int, default=30, help="warm-up steps at most")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket size (torch's default 25 MB)")
+    p.add_argument(
+        "--manual-gc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Python's garbage collector off, one collection after every N-th step (energon_pack.integrations."
+        "manual_gc; Megatron's --manual-gc); 0: Python's own thresholds (a collection lands inside some step)",
+    )
     p.add_argument("--mbs", type=int, default=4)
     p.add_argument("--buffer", type=int, default=64)
     p.add_argument("--workers", type=int, default=4)

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune_multi_gpu  # noqa: E402  (the tiny model is that example's --size tiny)
+from energon_pack.integrations.manual_gc import ManualGC  # noqa: E402
 
 PRESETS = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
@@ -77,6 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seq-length", type=int, default=8192, help="the pack width W (tokens per packed row)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument(
+        "--manual-gc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Python's garbage collector off, one collection after every N-th step, never inside one "
+        "(energon_pack.integrations.manual_gc); 0: Python's own thresholds",
+    )
     return p.parse_args(argv)
 
 
@@ -108,6 +117,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     )
     losses: list[float] = []
     batches = iter(make_loader(data, preset, tokenizer, args.seq_length))
+    collector = ManualGC(args.manual_gc).start() if args.manual_gc else None
     for step in range(args.steps):
         t0 = time.perf_counter()
         batch = next(batches)
@@ -129,6 +139,10 @@ def main(argv: list[str] | None = None) -> list[float]:
             f"data {t1 - t0:.2f} s  train {time.perf_counter() - t1:.2f} s (CPU {time.process_time() - cpu1:.2f} s)",
             flush=True,
         )
+        if collector is not None:
+            collector.step()  # between steps: a collection never lands inside one
+    if collector is not None:
+        collector.stop()
     print(f"peak RSS {peak_rss_gb():.2f} GB", flush=True)
     return losses
 
