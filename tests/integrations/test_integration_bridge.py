@@ -7,9 +7,9 @@ only when the wheel is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import dataclasses
 import pickle
 import subprocess
 import sys
