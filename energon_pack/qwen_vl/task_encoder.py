@@ -208,12 +208,14 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
     def preencode_pieces(self, sample: ChatMLSample) -> Generator[PackCandidate | SkippedSample, None, None]:
         """``overlength="split"``: the sample, or the pieces of an over-long conversation
         (:func:`~.overlength.conversation_pieces`), each fitted when alone over the budgets; a generator, so each
-        piece has its own restore key."""
+        piece has its own restore key. The whole sample comes from :meth:`preencode_sample` (a subclass's reading
+        of its own sample layout included)."""
+        whole = self.preencode_sample(sample)
+        if isinstance(whole, SkippedSample) or self._fits(whole.cost):
+            yield whole
+            return
+        parsed = {**whole.payload, "cost": whole.cost}
         try:
-            parsed = self._parsed(sample)
-            if self._fits(parsed["cost"]):
-                yield self._candidate(sample, parsed)
-                return
             pieces = conversation_pieces(
                 as_messages(parsed["conversation"], self.chat),
                 len(parsed["images"]),
@@ -226,6 +228,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             yield SkippedSample.derive_from(sample, reason=skip.reason, detail=skip.detail)
             return
         kept = [piece for piece in pieces if piece.trained]
+        if not kept:
+            yield SkippedSample.derive_from(sample, reason="no_trained_tokens", detail="no piece has a supervised turn")
+            return
         split = len(pieces) > 1  # one piece: the whole sample, fitted below
         for i, piece in enumerate(kept):
             counts = {
