@@ -33,9 +33,11 @@ __all__ = [
     "OldName",
     "accepts_old_names",
     "alignment_knobs",
+    "DEFAULTS",
     "default_balance",
     "knob_help",
     "renamed_knobs",
+    "spec_for",
     "spec_knobs",
 ]
 
@@ -214,6 +216,20 @@ class PackingSpec:
 def spec_knobs() -> tuple[str, ...]:
     """The knob names of :class:`PackingSpec`, in declaration order."""
     return tuple(f.name for f in fields(PackingSpec))
+
+
+#: each knob's default, as :class:`PackingSpec` declares it (the roads read it from here, never re-declare it)
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(PackingSpec)}
+
+
+def spec_for(owner: str, knobs: Mapping[str, Any], allowed: tuple[str, ...], **given: Any) -> PackingSpec:
+    """The :class:`PackingSpec` of a road that takes the spec's ``allowed`` knobs as keywords (``knobs``, old names
+    already renamed) plus ``given``; a knob the road has no use for is a ConfigError naming the ones it takes."""
+    extra = sorted(set(knobs) - set(allowed))
+    if extra:
+        known = "a packing knob" if extra[0] in DEFAULTS else "a knob"
+        raise ConfigError(extra[0], f"is not {known} of {owner}", f"use one of {', '.join(allowed)}")
+    return PackingSpec(**given, **knobs)
 
 
 def _knob_docs(doc: str) -> dict[str, str]:

@@ -23,10 +23,13 @@ import torch
 
 from ..errors import ConfigError
 from ..packing import PackingStats
-from ..packing.spec import PackingSpec, accepts_old_names
+from ..packing.spec import PackingSpec, accepts_old_names, spec_for
 from ..thd import ThdLayout, ThdSegment, build_thd_batch
 from .dataset import PADDING_KEY
 from .formats import Encoded
+
+#: the PackingSpec knobs that shape a row (besides ``seq_length``), taken by :meth:`InBatchPacker.for_dataset`
+LAYOUT_KNOBS = ("cp", "tp", "sp", "eval_cp", "pad_to_max_length", "pad_cu_seqlens", "max_segments")
 
 
 class InBatchPacker:
@@ -58,25 +61,19 @@ class InBatchPacker:
         seq_length: int,
         *,
         sampler: Any = None,
-        cp: int = 1,
-        tp: int = 1,
-        sp: bool = False,
-        eval_cp: int | None = None,
-        pad_to_max_length: bool = False,
-        pad_cu_seqlens: bool = False,
-        max_segments: int | None = None,
+        **knobs: Any,
     ) -> InBatchPacker:
         """The packer for ``dataset`` with the layout knobs of :class:`~energon_pack.packing.spec.PackingSpec`
         (documented there; old names such as ``width`` and ``pad_multiple`` accepted with one DeprecationWarning).
 
         Args:
             dataset: the :class:`JsonlSFTDataset` (its ``pad_token_id``; its skips when there is no sampler).
-            seq_length, cp, tp, sp, eval_cp, pad_to_max_length, pad_cu_seqlens, max_segments: the spec's knobs (the
-                sampler's width and alignment).
+            seq_length: the pack width (the sampler's).
+            knobs: the spec's layout knobs (:data:`LAYOUT_KNOBS`: the sampler's alignment, fixed width, static
+                cu_seqlens).
             sampler: the :class:`TokenBudgetBatchSampler` whose plan stats batches carry; None: the dataset's skips.
         """
-        layout = dict(pad_to_max_length=pad_to_max_length, pad_cu_seqlens=pad_cu_seqlens, max_segments=max_segments)
-        spec = PackingSpec(seq_length=seq_length, cp=cp, tp=tp, sp=sp, eval_cp=eval_cp, **layout)
+        spec = spec_for("InBatchPacker.for_dataset", knobs, LAYOUT_KNOBS, seq_length=seq_length)
         return cls.from_spec(dataset, spec, sampler=sampler)
 
     @classmethod

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import AllSkippedError, ConfigError, Hint, all_skipped_hints
 from ..packing import ComputeBalancedPacker, PackingStats, best_fit_decreasing
 from ..packing.balanced import DEFAULT_ROOM_WEIGHT, DEFAULT_SLACK
-from ..packing.spec import PackingSpec, accepts_old_names
+from ..packing.spec import PackingSpec, accepts_old_names, spec_for
 from ..packing.step_cost import cost_model_from, cost_model_name, resolve_cost_model, same_cost_model
 from ..thd import aligned_length, warn_old_width
 from .dataset import PADDING_INDEX
@@ -41,6 +41,8 @@ STATE_FORMAT = 1
 OVERSIZE = "oversize"
 #: samples the compute-balanced packer holds (at most the window)
 BALANCE_BUFFER = 256
+#: the PackingSpec knobs the sampler takes as keywords (besides ``seq_length``)
+SAMPLER_KNOBS = ("cp", "tp", "sp", "eval_cp", "max_segments", "seed", "balance", "cost_model")
 #: (slack, room_weight) of the balanced plans of states saved before their config recorded it
 PRE_KEY_BALANCE_TUNING = (0.03, 0.15)
 
@@ -56,9 +58,10 @@ class TokenBudgetBatchSampler:
     Args:
         lengths: a :class:`JsonlSFTDataset` (its ``lengths``, skip reasons and path; an all-skipped dataset
             raises at once) or a 1-D array of token lengths per index (<= 0: unusable).
-        seq_length, cp, tp, sp, eval_cp, max_segments, seed, balance, cost_model: the spec's knobs (the same
-            ``seq_length`` and alignment as the collate's :class:`ThdLayout`; segments are packed by their length
-            rounded up to the alignment of ``cp``/``tp``/``sp``/``eval_cp``, :attr:`pad_multiple`).
+        seq_length: the pack width (the spec's knob; the collate's :class:`ThdLayout` has the same).
+        knobs: the other spec knobs of :data:`SAMPLER_KNOBS` (cp, tp, sp, eval_cp, max_segments, seed, balance,
+            cost_model); segments are packed by their length rounded up to the alignment of ``cp``/``tp``/``sp``/
+            ``eval_cp`` (:attr:`pad_multiple`), the same as the collate's.
         window: samples packed together per best-fit-decreasing call (default 4096): larger fills better,
             but packs mix samples from further apart in the shuffled order.
         shuffle: seeded permutation (by ``seed``, the epoch mixed in: :meth:`set_epoch`) of the lines and of each
@@ -78,41 +81,24 @@ class TokenBudgetBatchSampler:
         lengths: Any,
         seq_length: int,
         *,
-        cp: int = 1,
-        tp: int = 1,
-        sp: bool = False,
-        eval_cp: int | None = None,
-        max_segments: int | None = None,
         window: int = 4096,
         shuffle: bool = True,
-        seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
-        balance: str | None = None,
-        cost_model: Any = None,
+        **knobs: Any,
     ) -> None:
         self._dataset = lengths if hasattr(lengths, "skipped_lines") else None  # a JsonlSFTDataset or an array
         self.lengths = np.asarray(getattr(lengths, "lengths", lengths), dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ConfigError("lengths", "must be 1-D (one length per dataset index)", "pass dataset.lengths")
         #: the packing knobs (validated once, by the spec; the balance default is its one rule)
-        self.spec = PackingSpec(
-            seq_length=seq_length,
-            cp=cp,
-            tp=tp,
-            sp=sp,
-            eval_cp=eval_cp,
-            max_segments=max_segments,
-            balance=balance,
-            cost_model=cost_model,
-            seed=seed,
-        )
+        self.spec = spec_for("TokenBudgetBatchSampler", knobs, SAMPLER_KNOBS, seq_length=seq_length)
         for knob, value in (("window", window), ("num_replicas", num_replicas)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(knob, f"must be an int >= 1, got {value!r}", f"set {knob} to a positive integer")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ConfigError("rank", f"must be in [0, {num_replicas}), got {rank!r}", "pass the data-parallel rank")
-        self.seq_length, self.max_segments = seq_length, max_segments
+        self.seq_length, self.max_segments, seed = seq_length, self.spec.max_segments, self.spec.seed
         #: the segment alignment (``ThdLayout.pad_multiple``), derived from cp/tp/sp/eval_cp
         self.pad_multiple = self.spec.alignment
         self.window, self.shuffle, self.seed = window, shuffle, seed
@@ -121,7 +107,7 @@ class TokenBudgetBatchSampler:
         self._balance_defaulted = self.spec.balance_defaulted
         #: (slack, room_weight) of the balanced packer: the defaults, or a restored state's (load_state_dict)
         self._balance_tuning = (DEFAULT_SLACK, DEFAULT_ROOM_WEIGHT)
-        self._set_balance(self.spec.balance, cost_model)
+        self._set_balance(self.spec.balance, knobs.get("cost_model"))
         #: lines never yielded, by reason: the dataset's ("unusable" for lengths <= 0 it does not name) + oversize
         self.skips = Counter(self._dataset.skips) if self._dataset is not None else Counter()
         unnamed = int((self.lengths <= 0).sum()) - sum(self.skips.values())
