@@ -18,7 +18,11 @@ shape is checked. Anything else is the counted skip
 tensors) with plain ``pickle``, which runs any code the dataset's author put there.
 
 The cooker copies raw bytes only and cannot fail; parsing happens in the task encoder's
-pre-encode step, where a broken sample becomes a counted skip with a reason.
+pre-encode step, where a broken sample becomes a counted skip with a reason. A dataset whose
+records share media (``energon-pack convert``'s default: each media file stored once,
+:mod:`energon_pack.energon.media_store`) says so in its ``dataset.yaml`` subflavors, which select
+:func:`cook_chatml_stored_once`: it reads the shared members back through Energon's primary
+``FileStore``, so the sample is the one an inline dataset holds.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import pickle
 import re
 from typing import Any
 
-from megatron.energon import Cooker, Sample, basic_sample_keys, edataclass, stateless
+from megatron.energon import Cooker, Sample, basic_sample_keys, cooker, edataclass, stateless
 
 from energon_pack.errors import SampleSkipped
 from energon_pack.records import decode_json_record
 from energon_pack.video.probe import VIDEO_EXTENSIONS
+
+from .media_store import MEDIA_STORE_SUBFLAVOR, REFS_ERROR_FIELD, REFS_FIELD, STORED_ONCE, resolve_media_refs
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
@@ -60,7 +66,22 @@ def cook_chatml(crude: dict) -> ChatMLSample:
     return ChatMLSample(**basic_sample_keys(crude), fields=fields)
 
 
-CHATML_COOKERS = [Cooker(cook_chatml)]
+@stateless
+@cooker(need_primary=True)
+def cook_chatml_stored_once(crude: dict, primary: Any, **_aux: Any) -> ChatMLSample:
+    """:func:`cook_chatml` for a dataset whose records share media: the members named by a record's
+    ``media_refs.json`` are read from ``primary`` (Energon's random-access store of this dataset) and put back
+    under their own field names (:func:`~energon_pack.energon.media_store.resolve_media_refs`; never raises)."""
+    sample = cook_chatml(crude)
+    sample.fields = resolve_media_refs(sample.fields, primary)
+    return sample
+
+
+#: the stored-once cooker for datasets whose ``dataset.yaml`` says so, the plain one for every other
+CHATML_COOKERS = [
+    Cooker(cook_chatml_stored_once, has_subflavors={MEDIA_STORE_SUBFLAVOR: STORED_ONCE}),
+    Cooker(cook_chatml),
+]
 
 
 def _natural_key(name: str) -> list:
@@ -73,9 +94,19 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[bytes | l
     (encoded bytes, in name order), then Bridge's pickled ``videos`` (frame lists).
 
     Raises :class:`SampleSkipped` with reason ``missing_conversation``, ``invalid_json`` (or
-    ``invalid_utf8``, ``empty_line``), ``unsafe_pickle`` or ``bad_media`` for samples that cannot be used.
+    ``invalid_utf8``, ``empty_line``), ``unsafe_pickle`` or ``bad_media`` (also: a shared media
+    reference that could not be read) for samples that cannot be used.
     """
     fields = sample.fields
+    if REFS_ERROR_FIELD in fields:
+        raise SampleSkipped("bad_media", fields[REFS_ERROR_FIELD])
+    if REFS_FIELD in fields:
+        raise SampleSkipped(
+            "bad_media",
+            f"{REFS_FIELD} names media of other records, but the dataset was not read with its media store: "
+            f"keep the subflavor {MEDIA_STORE_SUBFLAVOR}: {STORED_ONCE} of its .nv-meta/dataset.yaml (a plain "
+            "`energon prepare` drops it), or convert again with --media-store inline",
+        )
     raw = next((fields[k] for k in CONVERSATION_FIELDS if k in fields), None)
     if raw is None:
         raise SampleSkipped("missing_conversation", f"no field among {CONVERSATION_FIELDS} in {sorted(fields)}")

@@ -2,6 +2,7 @@
 prepared Energon shards, streamed end to end through the real loader with 2 workers."""
 
 import base64
+import hashlib
 import io
 import json
 import pickle
@@ -49,14 +50,20 @@ def stream(path, te):
     return keys, n_images, dict(tracker.total.skips)
 
 
-def shard_members(out):
-    """{member name: bytes} over every shard of a convert output."""
+def shard_members(out, resolve=True):
+    """{member name: bytes} over every shard of a convert output; ``resolve``: a record's media stored once in an
+    earlier record (its ``media_refs.json``) under its own names, as the loader reads them back."""
     members = {}
     for shard in sorted(out.glob("data-*.tar")):
         with tarfile.open(shard) as tar:
             for m in tar.getmembers():
                 assert m.name not in members
                 members[m.name] = tar.extractfile(m).read()
+    for name in [n for n in members if resolve and n.endswith(".media_refs.json")]:
+        key = name.split(".", 1)[0]
+        for field, ref in json.loads(members.pop(name)).items():
+            assert hashlib.sha256(members[ref["member"]]).hexdigest() == ref["sha256"]
+            members[f"{key}.{field}"] = members[ref["member"]]
     return members
 
 
@@ -102,6 +109,9 @@ def llava_source(tmp_path_factory):
     return root, records, files
 
 
+EXTS = [*((i, "jpg") for i in range(6)), (6, "png")]
+
+
 def test_llava_json_missing_and_corrupt_images_counted_and_streamed(llava_source, tmp_path):
     root, records, files = llava_source
     assert detect_format(root / "llava.json")[0] == "llava"
@@ -120,12 +130,18 @@ def test_llava_json_missing_and_corrupt_images_counted_and_streamed(llava_source
     assert s.examples["corrupt_image"][0].startswith(f"record 10: image 0 ({root / 'imgs/broken.jpg'})")
     assert s.examples["media_count_mismatch"] == ["record 12: 2 <image> placeholder(s) but 1 image(s)"]
     assert s.images == 9 and s.shards == 3  # chunks of 4 records: 4 + 4 + 1 + 0 usable samples
-    members = shard_members(tmp_path / "out")
+    members = shard_members(tmp_path / "out", resolve=False)
     # original bytes, extension sniffed from the bytes (the PNG named .jpg is stored as .png)
     for i in range(6):
         assert members[f"{i:09d}.0.jpg"] == files[f"imgs/{i}.jpg"]
     assert members["000000006.0.png"] == files["imgs/really_a_png.jpg"]
-    assert (members["000000007.0.jpg"], members["000000007.1.jpg"]) == (files["imgs/0.jpg"], files["imgs/1.jpg"])
+    # record 7 reuses images 0 and 1: stored once, it references the members of records 0 and 1 (by SHA-256)
+    assert "000000007.0.jpg" not in members and "000000007.1.jpg" not in members
+    assert json.loads(members["000000007.media_refs.json"]) == {
+        f"{i}.jpg": {"member": f"00000000{i}.0.jpg", "sha256": hashlib.sha256(files[f"imgs/{i}.jpg"]).hexdigest()}
+        for i in (0, 1)
+    }
+    assert (s.media_stored, s.media_stored_bytes) == (7, sum(len(members[f"{i:09d}.0.{e}"]) for i, e in EXTS))
     doc = json.loads(members["000000008.json"])
     assert doc == {"id": "text", "conversations": records[8]["conversations"]}
     assert written_keys(tmp_path / "out") == [f"{i:09d}" for i in range(9)]

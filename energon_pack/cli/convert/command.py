@@ -19,6 +19,7 @@ from .options import (
     DEFAULT_MAX_SKIPPED_SHARE,
     FORMATS,
     LAYOUTS,
+    MEDIA_STORES,
     VERIFY_MODES,
 )
 from .shards import convert
@@ -82,6 +83,14 @@ def build_parser(prog: str = "energon-pack convert") -> argparse.ArgumentParser:
         choices=LAYOUTS,
         default="ours",
         help="ours: json + 0.jpg, 1.png...; bridge: json + pickled jpgs/videos (Megatron-Bridge ChatML)",
+    )
+    p.add_argument(
+        "--media-store",
+        choices=MEDIA_STORES,
+        default=None,
+        help="dedup (default; inline with --layout bridge): each distinct image / video (by the SHA-256 of its bytes) "
+        "stored once, in the first record that uses it, later records referencing it (the loader reads it back); "
+        "inline: a copy in every record that uses it (self-contained samples)",
     )
     p.add_argument(
         "--preset",
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             preset=args.preset,
             preference=args.preference,
             max_skipped_share=args.max_skipped_share,
+            media_store=args.media_store,
         )
     except ConfigError as exc:
         if args.debug:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 FORMATS = ("auto", "llava", "sharegpt", "messages", "alpaca", "parquet")
 LAYOUTS = ("ours", "bridge")
 VERIFY_MODES = ("header", "decode")
+#: dedup: each distinct media file stored once (:mod:`.dedup`); inline: a copy in every record that uses it
+MEDIA_STORES = ("dedup", "inline")
 DEFAULT_MAX_MEDIA_MB = 64
 #: the share of skipped records above which convert exits with status 2 (its output still whole)
 DEFAULT_MAX_SKIPPED_SHARE = 0.1
@@ -32,3 +34,4 @@ class _Context:
     media_roots: tuple = ()  # folders a relative media path is looked up in, in order (:func:`.media.media_roots`)
     columns: tuple = ()  # LLaMA-Factory dataset_info.json: (its column, our field) renames (:mod:`.dataset_info`)
     tags: tuple = ()  # ... and its sharegpt tags, as (tag name, value) pairs
+    media_store: str = "inline"  # "dedup": media go to the run's store by content hash, records reference them

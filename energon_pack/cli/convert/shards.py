@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.chat.conversation import check_preference
+from energon_pack.energon.media_store import STORED_ONCE_DATASET_YAML
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.errors import ConfigError, SampleSkipped
 from energon_pack.processes import process_pool
@@ -27,6 +28,7 @@ from energon_pack.records import decode_json_record
 from energon_pack.storage import is_remote, list_names, store_errors, upload_tree
 
 from .dataset_info import INFO_FILE, read_entry, split_dataset_ref
+from .dedup import MediaHomes, stash_media
 from .detect import _open_source, _Source
 from .media import _MissingRelative, media_roots
 from .options import (
@@ -34,6 +36,7 @@ from .options import (
     DEFAULT_MAX_MEDIA_MB,
     DEFAULT_MAX_SKIPPED_SHARE,
     LAYOUTS,
+    MEDIA_STORES,
     VERIFY_MODES,
     _Context,
 )
@@ -49,6 +52,8 @@ from .outdir import (
 from .records import _BLANK, _iter_records, build_sample
 from .summary import MAX_EXAMPLES, SHARD_NAME, ConvertSummary, skip_fix
 from .tar_sink import TarSink
+
+MEDIA_DIR = "media"  # the temporary store of --media-store dedup, under the run's temporary folder
 
 
 @dataclass
@@ -76,6 +81,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
     """Convert one chunk of records into one tar under ``ctx.tmp_dir`` (runs in a worker process)."""
     res = _ChunkResult(index)
     path = Path(ctx.tmp_dir) / f"chunk-{index:06d}.tar"
+    store = os.path.join(ctx.tmp_dir, MEDIA_DIR) if ctx.media_store == "dedup" else None
     with TarSink(str(path)) as sink:
         for rec_index, where, payload in items:
             res.records += 1
@@ -96,7 +102,7 @@ def _convert_chunk(ctx: _Context, index: int, container: str, items: list) -> _C
                 if len(ex) < MAX_EXAMPLES:
                     ex.append(f"{where}: {skip.detail}" if skip.detail else where)
                 continue
-            sink.write(fields)
+            sink.write(stash_media(fields, store) if store else fields)
             res.written += 1
             res.images += nimages
             res.image_bytes += nbytes
@@ -144,6 +150,7 @@ def convert(
     preset: str | None = None,
     preference: str = "refuse",
     max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE,
+    media_store: str | None = None,
 ) -> ConvertSummary:
     """Convert ``source`` (LLaVA / ShareGPT JSON or JSONL, OpenAI-messages JSONL, Parquet) into
     Energon-prepared WebDataset shards in ``out_dir``; returns a :class:`ConvertSummary`.
@@ -173,6 +180,11 @@ def convert(
     found under each. A run that lost a whole media kind (every image or video record a ``missing_*`` skip) or more
     than ``max_skipped_share`` of its records still writes a whole output, and says why in ``summary.failed``
     (``energon-pack convert`` then exits with status 2; 1 accepts anything).
+
+    ``media_store="dedup"`` (the default of the ``ours`` layout) stores each distinct media file (by the SHA-256 of
+    its bytes) once, in the first record that uses it; later records reference it and the loader reads it back
+    (:mod:`energon_pack.energon.media_store`). ``"inline"`` copies it into every record (self-contained samples;
+    the only store of ``layout="bridge"``, whose reader takes the media from the sample).
     """
     t0 = time.perf_counter()
     if layout not in LAYOUTS:
@@ -195,6 +207,7 @@ def convert(
         )
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     _bridge_preset(layout, preset)  # refused before anything is written
+    media_store = _media_store(layout, media_store)
     check_preference(preference)
     if workers < 0:
         raise ConfigError("workers", f"must be >= 0, got {workers}", "pass 0 (in process) or a process count")
@@ -223,6 +236,7 @@ def convert(
             preset=preset,
             preference=preference,
             max_skipped_share=max_skipped_share,
+            media_store=media_store,
         )
     ref = split_dataset_ref(source)
     entry = read_entry(*ref) if ref else None
@@ -257,8 +271,13 @@ def convert(
             lookup,
             entry.columns if entry else (),
             entry.tags if entry else (),
+            media_store,
         )
-        summary = ConvertSummary(str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers))
+        if media_store == "dedup":
+            (out / TMP_DIR / MEDIA_DIR).mkdir()
+        summary = ConvertSummary(
+            str(source), str(out), src.shape, src.detected, layout, workers=max(1, workers), media_store=media_store
+        )
         results = _run(ctx, src, samples_per_shard, workers, progress)
 
         examples: dict = {}
@@ -266,6 +285,7 @@ def convert(
         names = [SHARD_NAME % i for i in range(sum(1 for res in results if res.tar))]
         _write_manifest(out, names)
         shard, missing_relative, found = 0, 0, Counter()
+        homes = MediaHomes(out / TMP_DIR / MEDIA_DIR)
         for res in results:  # chunk order: deterministic whatever the worker count
             missing_relative += res.missing_relative
             found.update(res.found)
@@ -280,10 +300,14 @@ def convert(
             skipped.update(res.skipped)
             for reason, ex in res.examples.items():
                 examples.setdefault(reason, []).extend(ex[: MAX_EXAMPLES - len(examples.get(reason, []))])
-            if res.tar:
+            if res.tar and media_store == "dedup":
+                summary.bytes += homes.finish(res.tar, out / (SHARD_NAME % shard))
+                shard += 1
+            elif res.tar:
                 os.replace(res.tar, out / (SHARD_NAME % shard))
                 summary.bytes += res.tar_bytes
                 shard += 1
+        summary.media_stored, summary.media_stored_bytes = len(homes.homes), homes.stored_bytes
         shutil.rmtree(out / TMP_DIR, ignore_errors=True)
         summary.shards = shard
         summary.skipped = dict(sorted(skipped.items()))
@@ -307,6 +331,8 @@ def convert(
             )
         with contextlib.redirect_stdout(io.StringIO()):  # Energon prints its progress
             prepare_webdataset(out, workers=max(1, min(prepare_workers, shard)))
+        if homes.shared:  # the subflavor that has the loader read shared media through its media store
+            (out / ".nv-meta" / "dataset.yaml").write_text(STORED_ONCE_DATASET_YAML)
         if f"{src.shape} (JSON array," in src.detected:  # streamed: the count is known now
             summary.detected = src.detected.replace("JSON array", f"JSON array of {summary.records} records", 1)
         summary.failed = summary.losses(max_skipped_share)
@@ -314,6 +340,25 @@ def convert(
         (out / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         (out / IN_PROGRESS_FILE).unlink(missing_ok=True)
         return summary
+
+
+def _media_store(layout: str, media_store: str | None) -> str:
+    """The media store of a run: ``dedup`` by default, ``inline`` for ``--layout bridge`` (Bridge's reader takes the
+    media from the sample); a ConfigError for an unknown store or a dedup Bridge output."""
+    if media_store is None:
+        return "inline" if layout == "bridge" else "dedup"
+    if media_store not in MEDIA_STORES:
+        raise ConfigError(
+            "media_store", f"unknown media store {media_store!r}", f"use one of {', '.join(MEDIA_STORES)}"
+        )
+    if layout == "bridge" and media_store == "dedup":
+        raise ConfigError(
+            "media_store",
+            "--layout bridge keeps each record's media in the record (Megatron-Bridge reads the pickled media of the "
+            "sample itself)",
+            "leave --media-store out or pass --media-store inline with --layout bridge",
+        )
+    return media_store
 
 
 def _open_pairs(source: Path, format: str, preference: str) -> _Source:

@@ -123,6 +123,9 @@ class ConvertSummary:
     hints: list = field(default_factory=list)  # one line each: what to change (e.g. pass --image-root)
     media_roots: dict = field(default_factory=dict)  # guessed root -> relative media files found under it
     failed: str = ""  # why the run lost too much (exit status 2), "" when it did not (:func:`losses`)
+    media_store: str = "inline"  # dedup: each distinct media file stored once; inline: a copy per use
+    media_stored: int = 0  # dedup: distinct media files written (each once)
+    media_stored_bytes: int = 0  # ... and their bytes
 
     @property
     def skipped_total(self) -> int:
@@ -153,6 +156,7 @@ class ConvertSummary:
             f"  output   {self.shards} shard(s), {_mb(self.bytes)}; {self.images} image(s), {_mb(self.image_bytes)}"
             + (f"; {self.videos} video(s), {_mb(self.video_bytes)}" if self.videos else "")
             + " (original bytes)",
+            *self._media_store_line(),
             f"  time     {self.seconds:.2f} s ({rate:,.0f} records/s, {self.workers} worker(s)); Energon-prepared: "
             f"get_train_dataset({self.out_dir!r}, ...)",
             f"  wrote    {self.out_dir.rstrip('/')}/: {self._shard_names()}, {index_files(self.shards)}, "
@@ -182,6 +186,16 @@ class ConvertSummary:
             f"Fix: {skip_fix(self.skipped)}, or accept the loss with --max-skipped-share 1 "
             f"(the {self.written} written records in {self.out_dir} are a valid dataset)"
         )
+
+    def _media_store_line(self) -> list[str]:
+        """``--media-store dedup``'s line: how many distinct files hold how many uses, in how many bytes."""
+        if self.media_store != "dedup" or not (self.images or self.videos):
+            return []
+        uses, inline = self.images + self.videos, self.image_bytes + self.video_bytes
+        return [
+            f"  dedup    {self.media_stored} media file(s) stored once for {uses} reference(s) "
+            f"({_mb(self.media_stored_bytes)} instead of {_mb(inline)})"
+        ]
 
     def _shard_names(self) -> str:
         first, last = SHARD_NAME % 0, SHARD_NAME % max(0, self.shards - 1)
