@@ -14,7 +14,7 @@ from .options import add_command, non_negative_int
 
 NAME = "calibrate"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"warmup": "--warmup", "steps": "STEPS.jsonl"}
+KNOB_FLAGS = {"warmup": "--warmup"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

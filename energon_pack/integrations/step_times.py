@@ -54,7 +54,7 @@ TERM_KEYS = (
 
 def _held(batch: Any) -> Any:
     """What a pending step keeps of a batch: the keys its terms need (a mapping of terms as it is)."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, Mapping) and "slots" not in batch:
         return {k: batch[k] for k in TERM_KEYS if batch.get(k) is not None}
     return batch
 
