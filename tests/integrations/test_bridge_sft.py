@@ -188,7 +188,7 @@ def step_view(gpt_step, batch):
 @pytest.mark.parametrize("fmt", ["prompt_completion", "chat"])
 @pytest.mark.parametrize("mbs", [1, 2])
 def test_bridge_gpt_step_and_loss_see_our_batch_exactly(bridge, gpt_step, data, fmt, mbs):
-    ds = train_dataset(bridge, provider(data, fmt, context_parallel_size=2))
+    ds = train_dataset(bridge, provider(data, fmt, cp=2))
     batches = list(loader(bridge, ds, mbs=mbs))
     assert batches and len(batches) == len(ds) // mbs
     gen = torch.Generator().manual_seed(0)
@@ -279,7 +279,7 @@ def test_bridge_forward_step_loss_equals_ours(bridge, gpt_step, data, monkeypatc
         ),
     )
     model = _TinyGPT()
-    ds = train_dataset(bridge, provider(data, "chat", tensor_model_parallel_size=2, sequence_parallel=True))
+    ds = train_dataset(bridge, provider(data, "chat", tp=2, sp=True))
     for b in list(loader(bridge, ds))[:4]:
         with torch.no_grad():
             output, loss_fn = gpt_step.forward_step(state, iter([b]), model)
@@ -447,7 +447,7 @@ def test_provider_passes_compute_balance_to_its_sampler(bridge, data):
     assert train_dataset(bridge, provider(data), samples=20).sampler.balance == "compute"  # the default
     assert compute.sampler.state_dict()["config"]["balance"] == "compute"
     ds = compute.dataset
-    expected = TokenBudgetBatchSampler(ds, WIDTH, balance="compute", cost_model="qwen2-vl-2b", seed=1234)
+    expected = TokenBudgetBatchSampler(ds, WIDTH, balance="compute", cost_model="qwen2-vl-2b")  # one seed default
     first = compute._first[1]
     assert [compute.pack_indices(j) for j in range(first)] == [list(p) for p in expected.plan(0)]
     assert [tokens.pack_indices(j) for j in range(tokens._first[1])] != [compute.pack_indices(j) for j in range(first)]
@@ -670,7 +670,7 @@ def sft_recipe_cfg(data, **provider_kw):
     """Bridge's Qwen3-8B SFT recipe (literal settings replayed, tests/_bridge_light.RecipeStandIn) with our provider."""
     cfg = RecipeStandIn().build("megatron.bridge.recipes.qwen.h100.qwen3", "qwen3_8b_sft_4gpu_h100_bf16_config")
     cfg.dataset = S.make_bridge_sft_dataset_provider(
-        data["prompt_completion"], tiny_tokenizer(), seq_length=2048, tensor_model_parallel_size=4, **provider_kw
+        data["prompt_completion"], tiny_tokenizer(), seq_length=2048, tp=4, **provider_kw
     )
     return cfg
 
@@ -772,7 +772,7 @@ def test_readme_block_each_cfg_line_is_needed(readme_world):
     assert err.value.knob == "model.calculate_per_token_loss" and not readme_world
     with pytest.raises(ConfigError) as err:
         exec(
-            compile(block.replace("tensor_model_parallel_size=4", "tensor_model_parallel_size=1"), "README.md", "exec"),
+            compile(block.replace("tp=4", "tp=1"), "README.md", "exec"),
             {},
         )
     assert err.value.knob == "model.tensor_model_parallel_size"

@@ -136,9 +136,9 @@ def finetune_config(
         **(model_kw or {}),
     )
     dataset_kw = {
-        "context_parallel_size": cp,
-        "tensor_model_parallel_size": tp,
-        "sequence_parallel": sp,
+        "cp": cp,
+        "tp": tp,
+        "sp": sp,
         "enable_in_batch_packing": mbs > 1,
         "num_workers": 0,
         **(dataset_kw or {}),

@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, raise_config_errors
+from ...packing.spec import PackingSpec, renamed_knobs
 from ...packing.step_cost import DEFAULT_MARK, resolve_cost_model
 from ...sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
 from ...thd import ThdLayout, alignment_multiple
 from .batch import to_gpt_batch
 from .mtp import gpt_sft_mtp_error
 from .provider import provider_class
-from .rules import SPEC_NAMES, forward_step_error, get, rule_errors, topology, topology_errors, uses_cuda_graphs
+from .rules import forward_step_error, get, rule_errors, topology, topology_errors, uses_cuda_graphs
 
 __all__ = [
     "PACK_TOPOLOGY_KEYS",
@@ -150,71 +151,42 @@ class SFTPackDataset:
 def build_sft_pack_dataset(
     path: str,
     tokenizer: Any,
+    spec: PackingSpec | None = None,
     *,
-    seq_length: int,
     format: str = "prompt_completion",
-    pad_seq_to_mult: int = 1,
-    pad_to_max_length: bool = False,
-    pad_cu_seqlens: bool = False,
-    max_segments: int | None = None,
     num_samples: int = 0,
-    seed: int = 1234,
     shuffle: bool = True,
     window: int = 4096,
-    overlength: str = "skip",
     cache_dir: str | None = None,
     format_kw: Mapping | None = None,
-    balance: str | None = None,
-    cost_model: Any = None,
+    **knobs: Any,
 ) -> SFTPackDataset:
-    """JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
+    """One packing spec -> JsonlSFTDataset + one-replica TokenBudgetBatchSampler + layout -> :class:`SFTPackDataset`.
 
     Args:
         path: the GPT-SFT JSONL file.
         tokenizer: what :class:`JsonlSFTDataset` takes (a tokenizer object, ``"demo"``, a Qwen-VL name).
-        seq_length: the pack width in tokens (also the dataset's ``max_length``).
+        spec: the packing knobs (:class:`~energon_pack.packing.spec.PackingSpec`: ``seq_length``, ``cp``/``tp``/``sp``
+            /``eval_cp``, ``pad_to_max_length``, ``pad_cu_seqlens``, ``max_segments``, ``overlength``, ``balance``,
+            ``cost_model``, ``seed``, each documented there); ``knobs`` override it by name (old names such as
+            ``pad_seq_to_mult`` through the spec's table). Default None: the spec's defaults.
         format: ``"prompt_completion"`` or ``"chat"``; ``format_kw`` its options (field names, loss, ...).
-        pad_seq_to_mult: every segment's alignment (Bridge's name; :func:`alignment_multiple` of CP/TP/SP).
-        pad_to_max_length: rows exactly ``seq_length`` long; ``pad_cu_seqlens`` static cu_seqlens (needs
-            ``max_segments``).
-        max_segments: the most samples per pack; None: no limit.
         num_samples: packs to plan for (epochs back to back, at least one).
-        seed, shuffle, window: the sampler's order and packing window.
-        overlength: what a line longer than ``seq_length`` gets: ``"skip"`` (counted), ``"truncate"``, ``"error"``.
+        shuffle, window: the sampler's order and packing window.
         cache_dir: where the line index and length caches go; None: the user cache dir.
-        balance, cost_model: the sampler's packing budget (:class:`TokenBudgetBatchSampler`): ``"tokens"``, or
-            ``"compute"`` for packs equal in step cost under ``cost_model`` as well as full in tokens; None (the
-            default): the sampler's default, ``"compute"``.
     """
+    spec = PackingSpec.build(spec, **knobs)
     ds = JsonlSFTDataset(
         path,
         tokenizer,
         format,
-        max_length=seq_length,
-        overlength=overlength,
+        max_length=spec.seq_length,
+        overlength=spec.overlength,
         cache_dir=cache_dir,
         **dict(format_kw or {}),
     )
-    sampler = TokenBudgetBatchSampler(
-        ds,
-        seq_length,
-        pad_multiple=pad_seq_to_mult,
-        max_segments=max_segments,
-        window=window,
-        shuffle=shuffle,
-        seed=seed,
-        balance=balance,
-        cost_model=cost_model,
-    )
-    layout = ThdLayout(
-        seq_length=seq_length,
-        pad_multiple=pad_seq_to_mult,
-        pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens,
-        max_segments=max_segments,
-        pad_token_id=ds.pad_token_id,
-    )
-    return SFTPackDataset(ds, sampler, layout, num_samples)
+    sampler = TokenBudgetBatchSampler.from_spec(ds, spec, window=window, shuffle=shuffle)
+    return SFTPackDataset(ds, sampler, spec.layout(pad_token_id=ds.pad_token_id), num_samples)
 
 
 # ---------------------------------------------------------------------------------- the check
@@ -424,9 +396,7 @@ def check_bridge_sft_config(
         forward_step_func: the step the training will run; None: not checked.
     """
     ds = cfg.dataset
-    if not all(
-        hasattr(ds, k) for k in ("seq_length", "context_parallel_size", "enable_in_batch_packing", "max_segments")
-    ):
+    if not all(hasattr(ds, k) for k in ("seq_length", "cp", "enable_in_batch_packing", "max_segments")):
         raise TypeError(
             f"cfg.dataset is a {type(ds).__name__}, not make_bridge_sft_dataset_provider's provider "
             "(for offline packs call check_gpt_sft_config(route='offline', ...))"
@@ -434,9 +404,9 @@ def check_bridge_sft_config(
     t = topology(cfg)
     errors = topology_errors(
         cfg,
-        {"cp": ds.context_parallel_size, "tp": ds.tensor_model_parallel_size, "sp": ds.sequence_parallel},
+        {"cp": ds.cp, "tp": ds.tp, "sp": ds.sp, "eval_cp": ds.eval_cp},
         packer="the dataset",
-        fix=lambda name, value: f"set dataset.{_PROVIDER_NAMES[name]}={value!r}",
+        fix=lambda name, value: f"set dataset.{name}={value!r}",
     )
     mbs = get(cfg, "train.micro_batch_size", 1)
     dp = data_parallel_size or get(cfg, "data_parallel_size") or 1
@@ -500,36 +470,46 @@ def check_bridge_sft_config(
 
 
 # ---------------------------------------------------------------------------------- the provider
-#: the provider's topology fields (Bridge's names: the provider sits in Bridge's config) by the spec's names
-_PROVIDER_NAMES = {
-    spec: bridge for bridge, spec in SPEC_NAMES.items() if "." not in bridge and spec in ("cp", "tp", "sp")
-}
+#: the packing spec's knobs the GPT-SFT provider holds as fields (spec names and defaults, validated by the spec)
+SFT_SPEC_KNOBS = (
+    "seq_length",
+    "cp",
+    "tp",
+    "sp",
+    "eval_cp",
+    "pad_to_max_length",
+    "pad_cu_seqlens",
+    "max_segments",
+    "overlength",
+    "balance",
+    "cost_model",
+    "seed",
+)
 
 
 def _sft_fields() -> list:
     field = dataclasses.field
+    spec = {f.name: f for f in dataclasses.fields(PackingSpec)}
     return [
         ("path", str, field(default="")),
         ("tokenizer", Any, field(default=None)),
-        ("seq_length", int, field(default=4096)),
         ("format", str, field(default="prompt_completion")),
         ("format_kw", dict, field(default_factory=dict)),
         ("valid_path", str | None, field(default=None)),
-        ("context_parallel_size", int, field(default=1)),
-        ("tensor_model_parallel_size", int, field(default=1)),
-        ("sequence_parallel", bool, field(default=False)),
-        ("pad_to_max_length", bool, field(default=False)),
-        ("pad_cu_seqlens", bool, field(default=False)),
-        ("max_segments", int | None, field(default=None)),
+        *((k, spec[k].type, field(default=spec[k].default)) for k in SFT_SPEC_KNOBS),
         ("enable_in_batch_packing", bool, field(default=False)),
-        ("seed", int, field(default=1234)),
         ("shuffle", bool, field(default=True)),
         ("window", int, field(default=4096)),
-        ("overlength", str, field(default="skip")),
         ("cache_dir", str | None, field(default=None)),
-        ("balance", str | None, field(default=None)),
-        ("cost_model", Any, field(default=None)),
     ]
+
+
+def _provider_spec(provider: Any) -> PackingSpec:
+    """The provider's packing spec; ``cost_model`` None: ``cfg.model`` as :func:`check_bridge_sft_config` priced it."""
+    knobs = {k: getattr(provider, k) for k in SFT_SPEC_KNOBS}
+    if knobs["cost_model"] is None:
+        knobs["cost_model"] = getattr(provider, "_priced_model", None)
+    return PackingSpec(**knobs)
 
 
 def _build_sft_datasets(self, context: Any) -> tuple:
@@ -539,23 +519,12 @@ def _build_sft_datasets(self, context: Any) -> tuple:
             "dataset", "the provider needs path and tokenizer", "pass both to make_bridge_sft_dataset_provider"
         )
     kw = dict(
-        seq_length=self.seq_length,
+        spec=_provider_spec(self),
         format=self.format,
         format_kw=self.format_kw,
-        max_segments=self.max_segments,
-        pad_seq_to_mult=alignment_multiple(
-            self.context_parallel_size, self.tensor_model_parallel_size, self.sequence_parallel
-        ),
-        pad_to_max_length=self.pad_to_max_length,
-        pad_cu_seqlens=self.pad_cu_seqlens,
-        seed=self.seed,
         shuffle=self.shuffle,
         window=self.window,
-        overlength=self.overlength,
         cache_dir=self.cache_dir,
-        balance=self.balance,
-        # None: cfg.model as check_bridge_sft_config resolved it (the model that trains), else the sampler's default
-        cost_model=self.cost_model if self.cost_model is not None else getattr(self, "_priced_model", None),
     )
     cyclic = self.dataloader_type == "cyclic"  # Bridge's cyclic sampler reshuffles the one epoch's packs itself
     train = build_sft_pack_dataset(self.path, self.tokenizer, num_samples=0 if cyclic else context.train_samples, **kw)
@@ -586,17 +555,23 @@ def _provider_class() -> type:
 def make_bridge_sft_dataset_provider(path: str, tokenizer: Any, *, seq_length: int, **kwargs: Any):
     """A ``ConfigContainer.dataset`` for Bridge's GPT step over a GPT-SFT JSONL (module docstring).
 
+    The packing knobs are the packing spec's (:class:`~energon_pack.packing.spec.PackingSpec`, documented and
+    validated there, here at once): ``seq_length``, ``cp``/``tp``/``sp``/``eval_cp`` (the alignment; equal to the
+    model's parallel sizes, which :func:`check_bridge_sft_config` checks), ``pad_to_max_length``,
+    ``pad_cu_seqlens`` + ``max_segments``, ``overlength``, ``balance``, ``cost_model`` (None: ``cfg.model``, priced by
+    :func:`check_bridge_sft_config`), ``seed``. Old names go through the spec's table: ``pad_seq_to_mult`` is
+    accepted with one DeprecationWarning, Bridge's ``context_parallel_size`` & co. are refused naming ``cp``/...
+
     Args:
         path: the training GPT-SFT JSONL file.
         tokenizer: what :class:`JsonlSFTDataset` takes (a tokenizer object, ``"demo"``, a Qwen-VL name).
         seq_length: the pack width in tokens; equal to ``model.seq_length`` (:func:`check_bridge_sft_config`).
-        kwargs: ``format`` ("prompt_completion" default | "chat") and ``format_kw`` (JsonlSFTDataset's
-            format options); ``valid_path`` (None: no validation set); ``context_parallel_size`` /
-            ``tensor_model_parallel_size`` / ``sequence_parallel`` (the alignment, equal to the model's; default
-            1/1/False); ``pad_to_max_length``, ``pad_cu_seqlens`` + ``max_segments`` (static shapes; default off);
-            ``enable_in_batch_packing`` (with micro-batch size > 1); ``seed`` (1234), ``shuffle`` (True),
-            ``window`` (4096), ``overlength`` ("skip"), ``cache_dir``; ``balance`` (None: the sampler's default,
-            "compute": packs equal in step cost too; or "tokens") with ``cost_model``; and Bridge's dataloader fields
-            (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
+        kwargs: the spec's knobs above, and ``format`` ("prompt_completion" default | "chat") and ``format_kw``
+            (JsonlSFTDataset's format options); ``valid_path`` (None: no validation set); ``enable_in_batch_packing``
+            (with micro-batch size > 1); ``shuffle`` (True), ``window`` (4096), ``cache_dir``; and Bridge's
+            dataloader fields (``dataloader_type`` "single" default or "cyclic", ``num_workers``, ...).
     """
-    return _provider_class()(path=str(path), tokenizer=tokenizer, seq_length=seq_length, **kwargs)
+    kwargs = renamed_knobs("make_bridge_sft_dataset_provider", {"seq_length": seq_length, **kwargs})
+    provider = _provider_class()(path=str(path), tokenizer=tokenizer, **kwargs)
+    _provider_spec(provider)  # validated now, not when Bridge builds the datasets
+    return provider
