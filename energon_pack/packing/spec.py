@@ -151,7 +151,17 @@ class PackingSpec:
             value = getattr(self, knob)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(knob, f"must be a positive int or None, got {value!r}", "leave it None for no budget")
-        self.layout()  # width, alignment (cp/tp/eval_cp), max_segments and the static cu_seqlens rules
+        align, width = self.alignment, self.seq_length  # alignment_multiple validates cp, tp and eval_cp
+        if isinstance(width, int) and not isinstance(width, bool) and width >= 1 and width % align:
+            lower = width // align * align or align
+            parts = (f"cp={self.cp}" * (self.cp > 1), f"tp={self.tp}" * (self.tp > 1), "sp=True" * self.sp)
+            of = ", ".join(p for p in (*parts, f"eval_cp={self.eval_cp}" * bool(self.eval_cp)) if p)
+            raise ConfigError(
+                "seq_length",
+                f"{width} is not divisible by the alignment {align} of {of}",
+                f"use a multiple of {align} for seq_length (e.g. {lower} or {lower + align}), or change {of}",
+            )
+        self.layout()  # width, max_segments and the static cu_seqlens rules
 
     def _tokens_only(self) -> tuple[str, ...]:
         """The road's reasons it can only pack by tokens (none here; a road's subclass names its own)."""

@@ -112,7 +112,10 @@ def test_state_dict_with_explicit_steps_and_mismatched_config():
 
 
 def test_config_errors_name_the_knob():
-    with pytest.raises(ConfigError, match="^seq_length: 100 is not divisible by pad_multiple 8"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^seq_length: 100 is not divisible by the alignment 8 of cp=4\. Fix: use a multiple of 8",
+    ):
         TokenBudgetBatchSampler([5], 100, cp=4)
     with pytest.raises(ConfigError, match="rank"):
         TokenBudgetBatchSampler([5], 128, num_replicas=2, rank=2)
