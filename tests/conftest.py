@@ -1,5 +1,6 @@
 """Shared fixtures: demo WebDataset shards written by the tests themselves (seeded)."""
 
+import atexit
 import os
 import sys
 import tempfile
@@ -25,6 +26,7 @@ def _session_cache_dir() -> str:
     folder = tempfile.mkdtemp(prefix="energon_pack_test_cache_")
     for built in cache_dir().glob("qwen-bpe-*.json"):
         shutil.copy2(built, folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the session's process removes what it made
     return folder
 
 
