@@ -42,6 +42,22 @@ def test_bridge_names_become_the_spec_names_in_one_table():
     assert rules.topology(SimpleNamespace()) == {"cp": 1, "tp": 1, "sp": False, "eval_cp": None}  # unset: off
 
 
+def test_an_encoder_built_from_the_bridge_config_passes_its_check():
+    cfg = cfg_with(context_parallel_size=2, tensor_model_parallel_size=4, sequence_parallel=True)
+    assert B.packing_knobs(cfg) == {"cp": 2, "tp": 4, "sp": True, "eval_cp": None, "seq_length": 4096}
+    encoder = B.BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", **B.packing_knobs(cfg))
+    assert (encoder.packing.seq_length, encoder.layout.pad_multiple) == (4096, 8)
+    B.check_bridge_config(cfg, encoder, allow_demo_tokenizer=True)
+    cfg.model.tensor_model_parallel_size = 2
+    with pytest.raises(ConfigError) as err:
+        B.check_bridge_config(cfg, encoder, allow_demo_tokenizer=True)
+    assert [e.knob for e in err.value.errors] == ["model.tensor_model_parallel_size", "task_encoder alignment"]
+    assert str(err.value.errors[0]) == (
+        "model.tensor_model_parallel_size: is 2 but the task encoder packs for tp=4. "
+        "Fix: build the encoder with tp=2 (or set model.tensor_model_parallel_size=4)"
+    )
+
+
 def test_a_shared_rule_reads_the_same_on_both_roads():
     vlm, sft = cfg_with(), cfg_with(provider=sft_provider())
     for cfg in (vlm, sft):

@@ -184,10 +184,8 @@ MISTAKES = [
     ("model.calculate_per_token_loss", dict(per_token_loss=False)),
     ("model.seq_length", dict(seq_length=1024)),
     ("train.global_batch_size", dict(mbs=2, gbs=6)),
-    ("model.context_parallel_size", dict(cp=2, dataset_kw={"context_parallel_size": 1})),
+    ("model.context_parallel_size", dict(cp=2, dataset_kw={"cp": 1})),
     ("dataset.dataloader_type", dict(dataset_kw={"dataloader_type": "batch"})),
-    ("pad_to_max_length", dict(dataset_kw={"pad_cu_seqlens": True, "max_segments": 64})),
-    ("max_segments", dict(dataset_kw={"pad_cu_seqlens": True, "pad_to_max_length": True})),
 ]
 
 
@@ -199,6 +197,24 @@ def test_a_mistake_bridge_validate_lets_through_is_named_by_our_check(bridge, wo
     with pytest.raises(ConfigError) as err:
         S.check_bridge_sft_config(cfg)
     assert [e.knob for e in getattr(err.value, "errors", [err.value])] == [knob]
+
+
+@pytest.mark.parametrize(
+    "dataset_kw, fix",
+    [
+        (dict(pad_cu_seqlens=True, max_segments=64), "set pad_to_max_length=True (or pad_cu_seqlens=False)"),
+        (
+            dict(pad_cu_seqlens=True, pad_to_max_length=True),
+            "set max_segments (cu arrays get max_segments + 1 entries)",
+        ),
+    ],
+)
+def test_static_shape_mistakes_bridge_validate_lets_through_are_refused_when_the_provider_is_made(
+    bridge, world, dataset_kw, fix
+):
+    with pytest.raises(ConfigError) as err:  # the packing spec validates the provider's knobs at once
+        finetune_config(bridge, dataset_kw=dataset_kw)
+    assert (err.value.knob, err.value.fix) == ("pad_cu_seqlens", fix)
 
 
 def test_every_mistake_at_once_is_one_error_naming_each_knob(bridge, world):

@@ -44,7 +44,7 @@ from .gpt_sft import (
     pack_topology_record,
 )
 from .mtp import MTP_PACKED_MCORE
-from .rules import RULES, SPEC_NAMES
+from .rules import RULES, SPEC_NAMES, packing_knobs
 from .vlm import (
     LOADER_OWNED_DATASET_KWARGS,
     POSITION_MODES,
@@ -84,6 +84,7 @@ __all__ = [
     "loader_owned_dataset_kwargs",
     "make_bridge_dataset_provider",
     "make_bridge_sft_dataset_provider",
+    "packing_knobs",
     "pack_topology_record",
     "read_bridge_dataset",
     "to_bridge_batch",

@@ -67,6 +67,14 @@ def spec_named(values: Mapping[str, Any]) -> dict[str, Any]:
     return {SPEC_NAMES[k]: v for k, v in values.items() if k in SPEC_NAMES and v is not None}
 
 
+def packing_knobs(cfg: Any) -> dict[str, Any]:
+    """The packing spec's knobs a Bridge config sets, by the spec's names: the topology (:func:`topology`) and
+    ``seq_length`` (``model.seq_length``, where set). ``BridgeQwenVLPackingTaskEncoder(..., **packing_knobs(cfg))``
+    packs for the model as configured."""
+    seq_length = get(cfg, "model.seq_length", None)
+    return {**topology(cfg), **({"seq_length": seq_length} if seq_length is not None else {})}
+
+
 def topology_errors(cfg: Any, packs: Mapping[str, Any], *, packer: str, fix: Callable[[str, Any], str]) -> list:
     """One error per topology knob of ``cfg`` that differs from what ``packs`` (spec-named) were built for.
 
