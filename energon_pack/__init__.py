@@ -61,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "make_bridge_dataset_provider": "energon_pack.integrations.bridge",
     "bridge_dataset_kwargs": "energon_pack.integrations.bridge",
     "to_bridge_batch": "energon_pack.integrations.bridge",
-    "check_bridge_sft_config": "energon_pack.integrations.bridge_sft",
-    "make_bridge_sft_dataset_provider": "energon_pack.integrations.bridge_sft",
+    "check_bridge_sft_config": "energon_pack.integrations.bridge",
+    "make_bridge_sft_dataset_provider": "energon_pack.integrations.bridge",
     # Hugging Face transformers
     "prepare_model": "energon_pack.integrations.hf",
     "hf_forward_kwargs": "energon_pack.integrations.hf",
@@ -121,10 +121,11 @@ if TYPE_CHECKING:  # static analysers see the real names
         BridgeQwenVLPackingTaskEncoder,
         bridge_dataset_kwargs,
         check_bridge_config,
+        check_bridge_sft_config,
         make_bridge_dataset_provider,
+        make_bridge_sft_dataset_provider,
         to_bridge_batch,
     )
-    from energon_pack.integrations.bridge_sft import check_bridge_sft_config, make_bridge_sft_dataset_provider
     from energon_pack.integrations.hf import (
         EnergonStateCallback,
         PackedCollator,
