@@ -22,7 +22,9 @@ pre-encode step, where a broken sample becomes a counted skip with a reason. A d
 records share media (``energon-pack convert``'s default: each media file stored once,
 :mod:`energon_pack.energon.media_store`) says so in its ``dataset.yaml`` subflavors, which select
 :func:`cook_chatml_stored_once`: it reads the shared members back through Energon's primary
-``FileStore``, so the sample is the one an inline dataset holds.
+``FileStore``, so the sample is the one an inline dataset holds; :func:`cook_chatml` reads them
+through the store of the sample's own dataset when no primary store is given (other encoders'
+cookers, a ``dataset.yaml`` without the subflavor).
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from energon_pack.errors import SampleSkipped
 from energon_pack.records import decode_json_record
 from energon_pack.video.probe import VIDEO_EXTENSIONS
 
-from .media_store import MEDIA_STORE_SUBFLAVOR, REFS_ERROR_FIELD, REFS_FIELD, STORED_ONCE, resolve_media_refs
+from .media_store import (
+    MEDIA_STORE_SUBFLAVOR,
+    REFS_ERROR_FIELD,
+    REFS_FIELD,
+    STORED_ONCE,
+    dataset_store,
+    resolve_media_refs,
+)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 CONVERSATION_FIELDS = ("json", "conversation.json", "conversation", "messages.json")
@@ -59,11 +68,20 @@ class ChatMLSample(Sample):
     fields: dict
 
 
+def _cook(crude: dict, store: Any) -> ChatMLSample:
+    fields = {k: v for k, v in crude.items() if not k.startswith("__")}
+    if REFS_FIELD in fields:
+        fields = resolve_media_refs(fields, store() if callable(store) else store)
+    return ChatMLSample(**basic_sample_keys(crude), fields=fields)
+
+
 @stateless
 def cook_chatml(crude: dict) -> ChatMLSample:
-    """Crude WebDataset dict -> :class:`ChatMLSample` (raw bytes only, so it never fails)."""
-    fields = {k: v for k, v in crude.items() if not k.startswith("__")}
-    return ChatMLSample(**basic_sample_keys(crude), fields=fields)
+    """Crude WebDataset dict -> :class:`ChatMLSample` (raw bytes only, so it never fails). Media a record shares
+    with an earlier one are read back through Energon's store of the sample's own dataset
+    (:func:`~energon_pack.energon.media_store.dataset_store`): for encoders whose cookers Energon gives no primary
+    store (Megatron-Bridge's), or a dataset whose ``dataset.yaml`` lost its subflavor."""
+    return _cook(crude, lambda: dataset_store(crude))
 
 
 @stateless
@@ -72,16 +90,13 @@ def cook_chatml_stored_once(crude: dict, primary: Any, **_aux: Any) -> ChatMLSam
     """:func:`cook_chatml` for a dataset whose records share media: the members named by a record's
     ``media_refs.json`` are read from ``primary`` (Energon's random-access store of this dataset) and put back
     under their own field names (:func:`~energon_pack.energon.media_store.resolve_media_refs`; never raises)."""
-    sample = cook_chatml(crude)
-    sample.fields = resolve_media_refs(sample.fields, primary)
-    return sample
+    return _cook(crude, primary)
 
 
+#: selects :func:`cook_chatml_stored_once` for a dataset whose ``dataset.yaml`` says its records share media
+STORED_ONCE_COOKER = Cooker(cook_chatml_stored_once, has_subflavors={MEDIA_STORE_SUBFLAVOR: STORED_ONCE})
 #: the stored-once cooker for datasets whose ``dataset.yaml`` says so, the plain one for every other
-CHATML_COOKERS = [
-    Cooker(cook_chatml_stored_once, has_subflavors={MEDIA_STORE_SUBFLAVOR: STORED_ONCE}),
-    Cooker(cook_chatml),
-]
+CHATML_COOKERS = [STORED_ONCE_COOKER, Cooker(cook_chatml)]
 
 
 def _natural_key(name: str) -> list:
@@ -100,13 +115,6 @@ def parse_chatml(sample: ChatMLSample) -> tuple[Any, list[bytes], list[bytes | l
     fields = sample.fields
     if REFS_ERROR_FIELD in fields:
         raise SampleSkipped("bad_media", fields[REFS_ERROR_FIELD])
-    if REFS_FIELD in fields:
-        raise SampleSkipped(
-            "bad_media",
-            f"{REFS_FIELD} names media of other records, but the dataset was not read with its media store: "
-            f"keep the subflavor {MEDIA_STORE_SUBFLAVOR}: {STORED_ONCE} of its .nv-meta/dataset.yaml (a plain "
-            "`energon prepare` drops it), or convert again with --media-store inline",
-        )
     raw = next((fields[k] for k in CONVERSATION_FIELDS if k in fields), None)
     if raw is None:
         raise SampleSkipped("missing_conversation", f"no field among {CONVERSATION_FIELDS} in {sorted(fields)}")

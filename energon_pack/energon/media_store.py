@@ -19,7 +19,11 @@ and exact resume are those of the inline dataset. Why this mechanism: it needs n
 second dataset, so ``get_train_dataset(out_dir, ...)`` keeps working on the folder; every sample of the stream is
 a record (no media samples to count or skip), and the split, the index and object storage are Energon's own.
 
-No Energon import here: ``convert`` reads these names without starting the loader's dependencies.
+A cooker without Energon's primary store (Megatron-Bridge's encoder reads our layout through
+:func:`~energon_pack.energon.chatml.cook_chatml`; a ``dataset.yaml`` that a plain ``energon prepare`` rewrote
+without the subflavor) reads the same members through :func:`dataset_store`, the store of the sample's own dataset.
+
+No Energon import at module level: ``convert`` reads these names without starting the loader's dependencies.
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ def encode_refs(refs: dict[str, tuple[str, str]]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+_STORES: dict[str, Any] = {}  # dataset path -> its WebdatasetFileStore, one per process (opened in the worker)
+
+
+def dataset_store(crude: dict) -> Any:
+    """Energon's random-access store (``WebdatasetFileStore``) of the dataset a crude sample came from (its
+    ``__sources__``), one per dataset and process: for cookers to which Energon hands no primary store. None when
+    the sample names no dataset or the store cannot be opened (its references then skip as ``bad_media``)."""
+    sources = crude.get("__sources__") or ()
+    path = getattr(sources[0], "dataset_path", None) if sources else None
+    if path is None:
+        return None
+    store = _STORES.get(str(path))
+    if store is None:
+        from megatron.energon.cache.file_store import WebdatasetFileStore
+
+        try:
+            store = _STORES[str(path)] = WebdatasetFileStore(path)
+        except Exception:  # not a prepared webdataset: the references are reported, not raised
+            return None
+    return store
+
+
 def resolve_media_refs(fields: dict, store: Any) -> dict:
     """``fields`` with its :data:`REFS_FIELD` member replaced by the members it names, read from ``store`` (Energon's
     ``FileStore`` of the dataset: ``store[name] -> (bytes, source info)``) and checked against their SHA-256. It
@@ -62,6 +88,12 @@ def resolve_media_refs(fields: dict, store: Any) -> dict:
     if raw is None:
         return fields
     out = {k: v for k, v in fields.items() if k != REFS_FIELD}
+    if store is None:
+        out[REFS_ERROR_FIELD] = (
+            f"{REFS_FIELD} names media of other records, but the sample's dataset has no readable index to read them "
+            "from: prepare it (energon-pack prepare DIR) or convert again with --media-store inline"
+        )
+        return out
     try:
         refs = json.loads(raw) if isinstance(raw, (bytes, bytearray, str)) else raw
         if not isinstance(refs, dict):

@@ -16,7 +16,6 @@ from energon_pack.cli.convert import convert, main
 from energon_pack.energon.media_store import resolve_media_refs, sha256_hex
 from energon_pack.energon.prepare import DATASET_YAML
 from energon_pack.errors import ConfigError
-from energon_pack.packing import PackingStatsTracker
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 IMAGES = ["imgs/a.jpg", "imgs/./a.jpg", "imgs/a_copy.jpg", "imgs/b.png"]  # 2 distinct files under 3 names
@@ -127,18 +126,16 @@ def test_same_packs_as_inline_and_exact_resume(outputs):
     assert [signature(b) for b in restored] == tail
 
 
-def test_a_dataset_read_without_its_media_store_counts_bad_media(outputs, tmp_path):
-    """``energon prepare`` rewrites dataset.yaml without the subflavor: the referencing records are counted skips
-    naming the fix, never a crash; the others train."""
+def test_read_without_the_subflavor_through_the_samples_own_dataset(outputs, tmp_path):
+    """``energon prepare`` rewrites dataset.yaml without the subflavor (and Megatron-Bridge's encoder cooks our layout
+    with a cooker Energon gives no primary store): the plain cooker reads the shared media through the store of the
+    sample's own dataset, the same packs as inline."""
     _, _, out = outputs
     shutil.copytree(out / "dedup", tmp_path / "plain")
     (tmp_path / "plain" / ".nv-meta" / "dataset.yaml").write_text(DATASET_YAML)
-    tracker, keys = PackingStatsTracker(), []
-    for b in loader(tmp_path / "plain", workers=0):  # one worker: every skip reaches a later pack's stats
-        tracker.update(b["packing_stats"])
-        keys.extend(b["__keys__"])
-    assert dict(tracker.total.skips) == {"bad_media": 11}  # the 11 records holding a media_refs.json
-    assert sorted(keys) == ["000000010", "000000012", "000000013"]
+    plain = [signature(b) for b in loader(tmp_path / "plain", workers=0)]
+    assert plain == [signature(b) for b in loader(out / "inline", workers=0)]
+    assert sorted(k for keys, _, _ in plain for k in keys) == [f"{i:09d}" for i in range(14)]
 
 
 def test_a_broken_reference_is_named():
@@ -151,6 +148,10 @@ def test_a_broken_reference_is_named():
         f"media_refs.json: ValueError: 0.jpg: {member} does not hold the bytes of SHA-256 {sha256_hex(data)[:12]}..."
     )
     assert resolve_media_refs(fields, {})["__media_refs_error__"] == f"media_refs.json: KeyError: '{member}'"
+    assert resolve_media_refs(fields, None)["__media_refs_error__"].endswith(
+        "no readable index to read them from: prepare it (energon-pack prepare DIR) or convert again with "
+        "--media-store inline"
+    )
 
 
 def test_cli_summary_line_and_bridge_stays_inline(source, tmp_path, capsys):

@@ -40,6 +40,16 @@ named ``mp4`` (MP4/MOV), ``mkv`` (Matroska/WebM) or ``avi`` by their container. 
   frame-list rule trains them at (default qwen2.5-vl) and stored as JPEG (quality 95, 4:4:4) in
   ``KEY.videos``; the frame rate of the file is not kept (readers assume 2 frames per second).
 
+Each distinct media file is stored once (``--media-store dedup``, the default of ``ours``): keyed by the SHA-256 of its
+bytes (two paths to one file, or one file under two names, count once), it is a member of the first record that
+uses it, and each later record holds a ``media_refs.json`` member naming that member and its SHA-256 instead of a
+copy (:mod:`.dedup`). The loader reads them back in its workers through Energon's own random-access store of the
+dataset (a ``@cooker(need_primary=True)`` selected by the ``dataset.yaml`` subflavor convert writes:
+:mod:`energon_pack.energon.media_store`), so the samples, packs and resume are those of ``--media-store inline``
+(a copy in every record: self-contained samples, and the only store of ``bridge``, whose reader takes the media
+from the sample). Energon's ``aux:`` sources would need a Metadataset yaml in front of the folder; the primary
+store keeps ``get_train_dataset(out_dir, ...)`` and every record a sample.
+
 Image paths are read only inside the source's folder and ``image_root`` (resolved, symlinks
 included), only from regular files up to ``max_media_mb``, and only past an image header.
 
