@@ -7,144 +7,81 @@ checkpoint and resumed trains the same packs (``__keys__``) as an uninterrupted 
 """
 
 import copy
-import io
-import json
 
-import numpy as np
 import pytest
 import torch
-import webdataset as wds
-from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
-from PIL import Image
 
-from _hf_helpers import NO_IMPLICIT_PREPARE, small_preset, tiny_model
-from energon_pack.energon import prepare_webdataset
+from _hf_helpers import NO_IMPLICIT_PREPARE, tiny_model
+from _hf_trainer_helpers import (
+    Grads,
+    Recording,
+    energon_loader,
+    our_step,
+    sft_loader,
+    tiny_text_model,
+    trainer_args,
+    write_jsonl,
+    write_shards,
+)
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import hf as H
 from energon_pack.qwen_vl import load_demo_tokenizer
-from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytestmark = NO_IMPLICIT_PREPARE
 
-WORDS = "pack row token image answer model sample width shard loader".split()
-
-
-def _jpeg(w, h, seed):
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG")
-    return buf.getvalue()
-
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """24 samples: every third with an image, answers of 2-12 words."""
-    root = tmp_path_factory.mktemp("trainer_shards")
-    rng = np.random.default_rng(0)
-    with wds.ShardWriter(str(root / "tr-%06d.tar"), maxcount=8, verbose=0) as sink:
-        for i in range(24):
-            image = i % 3 == 0
-            user = ("<image>\n" if image else "") + f"question {i}?"
-            answer = " ".join(rng.choice(WORDS, size=2 + i % 11))
-            conv = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
-            fields = {"__key__": f"s{i:02d}", "json": json.dumps(conv).encode()}
-            if image:
-                fields["0.jpg"] = _jpeg(40 + i, 48, i)
-            sink.write(fields)
-    prepare_webdataset(root)
-    return root
+    return write_shards(tmp_path_factory.mktemp("trainer_shards"))
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("trainer_jsonl") / "train.jsonl")
 
 
 def _loader(root, name, *, workers=0):
-    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=small_preset(name), seq_length=128)
-    ds = get_train_dataset(
-        str(root),
-        batch_size=1,
-        shuffle_buffer_size=8,
-        max_samples_per_sequence=4,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers, seed_offset=3),
-        task_encoder=te,
-        packing_buffer_size=6,
-    )
-    return get_savable_loader(ds, checkpoint_every_min_n_samples=1, checkpoint_every_sec=0)
+    return energon_loader(root, name, workers=workers)
 
 
 def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        **H.TRAINER_SETTINGS,
-        max_steps=1,
-        learning_rate=1e-3,
-        max_grad_norm=0.0,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_pin_memory=False,
-    )
-    base.update(kw)
-    return transformers.TrainingArguments(**base)
+    return trainer_args(tmp_path, **kw)
 
 
-class _Grads(transformers.TrainerCallback):
-    """The gradients of the first optimizer step, before the optimizer sees them."""
-
-    grads = None
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-        if self.grads is None:
-            self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-class _Recording(H.PackedCollator):
-    """The collator, recording the ``__keys__`` of every pack it turns into kwargs (the Trainer reads one ahead)."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        self.keys = []
-
-    def __call__(self, features):
-        self.keys.append(list(features[0]["__keys__"]))
-        return super().__call__(features)
-
-
-def _our_step(model, packs):
-    """Our own loop's step over ``packs`` (gradient accumulation): the loss sums over the step's supervised tokens."""
-    total = sum(int(p["loss_mask"].sum()) for p in packs)
-    loss = 0.0
-    for p in packs:
-        out = H.packed_forward(model, p)
-        part, _ = H.packed_loss(out.logits, p, num_supervised_tokens=total)
-        part.backward()
-        loss += float(part.detach())
-    return loss, {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
-
-
-@pytest.mark.parametrize(("name", "accumulate"), [("qwen2.5-vl", 1), ("qwen2.5-vl", 2), ("qwen3-vl", 1)])
-def test_a_trainer_step_is_our_step(shards, name, accumulate, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "accumulate"),
+    [("qwen2-vl", 1), ("qwen2.5-vl", 1), ("qwen2.5-vl", 2), ("qwen3-vl", 1), ("text", 2)],
+)
+def test_a_trainer_step_is_our_step(shards, jsonl, name, accumulate, tmp_path):
     """Trainer + PackedCollator: the same loss and gradients as our step on the same packs, with gradient
-    accumulation normalised over the supervised tokens of both packs (num_items_in_batch)."""
+    accumulation normalised over the supervised tokens of both packs (num_items_in_batch). "text": a text-only Qwen2
+    on the GPT-SFT JSONL road's packs."""
     tok = load_demo_tokenizer()
-    model = H.prepare_model(tiny_model(name, tok).train())
+    if name == "text":
+        model, packs_from = tiny_text_model(tok), lambda: sft_loader(jsonl)[0]
+    else:
+        model, packs_from = tiny_model(name, tok), lambda: _loader(shards, name)
+    model = H.prepare_model(model.train())
     ours = copy.deepcopy(model)
-    dataset = H.PackedIterableDataset(_loader(shards, name))
-    collator = _Recording(model)
-    grads = _Grads()
+    dataset = H.PackedIterableDataset(packs_from())
+    collator = Recording(model)
+    grads = Grads()
     trainer = transformers.Trainer(
         model=model,
         args=_args(tmp_path, gradient_accumulation_steps=accumulate),
         train_dataset=dataset,
         data_collator=collator,
         compute_loss_func=H.packed_trainer_loss,
-        callbacks=[grads],
+        callbacks=[grads, H.PackedDataCallback()],
     )
     result = trainer.train()
-    packs = list(zip(range(accumulate), _loader(shards, name)))
+    packs = list(zip(range(accumulate), packs_from()))
     assert [list(p["__keys__"]) for _, p in packs] == collator.keys[:accumulate]
     assert sum(p["num_segments"] for _, p in packs) > accumulate  # packed rows, not single samples
-    loss, want = _our_step(ours, [p for _, p in packs])
+    loss, want = our_step(ours, [p for _, p in packs])
     assert result.training_loss == pytest.approx(loss, rel=1e-5)
     assert sorted(grads.grads) == sorted(want)
     for key, grad in want.items():
@@ -178,7 +115,7 @@ def _train(shards, out, steps, *, workers=0, save_steps=None, resume=None):
     """The ``__keys__`` of the packs a Trainer run trained on (2 packs per step: gradient accumulation 2)."""
     model = H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()).train())
     dataset = H.PackedIterableDataset(_loader(shards, "qwen2.5-vl", workers=workers))
-    collator = _Recording(model)
+    collator = Recording(model)
     save = dict(save_strategy="steps", save_steps=save_steps) if save_steps else {}
     trainer = transformers.Trainer(
         model=model,
@@ -219,3 +156,53 @@ def test_arguments_that_break_packs_are_refused_by_name(tmp_path, knob, value, w
     H.check_trainer_args(_args(tmp_path))
     with pytest.raises(ConfigError, match=f"{knob}.*{why}.*TRAINER_SETTINGS"):
         H.check_trainer_args(_args(tmp_path, **{knob: value}))
+
+
+def test_arguments_without_max_steps_are_refused_naming_it_and_the_plan(shards, tmp_path):
+    """A stream of packs has no length: check_trainer_args (PackedDataCallback at init) says to set max_steps and
+    where N comes from (transformers 5.x's Trainer refuses it at construction too, without saying what N is)."""
+    with pytest.raises(ConfigError, match=r"max_steps.*is -1.*set max_steps=N.*steps_per_epoch\(sampler"):
+        H.check_trainer_args(_args(tmp_path, max_steps=-1), H.PackedIterableDataset(_loader(shards, "qwen2.5-vl")))
+    H.check_trainer_args(_args(tmp_path, max_steps=-1))  # no dataset named: the Trainer's own check stands
+
+
+def test_the_gpt_sft_plan_gives_the_trainer_its_steps_per_epoch(jsonl, tmp_path):
+    """On the GPT-SFT road the dataset has the plan's length: num_train_epochs=2 with gradient accumulation 4 over 6
+    packs is 2 x (4 + 2) packs in 4 steps (the last step of each epoch takes what the epoch has left), each epoch
+    the plan's packs once; steps_per_epoch says the same."""
+    loader, sampler = sft_loader(jsonl)
+    plan = [[int(i) + 1 for i in pack] for pack in sampler.plan()]
+    assert len(plan) == len(sampler) == 6 and H.steps_per_epoch(sampler, 4) == 2
+    model = H.prepare_model(tiny_text_model(load_demo_tokenizer()).train())
+    collator = Recording(model)
+    dataset = H.PackedIterableDataset(loader)
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=-1, num_train_epochs=2, gradient_accumulation_steps=4),
+        train_dataset=dataset,
+        data_collator=collator,
+        compute_loss_func=H.packed_trainer_loss,
+        callbacks=[H.PackedDataCallback(dataset)],
+    )
+    assert trainer.train().global_step == 4
+    assert collator.keys == plan + plan
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps.*int >= 1"):
+        H.steps_per_epoch(sampler, 0)
+
+
+def test_the_lm_head_projects_the_supervised_positions_only(shards):
+    """PackedCollator's logits_to_keep: logits for the positions that predict a supervised token, no T x vocab."""
+    model = H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()))
+    pack = next(iter(_loader(shards, "qwen2.5-vl")))
+    kwargs = H.PackedCollator(model)([pack])
+    labels = kwargs.pop("labels")
+    logits = model(**kwargs).logits
+    supervised = int(pack["loss_mask"].sum())
+    assert logits.reshape(-1, logits.shape[-1]).shape == (supervised, 776) and supervised < pack["input_ids"].shape[1]
+    full = model(**{k: v for k, v in kwargs.items() if k != "logits_to_keep"}).logits
+    assert full.shape[1] == pack["input_ids"].shape[1]
+    torch.testing.assert_close(
+        H.packed_trainer_loss({"logits": logits}, labels), H.packed_trainer_loss({"logits": full}, labels)
+    )
+    with pytest.raises(ConfigError, match="logits_to_keep.*shape"):
+        H.packed_trainer_loss({"logits": logits[..., 1:, :]}, labels)

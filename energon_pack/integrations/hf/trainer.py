@@ -102,10 +102,10 @@ def _is_sft_config(args: Any) -> bool:
     return hasattr(args, "packing") and hasattr(args, "dataset_kwargs")
 
 
-def check_trainer_args(args: Any) -> None:
+def check_trainer_args(args: Any, dataset: Any = None) -> None:
     """Refuse ``TrainingArguments`` (or TRL's ``SFTConfig``) that break packs, naming the setting and
-    :data:`TRAINER_SETTINGS` (:data:`SFT_SETTINGS` for an ``SFTConfig``), and a run without ``max_steps``: a stream of
-    packs has no length the Trainer can read. :class:`PackedDataCallback` calls it when the Trainer is built."""
+    :data:`TRAINER_SETTINGS` (:data:`SFT_SETTINGS` for an ``SFTConfig``), and a run over ``dataset`` without
+    ``max_steps`` where ``dataset`` has no length (an Energon stream). :class:`PackedDataCallback` calls it."""
     sft = _is_sft_config(args)
     settings = SFT_SETTINGS if sft else TRAINER_SETTINGS
     recipe = "SFTConfig(..., **SFT_SETTINGS)" if sft else "TrainingArguments(..., **TRAINER_SETTINGS)"
@@ -121,14 +121,22 @@ def check_trainer_args(args: Any) -> None:
                 f"is {got!r}: {_SETTING_WHY[knob]}",
                 f"set {knob}={want!r} ({recipe}, from energon_pack.integrations.hf)",
             )
-    if getattr(args, "max_steps", 1) is None or getattr(args, "max_steps", 1) <= 0:
+    if dataset is not None and not _has_length(dataset) and (getattr(args, "max_steps", None) or 0) <= 0:
         raise ConfigError(
             "max_steps",
             f"is {getattr(args, 'max_steps', None)!r}: the packs come as a stream whose length the Trainer cannot "
             "read, so num_train_epochs cannot say when to stop",
-            "set max_steps=N (GPT-SFT JSONL: steps_per_epoch(sampler, gradient_accumulation_steps) x epochs; "
-            "Energon: the packs to train / gradient_accumulation_steps)",
+            "set max_steps=N: the packs to train / gradient_accumulation_steps (GPT-SFT JSONL: its packing plan "
+            "gives the length, steps_per_epoch(sampler, gradient_accumulation_steps) per epoch)",
         )
+
+
+def _has_length(dataset: Any) -> bool:
+    try:
+        len(dataset)
+    except TypeError:
+        return False
+    return True
 
 
 def steps_per_epoch(sampler: Any, gradient_accumulation_steps: int = 1) -> int:
@@ -199,6 +207,17 @@ class PackedIterableDataset(IterableDataset):
                     self._yielded = 0
                     self._states.pop()
                 raise
+
+    def __len__(self) -> int:
+        """Packs per epoch where the loader has a length and no Energon state (the GPT-SFT road: this rank's steps of
+        the packing plan), so the Trainer derives ``max_steps`` from ``num_train_epochs`` and ends each epoch's
+        last accumulated step where the plan ends; times the data-parallel world size, which Accelerate's
+        ``IterableDatasetShard`` divides it by. A stream (Energon) has none: ``TypeError``, so the Trainer wants
+        ``max_steps``."""
+        if self.savable or not callable(getattr(self.loader, "__len__", None)):
+            raise TypeError(f"a stream of packs from {type(self.loader).__name__} has no length: set max_steps")
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        return len(self.loader) * world
 
     def set_epoch(self, epoch: int) -> None:
         """Forwarded to the loader's batch sampler (a :class:`~energon_pack.sft.TokenBudgetBatchSampler`: its seeded
@@ -380,14 +399,17 @@ class PackedDataCallback(TrainerCallback):
     stream it reads: with our packs each rank already reads its own Energon shard (``WorkerConfig`` rank and world
     size from ``torch.distributed``; GPT-SFT: ``TokenBudgetBatchSampler(num_replicas=, rank=)``), so the shard would
     drop all other packs. Any Trainer over a :class:`PackedIterableDataset` should carry this callback (or
-    :class:`EnergonStateCallback`, which is one).
+    :class:`EnergonStateCallback`, which is one); with ``dataset`` it also checks that a stream has ``max_steps``.
     """
 
+    def __init__(self, dataset: PackedIterableDataset | None = None) -> None:
+        self.dataset = dataset
+
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        check_trainer_args(args)
+        check_trainer_args(args, self.dataset)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        check_trainer_args(args)
+        check_trainer_args(args, self.dataset)
         model = kwargs.get("model")
         base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
         if _is_sft_config(args) and getattr(base, "accepts_loss_kwargs", True) is False:
@@ -427,7 +449,7 @@ class EnergonStateCallback(PackedDataCallback):
                 f"{type(dataset).__name__} keeps no loader state",
                 "pass PackedIterableDataset(get_savable_loader(...))",
             )
-        self.dataset = dataset
+        super().__init__(dataset)
         self.resume_from = resume_from
         self._first_step = 0
 
