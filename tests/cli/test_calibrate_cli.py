@@ -59,7 +59,7 @@ def test_calibrate_writes_the_cost_model_the_encoder_prices_by(demo_shards, tmp_
         seq_length=4096,
         cost_model=str(out),
     )
-    assert encoder.packing.cost_model == model
+    assert encoder.packing.cost_model == model and encoder.resume_knobs()["cost_model"] == name  # the fingerprint's
     loader = get_loader(
         get_train_dataset(
             str(demo_shards),
