@@ -55,6 +55,7 @@ from .resume_guard import ResumeGuard
 from .rounds import CountedSkip, RoundsPackingDataset
 from .samples import PackedSamples, SkippedSample
 from .shards import shard_facts
+from .sources import SourceSkips, SourceTally
 from .stream import SkipWatch, skip_guard_limit
 
 
@@ -169,6 +170,19 @@ class CarryOverPackingMixin:
     def packing_step_cost(self, sample: Any) -> float:
         """One pre-encoded sample's step cost: its tokens as one segment (a text sample has no vision)."""
         return self.step_cost_model.sample_cost(sample.cost[0])
+
+    def member_step_cost(self, member: Any) -> float:
+        """A post-encoded member's step cost as the packer priced it (tokens as one segment, its media grids):
+        the per-source cost share of a blend."""
+        segment = member.segment
+        visual = segment.visual or {}
+        grids = [
+            [int(x) for x in grid]
+            for name in ("image_grid_thw", "video_grid_thw")
+            if visual.get(name) is not None
+            for grid in visual[name]
+        ]
+        return self.step_cost_model.sample_cost(self.layout.segment_span(len(segment.input_ids)), grids)
 
     # ---------------------------------------------------------------- Energon's own hooks
     def select_samples_to_pack(self, samples: list[Any]) -> list[list[Any]]:
@@ -329,6 +343,12 @@ class CarryOverPackingMixin:
             skips=skips,
             worker_config=worker_config,
         )
+        below = dataset = SourceSkips(
+            dataset,
+            capacity=self.packing_capacity(),
+            counts_oversize=self.packing.overlength != "error",
+            worker_config=worker_config,
+        )
         if self.packing_mode == "rounds":
             dataset = RoundsPackingDataset(
                 dataset,
@@ -346,6 +366,11 @@ class CarryOverPackingMixin:
                 final_packer=self.pack_selected_samples,
                 **common,
             )
+        layer = dataset
+        below.stats = lambda: layer.stats  # per-source counts live in the packing layer's checkpointed stats
+        priced = self.packing.balance == "compute" or self.packing.cost_model is not None
+        step_cost = self.member_step_cost if priced else None
+        dataset = SourceTally(layer, span=self.layout.segment_span, step_cost=step_cost, worker_config=worker_config)
         dataset = PackStream(dataset, worker_config=worker_config)
         # Batching as Energon does it, minus its PackingDataset and postencode map (done above).
         dataset = BatchDataset(

@@ -8,6 +8,10 @@ Adjustments count samples that were kept by changing them (``overlength="fit"`` 
 ``fitted`` samples with ``fit_pixels_before`` / ``fit_pixels_after`` (their media's resized pixels, every frame of a
 video counted), ``split`` conversations with ``split_pieces`` delivered and ``split_dropped_pieces`` (pieces whose
 turns hold no supervised token: nothing to train).
+
+Per source (a blend's datasets, by the name :func:`energon_pack.energon.sources.source_name` gives), ``sources``
+counts the samples delivered in packs with their real and supervised tokens and the step cost the packer used, and
+the skips by reason (``skip:<reason>``), so a blend's token and compute shares are known after packing.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class PackingStats:
     samples_per_pack: Counter = field(default_factory=Counter)
     skips: Counter = field(default_factory=Counter)
     adjustments: Counter = field(default_factory=Counter)
+    sources: dict[str, Counter] = field(default_factory=dict)
 
     @property
     def fill(self) -> float:
@@ -68,6 +73,29 @@ class PackingStats:
         """Add a kept sample's adjustment counters (e.g. ``{"fitted": 1, "fit_pixels_before": ..}``)."""
         self.adjustments.update(counts)
 
+    def record_source(self, source: str, counts: dict[str, float]) -> None:
+        """Add counters to one source: ``samples``, ``real_tokens``, ``supervised_tokens``, ``step_cost`` of the
+        samples it delivered, or ``skip:<reason>``."""
+        self.sources.setdefault(source, Counter()).update(counts)
+
+    def per_source(self) -> dict[str, dict[str, Any]]:
+        """Each source's delivered samples and tokens, its shares of all sources' real tokens and step cost, its
+        contribution to :attr:`fill` (its real tokens over all slots) and its skips by reason."""
+        total_tokens = sum(c["real_tokens"] for c in self.sources.values())
+        total_cost = sum(c["step_cost"] for c in self.sources.values())
+        out = {}
+        for name, c in sorted(self.sources.items()):
+            out[name] = {
+                "samples": c["samples"],
+                "real_tokens": c["real_tokens"],
+                "supervised_tokens": c["supervised_tokens"],
+                "token_share": round(c["real_tokens"] / total_tokens, 6) if total_tokens else 0.0,
+                "cost_share": round(c["step_cost"] / total_cost, 6) if total_cost else 0.0,
+                "fill_contribution": round(c["real_tokens"] / self.slots, 6) if self.slots else 0.0,
+                "skips": {k[5:]: v for k, v in sorted(c.items()) if k.startswith("skip:") and v},
+            }
+        return out
+
     def merge(self, other: PackingStats) -> PackingStats:
         """A new stats object counting both ``self`` and ``other`` (e.g. two workers)."""
         width = max(len(self.budget_used), len(other.budget_used))
@@ -82,6 +110,10 @@ class PackingStats:
             samples_per_pack=self.samples_per_pack + other.samples_per_pack,
             skips=self.skips + other.skips,
             adjustments=self.adjustments + other.adjustments,
+            sources={
+                name: self.sources.get(name, Counter()) + other.sources.get(name, Counter())
+                for name in {*self.sources, *other.sources}
+            },
         )
 
     def summary(self) -> dict[str, Any]:
@@ -96,6 +128,7 @@ class PackingStats:
             "skipped": self.skipped,
             "skips": dict(sorted(self.skips.items())),
             "adjustments": dict(sorted(self.adjustments.items())),
+            **({"sources": self.per_source()} if self.sources else {}),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,6 +142,7 @@ class PackingStats:
             "samples_per_pack": sorted(self.samples_per_pack.items()),
             "skips": sorted(self.skips.items()),
             "adjustments": sorted(self.adjustments.items()),
+            "sources": {name: sorted(c.items()) for name, c in sorted(self.sources.items())},
         }
 
     @classmethod
@@ -123,6 +157,7 @@ class PackingStats:
             samples_per_pack=Counter(dict(state["samples_per_pack"])),
             skips=Counter(dict(state["skips"])),
             adjustments=Counter(dict(state.get("adjustments", ()))),  # absent from states saved before fit/split
+            sources={name: Counter(dict(c)) for name, c in state.get("sources", {}).items()},  # absent before blends
         )
 
 
