@@ -169,3 +169,13 @@ def test_cli_summary_line_and_bridge_stays_inline(source, tmp_path, capsys):
     assert err.value.knob == "media_store" and "--media-store inline" in err.value.fix
     with pytest.raises(ConfigError, match="unknown media store 'hardlink'"):
         convert(source, tmp_path / "d", media_store="hardlink", workers=0, progress=False)
+
+
+def test_object_storage_output_reads_its_shared_media(source, outputs, s3_store):
+    """Converted into ``msc://`` and loaded from there: the references resolve through S3, the packs of inline."""
+    _, _, out = outputs
+    url = s3_store.url("dedup")
+    summary = convert(source, url, workers=0, samples_per_shard=4, progress=False)
+    assert (summary.out_dir, summary.media_stored, summary.images + summary.videos) == (url, 3, 16)
+    remote = [signature(b) for b in loader(url, workers=0)]
+    assert remote == [signature(b) for b in loader(out / "inline", workers=0)]
