@@ -2,7 +2,7 @@
 energon_pack.bench.balance_bench [--data PATH]``.
 
 A data-parallel step waits for its slowest rank, so the spread of pack costs is lost time. The stream is either
-the seeded bench mix (:func:`~energon_pack.bench.mixes.llava_photos`, the mix the packer's knobs are tuned on) or,
+the seeded bench mix (:data:`BENCH_MIXES`: ``llava_photos``, ``hires``, the mixes the packer's knobs are tuned on) or,
 with ``--data``, an Energon-prepared dataset read through the real Qwen2.5-VL encoder's own ``preencode_sample``
 (real tokenizer, image and video headers: each sample's aligned tokens and vision grids, :func:`read_samples`).
 The stream is packed per mode: ``tokens`` (:class:`~energon_pack.packing.OnlinePacker`), ``default``
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.bench.mixes import llava_photos
+from energon_pack.bench.mixes import hires_mix, llava_photos
 from energon_pack.bench.outputs import OUT_HELP, write_report
 from energon_pack.packing import OnlinePacker
 from energon_pack.packing.balanced import ComputeBalancedPacker
@@ -35,6 +35,8 @@ from energon_pack.packing.step_cost import DEFAULT_SHAPES, named_cost_model
 DEFAULT_RANKS = (2, 4, 8, 64)
 #: the packing modes: tokens only, the preset's default cost model, then each named cost model
 DEFAULT_MODES = ("tokens", "default", "qwen2.5-vl-3b")
+#: the seeded bench mixes the packer is tuned on
+BENCH_MIXES = {"llava_photos": llava_photos, "hires": hires_mix}
 
 #: Qwen2.5-VL-3B as published (its Hugging Face config.json): the LLM, the vision tower and its merger
 QWEN25_VL_3B = {
@@ -181,6 +183,7 @@ def run_mode(mode: str, samples: list, width: int, buffer: int, ranks, accum: in
 def bench_balance(
     *,
     data: tuple[str, ...] = (),
+    bench_mixes: tuple[str, ...] = ("llava_photos",),
     samples: int = 12000,
     width: int = 8192,
     modes: tuple[str, ...] = DEFAULT_MODES,
@@ -189,9 +192,11 @@ def bench_balance(
     accum: int = 1,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """The modes x buffers table of each mix: every sample of each ``data`` path, or (none given) the bench mix
-    of ``samples`` samples and ``seed``."""
-    mixes = {str(p): read_samples(p, width=width) for p in data} or {"llava_photos": llava_photos(samples, width, seed)}
+    """The modes x buffers table of each mix: every sample of each ``data`` path, or (none given) the
+    ``bench_mixes`` (:data:`BENCH_MIXES`) of ``samples`` samples and ``seed``."""
+    mixes = {str(p): read_samples(p, width=width) for p in data} or {
+        name: BENCH_MIXES[name](samples, width, seed) for name in bench_mixes
+    }
     rows = [
         {"mix": name, **run_mode(mode, mix, width, k, ranks, accum)}
         for name, mix in mixes.items()
@@ -230,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--data", action="append", default=[], help="an Energon-prepared dataset, repeatable (default: the bench mix)"
     )
-    p.add_argument("--samples", type=int, default=12000, help="samples of the bench mix")
+    p.add_argument("--mixes", default="llava_photos", help=f"bench mixes without --data: {', '.join(BENCH_MIXES)}")
+    p.add_argument("--samples", type=int, default=12000, help="samples of each bench mix")
     p.add_argument("--width", type=int, default=8192)
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help="tokens, default and cost-model names")
     p.add_argument("--buffers", default="64,256", help="comma-separated buffer sizes")
@@ -241,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     result = bench_balance(
         data=tuple(args.data),
+        bench_mixes=tuple(args.mixes.split(",")),
         samples=args.samples,
         width=args.width,
         modes=tuple(args.modes.split(",")),

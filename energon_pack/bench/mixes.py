@@ -63,3 +63,33 @@ def llava_photos(n: int, width: int, seed: int = 0) -> list[tuple[int, list[tupl
         text = int(np.clip(rng.lognormal(np.log(160), 0.8), 8, None))
         out.append((min(width, text + image_tokens), grids))
     return out
+
+
+def hires_mix(n: int, width: int, seed: int = 0) -> list[tuple[int, list[tuple[int, int, int]]]]:
+    """A harder held-out-like VLM mix (tokens, vision grids) with the tails of OneVision-style data: 40% text-only
+    chats (log-normal, median 300, some multi-turn ones past 4K), 45% one image, 10% two to four, 5% a short clip
+    (4-16 frames of 320-640 px). Image sides are log-uniform in 200-1400 px (aspect 0.5-2: photos, charts, document
+    pages at native resolution); every image carries log-normal text (median 120). Grids in 14-pixel patches."""
+    rng = np.random.default_rng(seed)
+
+    def grid(t: int, side: float, aspect: float) -> tuple[int, int, int]:
+        h, w = side * aspect**0.5, side / aspect**0.5
+        return (t, max(2, round(h / 28) * 2), max(2, round(w / 28) * 2))
+
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.4:
+            out.append((int(np.clip(rng.lognormal(np.log(300), 1.1), 16, width)), []))
+            continue
+        if r < 0.95:
+            count = 1 if r < 0.85 else int(rng.integers(2, 5))
+            grids = [
+                grid(1, np.exp(rng.uniform(np.log(200), np.log(1400))), np.exp(rng.uniform(-0.7, 0.7)))
+                for _ in range(count)
+            ]
+        else:
+            grids = [grid(int(rng.integers(2, 9)), rng.uniform(320, 640), 16 / 9)]
+        text = int(np.clip(rng.lognormal(np.log(120), 0.9), 8, None))
+        out.append((text + sum(t * h * w // 4 for t, h, w in grids), grids))
+    return out

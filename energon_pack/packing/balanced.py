@@ -15,11 +15,27 @@ of what was pushed). A full pack whose excesses sum to zero costs exactly the me
 
 among those that fit, where ``E`` is the pack's excess so far and ``room_after`` the tokens left
 after adding it: a deviation is tolerated while much room is left to correct it and must vanish
-as the pack fills; the second term keeps packs full. The pack is done when nothing fits.
+as the pack fills; the second term keeps packs full. When nothing fits, a *polish* pass (up to
+``polish_moves`` moves) swaps one member (never the oldest) for a held sample, adds one or drops one,
+each time the move that most lowers the pack's final score
 
-Measured on a held-out-like mix (``energon_pack.bench.balance_bench``, K=256): cost spread (cv) of
-packs from 7.3% to 1.8% and the predicted 8-rank data-parallel efficiency from 0.91 to 0.98, at
-99.47% fill (tokens only: 99.62%). The state is plain data and a restored packer builds exactly the same future packs.
+    deviation_weight * ((cost - rho * width) / (rho * width))^2  +  room / width
+
+an estimate of the throughput the pack loses: an empty token is a lost token, and a data-parallel step loses
+about ``c_N * cv`` to its slowest rank (``c_N`` the expected largest of N standard normals, 1.42 for N=8), whose
+share of one pack's squared deviation is ``c_N / (2 cv)``: 25 at the bench mix's cv of about 3% (the default;
+not fitted). Being quadratic, it trims outliers and leaves small deviations, which cost little. The greedy
+pass alone leaves packs its last pick could not correct, and packs around a very heavy oldest sample (a
+high-resolution image, several photos) far above the mean; the polish evens the first and trims the second,
+leaving some room where a full pack would make every rank wait.
+
+Tuned on the bench mixes only (:mod:`energon_pack.bench.mixes`: ``llava_photos``, ``hires_mix``) and checked on
+data it was never tuned on: public third-party mixes converted with ``energon-pack convert`` (public mix,
+``scripts/public_mix.py``, photos and video; ``python -m energon_pack.bench.balance_bench --data ...``, packs
+priced by an independent Qwen2.5-VL-3B FLOP count, ``cost_model="qwen2.5-vl-3b"``, width 8192). At K=64, photos:
+DP-8 efficiency 0.942 -> 0.977 at 99.03% fill (tokens only: 0.847, 99.82%); video: 0.957 -> 0.986 at 99.00%
+(tokens only: 0.889, 99.81%) (``docs/benchmarks/balance_public.json``). The state is plain data and a restored
+packer builds exactly the same future packs.
 """
 
 from __future__ import annotations
@@ -33,7 +49,8 @@ from .costs import CostLike, as_capacity, as_cost
 from .online import check_oversize_policy, over_capacity
 from .stats import PackingStats
 
-STATE_FORMAT = 1
+#: 2: the polish pass and its knobs (a format-1 state, saved before it, resumes with ``polish_moves=0``: its packs)
+STATE_FORMAT = 2
 OVERSIZE_REASON = "oversize"
 #: excess tolerated per token of room left, as a share of the mean cost per token
 DEFAULT_SLACK = 0.03
@@ -41,6 +58,15 @@ DEFAULT_SLACK = 0.03
 #: mix 0.2 loses 0.15 fill points to tokens-only packing at K=256 (0.15: 0.35) for the same DP efficiency
 DEFAULT_ROOM_WEIGHT = 0.2
 DEFAULT_BUFFER_SIZE = 256
+#: moves of the polish pass per pack (0: the greedy pass alone, as in state format 1)
+DEFAULT_POLISH_MOVES = 4
+#: the polish's weight of a pack's squared relative cost deviation against its share of empty tokens (module doc:
+#: c_8 / (2 cv) = 1.42 / 0.06 ~ 25; on the bench mixes 10 keeps more fill and balances less, 100 the opposite)
+DEFAULT_DEVIATION_WEIGHT = 25.0
+#: the knobs a state records, each compared on resume (or taken from it with ``resume_saved_tuning``)
+TUNING = ("slack", "room_weight", "polish_moves", "deviation_weight")
+#: a format-1 state's polish: none
+FORMAT_1_POLISH = {"polish_moves": 0, "deviation_weight": DEFAULT_DEVIATION_WEIGHT}
 #: what a packer makes equal across packs: tokens only, or tokens and step cost (the ``balance`` knob)
 BALANCE_MODES = ("tokens", "compute")
 
@@ -52,17 +78,19 @@ class ComputeBalancedPacker:
     Args:
         capacity: the budgets of one pack: an int (tokens, ``seq_length``) or a vector (tokens first, then e.g.
             vision patches, media items, segments); every budget is respected.
-        buffer_size: samples held; a pack is built each time it is full. More choices balance better
-            (64: DP-8 efficiency 0.973, 256: 0.983 on the bench mix) at the cost of memory and latency.
+        buffer_size: samples held; a pack is built each time it is full. More choices balance better (public
+            photo mix, DP-8: 0.977 at 64, 0.974 at 256; bench mix: 0.990, 0.993) at the cost of memory and latency.
         slack: the excess tolerated per token of room left, as a share of the mean cost per token.
-        room_weight: how much an empty token weighs against the cost deviation.
+        room_weight: how much an empty token weighs against the cost deviation in the greedy pass.
+        polish_moves: the most moves of the polish pass per pack (0: the greedy pass alone).
+        deviation_weight: the polish's weight of the squared relative cost deviation against the empty share.
         on_oversize: a sample over the capacity in some budget: ``"skip"`` (counted, :meth:`pop_skipped`) or
             ``"error"`` (:class:`~energon_pack.packing.offline.OversizeError`), as for
             :class:`~energon_pack.packing.online.OnlinePacker`.
-        resume_saved_tuning: on :meth:`load_state_dict`, take ``slack`` and ``room_weight`` from the saved state
-            instead of refusing a state saved with others. For callers that do not expose them (the encoders:
-            a run saved under an earlier release's defaults then continues with the packs it would have built);
-            the budgets and the buffer must still match.
+        resume_saved_tuning: on :meth:`load_state_dict`, take ``slack``, ``room_weight`` and the polish knobs from
+            the saved state instead of refusing a state saved with others. For callers that do not expose them
+            (the encoders: a run saved under an earlier release's defaults, a format-1 state among them, then
+            continues with the packs it would have built); the budgets and the buffer must still match.
     """
 
     def __init__(
@@ -72,6 +100,8 @@ class ComputeBalancedPacker:
         buffer_size: int = DEFAULT_BUFFER_SIZE,
         slack: float = DEFAULT_SLACK,
         room_weight: float = DEFAULT_ROOM_WEIGHT,
+        polish_moves: int = DEFAULT_POLISH_MOVES,
+        deviation_weight: float = DEFAULT_DEVIATION_WEIGHT,
         on_oversize: str = "skip",
         resume_saved_tuning: bool = False,
     ) -> None:
@@ -79,13 +109,16 @@ class ComputeBalancedPacker:
         width = self.capacity[0]
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"buffer_size must be a positive int (samples held), got {buffer_size!r}")
-        for name, value in (("slack", slack), ("room_weight", room_weight)):
+        for name, value in (("slack", slack), ("room_weight", room_weight), ("deviation_weight", deviation_weight)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if isinstance(polish_moves, bool) or not isinstance(polish_moves, int) or polish_moves < 0:
+            raise ValueError(f"polish_moves must be an int >= 0 (moves per pack), got {polish_moves!r}")
         check_oversize_policy(on_oversize)
         self.on_oversize = on_oversize
         self.width, self.buffer_size = width, buffer_size
         self.slack, self.room_weight = float(slack), float(room_weight)
+        self.polish_moves, self.deviation_weight = polish_moves, float(deviation_weight)
         self.resume_saved_tuning = bool(resume_saved_tuning)
         self._reset()
 
@@ -144,7 +177,8 @@ class ComputeBalancedPacker:
         return out
 
     def _build(self) -> list[Hashable]:
-        """One pack from the buffer: the oldest sample, then the best-scoring fitting one until none fits."""
+        """One pack from the buffer: the oldest sample, then the best-scoring fitting one until none fits, then
+        the polish pass."""
         budgets = np.asarray(self._budgets, dtype=np.int64).reshape(len(self._budgets), len(self.capacity))
         tokens, capacity = budgets[:, 0], np.asarray(self.capacity, dtype=np.int64)
         costs = np.asarray(self._costs, dtype=np.float64)
@@ -168,6 +202,19 @@ class ComputeBalancedPacker:
             order.append(pick)
             used += budgets[pick]
             pack_excess += float(excess[pick])
+        for _ in range(self.polish_moves):
+            move = self._best_move(order, taken, used, float(costs[order].sum()), budgets, costs, full_cost)
+            if move is None:
+                break
+            out, into = move
+            if out is not None:
+                taken[out] = False
+                order.remove(out)
+                used -= budgets[out]
+            if into is not None:
+                taken[into] = True
+                order.append(into)
+                used += budgets[into]
         group = [self._keys[i] for i in order]
         self.stats.record_pack([self._budgets[i] for i in order], self.capacity)
         self.cost_packed += float(costs[order].sum())
@@ -177,14 +224,49 @@ class ComputeBalancedPacker:
         self._costs = [self._costs[i] for i in keep]
         return group
 
+    def _score(self, cost: np.ndarray, room: np.ndarray, full_cost: float) -> np.ndarray:
+        """The polish's score of finished packs (module doc): the weighted squared relative cost deviation from the
+        mean full pack plus the share of empty tokens."""
+        return self.deviation_weight * ((cost - full_cost) / full_cost) ** 2 + room / self.width
+
+    def _best_move(
+        self,
+        order: list[int],
+        taken: np.ndarray,
+        used: np.ndarray,
+        cost: float,
+        budgets: np.ndarray,
+        costs: np.ndarray,
+        full_cost: float,
+    ) -> tuple[int | None, int | None] | None:
+        """The (member out, held sample in) move (either may be None: add one, drop one) that most lowers
+        :meth:`_score` within every budget, or None if none lowers it. The oldest (``order[0]``) stays; ties go to
+        the earliest member, then the oldest held sample."""
+        room, capacity = self.width - int(used[0]), np.asarray(self.capacity, dtype=np.int64)
+        members = np.asarray(order[1:], dtype=np.int64)
+        held = np.flatnonzero(~taken)
+        # rows: no member out, then each member out; columns: no sample in, then each held sample in
+        out_budgets = np.vstack([np.zeros((1, budgets.shape[1]), np.int64), budgets[members]])
+        in_budgets = np.vstack([np.zeros((1, budgets.shape[1]), np.int64), budgets[held]])
+        out_costs, in_costs = np.concatenate([[0.0], costs[members]]), np.concatenate([[0.0], costs[held]])
+        fits = ((used - out_budgets)[:, None, :] + in_budgets[None, :, :] <= capacity).all(axis=2)
+        after_cost = cost - out_costs[:, None] + in_costs[None, :]
+        after_room = room + out_budgets[:, None, 0] - in_budgets[None, :, 0]
+        score = np.where(fits, self._score(after_cost, after_room, full_cost), np.inf)
+        score[0, 0] = np.inf  # no move
+        best = int(np.argmin(score))
+        row, col = divmod(best, score.shape[1])
+        if not score[row, col] < self._score(np.asarray(cost), np.asarray(room), full_cost):
+            return None
+        return (int(members[row - 1]) if row else None, int(held[col - 1]) if col else None)
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-data state: restoring it reproduces the same future packs exactly."""
         return {
             "format": STATE_FORMAT,
             "capacity": list(self.capacity),
             "buffer_size": self.buffer_size,
-            "slack": self.slack,
-            "room_weight": self.room_weight,
+            **{k: getattr(self, k) for k in TUNING},
             "held": [[k, list(b), c] for k, b, c in zip(self._keys, self._budgets, self._costs)],
             "sum_tokens": self._sum_tokens,
             "sum_cost": self._sum_cost,
@@ -193,18 +275,24 @@ class ComputeBalancedPacker:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a format-1 state (saved before the polish pass) is read as ``polish_moves=0``,
+        so a packer that resumes saved tuning continues it with the packs it would have built."""
+        if state.get("format") == 1:
+            state = {**FORMAT_1_POLISH, **state, "format": STATE_FORMAT}
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"unsupported packer state format {state.get('format')!r}")
-        knobs = ("capacity", "buffer_size") + (() if self.resume_saved_tuning else ("slack", "room_weight"))
+        knobs = ("capacity", "buffer_size") + (() if self.resume_saved_tuning else TUNING)
         mine = {k: getattr(self, k) for k in knobs}
         mine["capacity"] = list(self.capacity)
         if {k: state[k] for k in knobs} != mine:
             raise ValueError(
                 f"packer state was saved with { ({k: state[k] for k in knobs}) }, this packer has {mine}: "
-                "exact resume needs the same budgets, buffer and balance knobs"
+                "exact resume needs the same budgets, buffer and balance knobs (a packer built with "
+                "resume_saved_tuning=True takes the balance knobs from the state)"
             )
         if self.resume_saved_tuning:
             self.slack, self.room_weight = float(state["slack"]), float(state["room_weight"])
+            self.polish_moves, self.deviation_weight = int(state["polish_moves"]), float(state["deviation_weight"])
         self._reset()
         for key, budgets, cost in state["held"]:
             self._keys.append(tuple(key) if isinstance(key, list) else key)
