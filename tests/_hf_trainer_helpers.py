@@ -27,12 +27,12 @@ def _jpeg(w, h, seed):
     return buf.getvalue()
 
 
-def write_shards(root, n=24, per_shard=8):
-    """``n`` samples ``s00``..: every third with an image, answers of 2-12 words; an Energon dataset at ``root``."""
+def write_shards(root, n=24, per_shard=8, *, images=True):
+    """``n`` samples ``s00``..: every third with an image (``images``), answers of 2-12 words; an Energon dataset."""
     rng = np.random.default_rng(0)
     with wds.ShardWriter(str(root / "tr-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
         for i in range(n):
-            image = i % 3 == 0
+            image = images and i % 3 == 0
             user = ("<image>\n" if image else "") + f"question {i}?"
             answer = " ".join(rng.choice(WORDS, size=2 + i % 11))
             conv = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
