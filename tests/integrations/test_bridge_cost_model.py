@@ -4,6 +4,7 @@ line says so, the stats and the resume fingerprint name it, and a restore under 
 GPT-SFT provider prices ``cfg.model`` the same way."""
 
 import logging
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -53,6 +54,7 @@ def provider_of(name):
         vision_config=config.vision_config,
         calculate_per_token_loss=True,
         seq_length=4096,
+        init_method=lambda weight: weight,  # a Bridge provider holds callables: it never rides in the encoder
     )
 
 
@@ -90,6 +92,7 @@ def test_check_bridge_config_prices_the_bridge_model_named_in_log_stats_and_resu
         encoder = cfg.dataset.task_encoder
         name = cost_model_name(StepCostModel.from_shape("qwen2.5-vl-3b"))
         assert encoder.packing.cost_model is None and encoder.cost_model_name == name
+        assert pickle.loads(pickle.dumps(encoder)).cost_model_name == name  # what spawned loader workers get
         it = iter(first)
         batches = [next(it) for _ in range(3)]
     said = [r.getMessage() for r in caplog.records if "balance='compute' prices" in r.getMessage()]

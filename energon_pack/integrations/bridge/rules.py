@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from ...errors import ConfigError
+from ...packing.step_cost import cost_model_from
 from ...thd import alignment_multiple
 
 #: Bridge's names of the packing knobs -> the packing spec's names. Keys are Bridge config paths
@@ -73,6 +74,19 @@ def packing_knobs(cfg: Any) -> dict[str, Any]:
     packs for the model as configured."""
     seq_length = get(cfg, "model.seq_length", None)
     return {**topology(cfg), **({"seq_length": seq_length} if seq_length is not None else {})}
+
+
+def trained_model_cost(cfg: Any) -> Any:
+    """``cfg.model`` (Bridge's model provider) as the step-cost model ``balance="compute"`` prices: a light
+    ``StepCostModel`` an encoder carries into its loader workers; the model itself where its shape cannot be read
+    (the encoder's default rule then says why in its log line); None where ``cfg`` has no model."""
+    model = get(cfg, "model", None)
+    if model is None:
+        return None
+    try:
+        return cost_model_from(model)
+    except ConfigError:
+        return model
 
 
 def topology_errors(cfg: Any, packs: Mapping[str, Any], *, packer: str, fix: Callable[[str, Any], str]) -> list:

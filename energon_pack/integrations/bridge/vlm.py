@@ -32,7 +32,16 @@ from ...thd import alignment_multiple
 from .batch import to_bridge_batch
 from .mtp import vlm_mtp_error
 from .provider import provider_class
-from .rules import TOPOLOGY, forward_step_error, get, model_alignment, rule_errors, topology, topology_errors
+from .rules import (
+    TOPOLOGY,
+    forward_step_error,
+    get,
+    model_alignment,
+    rule_errors,
+    topology,
+    topology_errors,
+    trained_model_cost,
+)
 
 __all__ = [
     "BridgeQwenVLPackingTaskEncoder",
@@ -244,7 +253,7 @@ def check_bridge_config(
         raise TypeError(
             f"task_encoder {type(task_encoder).__name__} has no 'packing' config (expected one of our encoders)"
         )
-    model = get(cfg, "model", None)
+    model = trained_model_cost(cfg)
     for encoder in {id(e): e for e in (task_encoder, get(cfg, "dataset.validation_task_encoder", None))}.values():
         if hasattr(encoder, "price_model"):  # cost_model None: balance prices cfg.model, the model that trains
             encoder.price_model(model)
