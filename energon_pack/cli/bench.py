@@ -15,11 +15,13 @@ from .options import (
     non_negative_int,
     object_read_options,
     positive_int,
+    spec_flags,
+    spec_options,
 )
 
 NAME = "bench"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffers", **OBJECT_WAIT_FLAGS}
+KNOB_FLAGS = {**spec_flags("seq_length", "cost_model"), "packing_buffer_size": "--buffers", **OBJECT_WAIT_FLAGS}
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -48,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=non_negative_int, default=2, help="loader worker processes (0: in this process)")
     p.add_argument("--packs", type=non_negative_int, default=200, help="packs per cell (0 = one full epoch)")
-    p.add_argument("--width", type=positive_int, default=8192, help="pack width in tokens (seq_length)")
+    spec_options(p, "seq_length")
     p.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: the --preset's real tokenizer")
     p.add_argument(
@@ -61,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--visual-budget",
         action="store_true",
         help="instead of the K sweep: recommend max_patches_per_pack for static_visual packs (fill within "
-        "0.5 points of packs without a patch budget), at --width and the largest --buffers K",
+        "0.5 points of packs without a patch budget), at --seq-length and the largest --buffers K",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -73,12 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--accum", type=positive_int, default=1, help="with --ranks: packs per rank per step")
     p.add_argument("--steps", type=positive_int, default=40, help="with --ranks: simulated steps")
-    p.add_argument(
-        "--cost-model",
-        default=None,
-        help="with --ranks: the step-cost model (a shape of energon_pack.packing.SHAPES or a fitted model of its "
-        "FITTED; default: the preset's 7B/8B shape)",
-    )
+    spec_options(p, "cost_model", notes={"cost_model": " (with --ranks)"})
     object_read_options(p)
     p.add_argument(
         "--check",
@@ -103,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
         from energon_pack.bench import visual_budget
 
         visual_budget.main(
-            str(data), args.out_dir, width=args.width, buffer=max(args.buffers), preset=args.preset, tokenizer=tokenizer
+            str(data),
+            args.out_dir,
+            width=args.seq_length,
+            buffer=max(args.buffers),
+            preset=args.preset,
+            tokenizer=tokenizer,
         )
         return 0
     result = buffer_sweep.main(
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         modes=args.modes,
         workers=args.workers,
         packs=args.packs or None,
-        seq_length=args.width,
+        seq_length=args.seq_length,
         preset=args.preset,
         tokenizer=tokenizer,
         tokenizer_name=described,
@@ -134,7 +136,7 @@ def _simulate(args: argparse.Namespace, data: Any, tokenizer: Any) -> int:
         steps=args.steps,
         buffer=max(args.buffers),
         workers=args.workers,
-        seq_length=args.width,
+        seq_length=args.seq_length,
         preset=args.preset,
         tokenizer=tokenizer,
         cost_model=args.cost_model,

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         tokenizer_name=described,
         format=args.format,
-        width=args.width,
+        width=args.seq_length,
         getitem_samples=args.samples,
         max_length=args.max_length,
         **field_kw(args),

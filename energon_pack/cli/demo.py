@@ -8,11 +8,19 @@ from typing import Any
 from energon_pack.bench.outputs import OUT_HELP
 
 from .common import DEMO_DIR, demo_dataset, resolve_tokenizer
-from .options import OBJECT_WAIT_FLAGS, add_command, non_negative_int, object_read_options, positive_int
+from .options import (
+    OBJECT_WAIT_FLAGS,
+    add_command,
+    non_negative_int,
+    object_read_options,
+    positive_int,
+    spec_flags,
+    spec_options,
+)
 
 NAME = "demo"
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {"seq_length": "--width", "packing_buffer_size": "--buffer", **OBJECT_WAIT_FLAGS}
+KNOB_FLAGS = {**spec_flags("seq_length"), "packing_buffer_size": "--buffer", **OBJECT_WAIT_FLAGS}
 #: timed runs per mode (``--packs`` split between them), in ABBA order after an untimed warm-up
 TIMED_RUNS = 4
 
@@ -34,7 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=150,
         help="packs to stream per mode (at least 1), split between 4 timed runs per mode in ABBA order",
     )
-    p.add_argument("--width", type=positive_int, default=8192, help="pack width in tokens (seq_length)")
+    spec_options(p, "seq_length")
     p.add_argument("--out", default="bench_results/demo.json", help=OUT_HELP)
     object_read_options(p)
     return p
@@ -64,7 +72,7 @@ def run_demo(args: argparse.Namespace, order: tuple[str, str] = ("carry", "round
     data = demo_dataset(args.data, args.samples)
     tokenizer, described = resolve_tokenizer(None, default="qwen2.5-vl")
     print(f"tokenizer: {described}; preset qwen2.5-vl", flush=True)
-    common = {"buffer": args.buffer, "seq_length": args.width, "tokenizer": tokenizer}
+    common = {"buffer": args.buffer, "seq_length": args.seq_length, "tokenizer": tokenizer}
     took = warm_up(data, modes=order, **common)
     print(f"warm-up (untimed, {' and '.join(order)}): {took:.1f} s", flush=True)
     merged, timed = interleaved(
@@ -75,7 +83,7 @@ def run_demo(args: argparse.Namespace, order: tuple[str, str] = ("carry", "round
     cells = [carry, rounds]
     runs = carry.runs
     print(
-        f"\nQwen2.5-VL packing on {data} (width {args.width}, packing_buffer_size {args.buffer}, "
+        f"\nQwen2.5-VL packing on {data} (width {args.seq_length}, packing_buffer_size {args.buffer}, "
         f"{args.workers} workers, {args.packs} packs per mode"
         + (
             f" in {runs} timed runs each, order {'-'.join(m for _, m in abba(order, runs))}, "

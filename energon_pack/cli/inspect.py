@@ -11,19 +11,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import jsonl_file, resolve_tokenizer
-from .options import JSONL_FLAGS, add_command, field_kw, jsonl_options, positive_int
+from .common import CliError, jsonl_file, resolve_tokenizer
+from .options import (
+    JSONL_FLAGS,
+    DeprecatedFlag,
+    add_command,
+    field_kw,
+    jsonl_options,
+    positive_int,
+    spec_flags,
+    spec_options,
+)
 
 NAME = "inspect"
+#: the alignment flags (the spec's knobs; the old --pad-multiple gave the alignment itself)
+ALIGNMENT = ("cp", "tp", "sp")
 #: the knobs this command's flags set (library messages name these flags)
-KNOB_FLAGS = {**JSONL_FLAGS, "pad_multiple": "--pad-multiple"}
+KNOB_FLAGS = {**JSONL_FLAGS, **spec_flags(*ALIGNMENT), "pad_multiple": "the alignment of --cp/--tp/--sp"}
 #: how the report's hints name its settings here (``width`` is followed by a value)
 HINT_NAMES = {
     "chat": "--format chat",
     "prompt_completion": "--format prompt_completion",
     "text": "--format text",
     "fields": "--prompt-field / --completion-field",
-    "width": "--width ",
+    "width": "--seq-length ",
 }
 
 
@@ -31,7 +42,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(subparsers, NAME, "counts, length percentiles, skips by reason and packing fill of a JSONL file")
     p.add_argument("path", help="a prompt/completion or chat JSONL file")
     jsonl_options(p)
-    p.add_argument("--pad-multiple", type=positive_int, default=1, help="align every sample to this multiple")
+    spec_options(p, *ALIGNMENT)
+    p.add_argument(
+        "--pad-multiple",
+        type=positive_int,
+        default=None,
+        action=DeprecatedFlag,
+        const="--cp/--tp/--sp (the alignment is derived from them)",
+        help="deprecated: use --cp/--tp/--sp (default: their alignment)",
+    )
     p.add_argument("--json-out", default=None, help="also write the report as JSON to this path (default: not written)")
     return p
 
@@ -73,6 +92,18 @@ def show(path: str | os.PathLike, *, json_out: str | os.PathLike | None = None, 
     return 0 if report["usable"] else 1
 
 
+def _alignment(args: argparse.Namespace) -> int:
+    """The report's alignment: the old ``--pad-multiple`` where given (it may not be combined with the new
+    flags), else the rule of ``--cp``/``--tp``/``--sp``."""
+    from energon_pack.thd import alignment_multiple
+
+    if args.pad_multiple is None:
+        return alignment_multiple(args.cp, args.tp, args.sp)
+    if (args.cp, args.tp, args.sp) != (1, 1, False):
+        raise CliError("--pad-multiple is the old form of --cp/--tp/--sp: pass one or the other")
+    return args.pad_multiple
+
+
 def run(args: argparse.Namespace) -> int:
     path = jsonl_file(args.path)
     tokenizer, described = resolve_tokenizer(args.tokenizer)
@@ -85,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
             names=HINT_NAMES,
             progress=bar,
-            seq_length=args.width,
-            pad_multiple=args.pad_multiple,
+            seq_length=args.seq_length,
+            pad_multiple=_alignment(args),
             max_length=args.max_length,
             json_out=args.json_out,
             **field_kw(args),

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from energon_pack.chat.conversation import PREFERENCE_MODES
 from energon_pack.object_waits import DEFAULT_READ_TIMEOUT, DEFAULT_WAIT_BUDGET
+from energon_pack.packing.balanced import BALANCE_MODES
+from energon_pack.packing.spec import DEFAULTS, knob_help
 
 
 def int_at_least(minimum: int):
@@ -205,11 +208,81 @@ def preference_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preference", default="refuse", choices=PREFERENCE_MODES, help=PREFERENCE_HELP)
 
 
+# ------------------------------------------------------------------------------- packing spec flags
+#: how each :class:`~energon_pack.packing.spec.PackingSpec` knob is parsed; its flag is the knob with dashes
+#: (``--seq-length``), its help the first sentence of the knob's one docstring, its default the spec's
+SPEC_ARGS: dict[str, dict[str, Any]] = {
+    "seq_length": {"type": positive_int},
+    "cp": {"type": positive_int},
+    "tp": {"type": positive_int},
+    "sp": {"action": "store_true"},
+    "eval_cp": {"type": positive_int},
+    "pad_to_max_length": {"action": "store_true"},
+    "pad_cu_seqlens": {"action": "store_true"},
+    "max_segments": {"type": positive_int},
+    "max_media_per_pack": {"type": positive_int},
+    "max_patches_per_pack": {"type": positive_int},
+    "balance": {"choices": BALANCE_MODES},
+    "cost_model": {},
+    "seed": {"type": int},
+}
+#: old flags of spec knobs: still parsed, each says once that it is deprecated and names the new flag
+OLD_FLAGS = {"--width": "seq_length"}
+
+
+def spec_flag(knob: str) -> str:
+    """The flag of a spec knob: ``seq_length`` -> ``--seq-length``."""
+    return "--" + knob.replace("_", "-")
+
+
+def spec_flags(*knobs: str) -> dict[str, str]:
+    """``{knob: flag}`` of spec knobs, with each old knob name a road took for them (for wording library
+    messages: ``KNOB_FLAGS``)."""
+    flags = {knob: spec_flag(knob) for knob in knobs}
+    if "seq_length" in flags:
+        flags["width"] = flags["seq_length"]  # messages of roads that still say the old name
+    return flags
+
+
+class DeprecatedFlag(argparse.Action):
+    """An old flag of a spec knob (:data:`OLD_FLAGS`): sets its ``dest`` and says once, on stderr, which flag
+    replaces it (``const``: the replacement's words, default the flag of ``dest``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        if not getattr(self, "said", False):
+            self.said = True
+            print(f"{parser.prog}: {option} is deprecated, use {self.const or spec_flag(self.dest)}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def spec_options(
+    p: argparse.ArgumentParser, *knobs: str, defaults: dict[str, Any] | None = None, notes: dict[str, str] | None = None
+) -> None:
+    """The flags of the spec ``knobs`` (:data:`SPEC_ARGS`): ``--seq-length`` ..., each knob's old flags as
+    :class:`DeprecatedFlag` aliases. ``defaults``: a command's own default for a knob (else the spec's);
+    ``notes``: words added to a knob's help for this command."""
+    for knob in knobs:
+        kw = SPEC_ARGS[knob]
+        default = (defaults or {}).get(knob, DEFAULTS[knob])
+        text = knob_help(knob) + (notes or {}).get(knob, "")
+        p.add_argument(spec_flag(knob), dest=knob, default=default, help=text, **kw)
+        for old in (flag for flag, new in OLD_FLAGS.items() if new == knob):
+            alias = {"type": kw["type"]} if "type" in kw else {}
+            p.add_argument(
+                old,
+                dest=knob,
+                action=DeprecatedFlag,
+                default=argparse.SUPPRESS,
+                help=f"deprecated: use {spec_flag(knob)} (whose default applies)",
+                **alias,
+            )
+
+
 def jsonl_options(p: argparse.ArgumentParser) -> None:
     """How a GPT-SFT JSONL file is read: format, tokenizer, width, length limit, field names."""
     p.add_argument("--format", default="prompt_completion", choices=JSONL_FORMATS, help=FORMAT_HELP)
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: qwen2.5-vl")
-    p.add_argument("--width", type=positive_int, default=4096, help="pack width in tokens")
+    spec_options(p, "seq_length", defaults={"seq_length": 4096})
     p.add_argument(
         "--max-length", type=positive_int, default=None, help="skip samples longer than this (default: no limit)"
     )
@@ -252,8 +325,7 @@ def field_kw(args: argparse.Namespace) -> dict[str, Any]:
 
 #: the knobs the JSONL options set (for wording library messages)
 JSONL_FLAGS = {
-    "seq_length": "--width",
-    "width": "--width",
+    **spec_flags("seq_length"),
     "max_length": "--max-length",
     "prompt_field": "--prompt-field",
     "completion_field": "--completion-field",

@@ -10,12 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from .common import jsonl_file, resolve_tokenizer
-from .options import FORMAT_HELP, JSONL_FORMATS, add_command, field_kw, positive_int, preference_option
+from .options import (
+    FORMAT_HELP,
+    JSONL_FORMATS,
+    add_command,
+    field_kw,
+    positive_int,
+    preference_option,
+    spec_flags,
+    spec_options,
+)
 
 NAME = "pack-offline"
+#: the packing spec knobs this command takes (flags generated from the spec: --seq-length, --cp, ...)
+SPEC_KNOBS = ("seq_length", "cp", "tp", "sp", "seed")
 #: the knobs this command's flags set (library messages name these flags)
 KNOB_FLAGS = {
-    "seq_length": "--width",
+    **spec_flags(*SPEC_KNOBS),
     "prompt_field": "--prompt-field",
     "completion_field": "--completion-field",
     "preference": "--preference",
@@ -39,13 +50,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="qwen2-vl | qwen2.5-vl | qwen3-vl, a tokenizer.json or a local "
         "Hugging Face folder (never downloaded), or demo; default: qwen2.5-vl",
     )
-    p.add_argument(
-        "--seq-length",
-        "--width",
-        dest="seq_length",
-        type=positive_int,
-        default=4096,
-        help="packed_sequence_size = model.seq_length = dataset.seq_length",
+    spec_options(
+        p,
+        *SPEC_KNOBS,
+        defaults={"seq_length": 4096},
+        notes={
+            "seq_length": " (Bridge: packed_sequence_size = model.seq_length = dataset.seq_length)",
+            "seed": " (the same seed writes the same bytes)",
+        },
     )
     p.add_argument(
         "--pad-seq-to-mult",
@@ -53,10 +65,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="per-sample alignment (default: the rule from --cp/--tp/--sp; an explicit value must be a multiple of it)",
     )
-    p.add_argument("--cp", type=positive_int, default=1, help="context parallel size the packs are for")
-    p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel size the packs are for")
-    p.add_argument("--sp", action="store_true", help="sequence parallelism on")
-    p.add_argument("--seed", type=int, default=0, help="pack order seed (the same seed writes the same bytes)")
     p.add_argument("--workers", type=positive_int, default=None, help="tokenizer processes (default: the usable cores)")
     p.add_argument("--split", default="training", choices=["training", "validation", "test"], help="file name prefix")
     p.add_argument(

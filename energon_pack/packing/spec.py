@@ -88,10 +88,11 @@ class PackingSpec:
             patch-row count of static packs (``static_visual=True`` needs it, a multiple of ``merge_size**2``).
             Default None: no patch budget.
         overlength: what a sample over a budget (longer than ``seq_length`` tokens, or over a patch/media budget)
-            gets: one of :data:`energon_pack.thd.OVERLENGTH_POLICIES`: ``"skip"`` (a counted ``oversize`` skip),
-            ``"error"`` (a ConfigError naming the sample, under every ``balance``) or ``"truncate"`` (cut to
-            ``seq_length`` tokens: text only; the Qwen-VL encoder refuses it, it would cut visual tokens).
-            Default ``"skip"``: one bad sample does not stop a run and every skip is counted in the stats.
+            gets: one of :data:`energon_pack.thd.OVERLENGTH_POLICIES`, each explained in
+            :data:`energon_pack.thd.OVERLENGTH_MEANINGS` (``"skip"``: a counted ``oversize`` skip; ``"error"``: a
+            ConfigError naming the sample, under every ``balance``; ``"truncate"``: text roads only; ``"fit"`` and
+            ``"split"``: the Qwen-VL encoders only, they keep the sample). Default ``"skip"``: one bad sample does
+            not stop a run and every skip is counted in the stats.
         balance: ``"tokens"`` (packs full in tokens) or ``"compute"`` (full in tokens *and* about equal in step
             cost under ``cost_model``: attention per segment squared, vision patches; data-parallel ranks then
             wait less for their slowest, with no communication). Default None: :func:`default_balance`, the one
@@ -254,8 +255,9 @@ KNOB_DOCS: dict[str, str] = _knob_docs(PackingSpec.__doc__ or "")
 
 
 def knob_help(knob: str) -> str:
-    """The first sentence of ``knob``'s docstring (:data:`KNOB_DOCS`), as argparse help text (plain, ``%`` escaped)."""
-    text = KNOB_DOCS[knob].replace("``", "").replace("%", "%%")
+    """The first sentence of ``knob``'s docstring (:data:`KNOB_DOCS`), as argparse help text (plain text: no reST
+    roles or literals; ``%`` escaped)."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", KNOB_DOCS[knob]).replace("``", "").replace("%", "%%")
     first = re.split(r"(?<=[.:])\s+(?=[A-Z])", text, maxsplit=1)[0]
     return first.rstrip(".")
 

@@ -91,7 +91,7 @@ def test_the_cli_words_library_errors_with_each_commands_flags():
     from energon_pack.errors import ConfigError
 
     err = AllSkippedError("w skipped everything", skips={"oversize": 3}, hints=TOO_LONG)
-    assert one_line(err, bench.KNOB_FLAGS).endswith("Likely fix: --width may be too small.")
+    assert one_line(err, bench.KNOB_FLAGS).endswith("Likely fix: --seq-length may be too small.")
     assert one_line(err) == str(err)  # no flags: the library's own wording
     config = ConfigError("packing_buffer_size", "must be >= 1", "use packing_buffer_size=64")
     assert one_line(config, demo.KNOB_FLAGS) == "--buffer: must be >= 1. Fix: use --buffer=64"

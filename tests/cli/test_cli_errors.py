@@ -190,7 +190,7 @@ def test_prepare_default_split_says_there_is_no_val_split(tmp_path, capsys):
         (["bench", "--buffers", "8,0"], "bench", "--buffers: 0 must be at least 1"),
         (["bench", "--workers", "-1"], "bench", "--workers"),
         (["bench", "--modes", "carry,fast"], "bench", "--modes"),
-        (["demo", "--width", "0"], "demo", "--width"),
+        (["demo", "--seq-length", "0"], "demo", "--seq-length"),
         (["inspect", "f.jsonl", "--width", "wide"], "inspect", "--width"),
     ],
 )
@@ -428,7 +428,7 @@ def test_bench_sft_runs_on_the_users_jsonl(tmp_path, fmt):
         "demo",
         "--format",
         fmt,
-        "--width",
+        "--seq-length",
         "512",
         "--samples",
         "300",
@@ -610,7 +610,7 @@ def test_all_skipped_at_the_cli_is_one_line_exit_2_with_each_warning_once_and_cl
         "5",
         "--tokenizer",
         "demo",
-        "--width",
+        "--seq-length",
         "64",
         "--out-dir",
         str(tmp_path / "out"),
@@ -621,7 +621,7 @@ def test_all_skipped_at_the_cli_is_one_line_exit_2_with_each_warning_once_and_cl
     errors = [line for line in lines if line.startswith("energon-pack bench: error: ")]
     warnings_ = [line for line in lines if line.startswith("energon-pack bench: warning: ")]
     assert len(errors) == 1 and len(errors[0]) < 400, errors
-    assert "skipped the first" in errors[0] and "oversize" in errors[0] and "--width may be too small" in errors[0]
+    assert "skipped the first" in errors[0] and "oversize" in errors[0] and "--seq-length may be too small" in errors[0]
     assert len(warnings_) == len(set(warnings_))  # each warning once (not also through the logger)
     assert all("of the last" in w for w in warnings_)
     other = [line for line in lines if line and not line.startswith(("energon-pack bench: ", "carry K=", "rounds K="))]
@@ -653,7 +653,7 @@ def test_skip_reports_name_flags_and_worker_errors_show_their_own_message(tmp_pa
         "these lines, or set overlength='truncate' on the dataset."
     )
     assert one_line(err.value, KNOB_FLAGS).endswith(
-        "Likely fix: --width (512) or --max-length may be too small for these lines."
+        "Likely fix: --seq-length (512) or --max-length may be too small for these lines."
     )  # overlength has no flag: that hint is left out
     wrapped = AllSkippedError(
         "Caught AllSkippedError in DataLoader worker process 0.\nOriginal Traceback (most recent "
@@ -666,10 +666,11 @@ def test_skip_reports_name_flags_and_worker_errors_show_their_own_message(tmp_pa
 def test_config_errors_at_the_cli_name_the_flags(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
-    assert main(["inspect", str(data), "--tokenizer", "demo", "--width", "100", "--pad-multiple", "64"]) == 2
+    assert main(["inspect", str(data), "--tokenizer", "demo", "--seq-length", "100", "--cp", "32"]) == 2
     line = one_error_line(capsys.readouterr().err, "inspect")
     assert line.endswith(
-        "error: --width: 100 is not divisible by --pad-multiple 64. Fix: use a multiple of --pad-multiple"
+        "error: --seq-length: 100 is not divisible by the alignment 64 of --cp=32. Fix: use a multiple of 64 for "
+        "--seq-length (e.g. 64 or 128), or change --cp=32"
     )
     from energon_pack.cli import bench, demo
     from energon_pack.cli.wording import name_flags, one_line
@@ -677,7 +678,7 @@ def test_config_errors_at_the_cli_name_the_flags(tmp_path, capsys):
 
     text = "seq_length: 16 is below the shortest possible sample. Fix: use seq_length >= 25; a good width is 4096"
     assert name_flags(text, bench.KNOB_FLAGS) == (
-        "--width: 16 is below the shortest possible sample. Fix: use --width >= 25; a good width is 4096"
+        "--seq-length: 16 is below the shortest possible sample. Fix: use --seq-length >= 25; a good width is 4096"
     )
     assert name_flags("pass packing_buffer_size=K (e.g. 64)", demo.KNOB_FLAGS) == "pass --buffer=K (e.g. 64)"
     error = ConfigError("packing_buffer_size", "must be >= 1, got 0", "use packing_buffer_size=64")

@@ -254,7 +254,7 @@ def test_inspect_cli_reads_alpaca_with_format_chat(tmp_path):
             "chat",
             "--tokenizer",
             "demo",
-            "--width",
+            "--seq-length",
             "512",
             "--json-out",
             str(report),
@@ -457,7 +457,7 @@ def test_energon_text_path_and_gpt_sft_cli_train_the_chosen_answers(tmp_path, mo
     assert refused == {}  # the default: every pair refused
 
     monkeypatch.setenv("ENERGON_PACK_CACHE_DIR", str(tmp_path / "cache"))
-    inspect = ["inspect", str(path), "--format", "chat", "--tokenizer", "demo", "--width", "512", "--json-out"]
+    inspect = ["inspect", str(path), "--format", "chat", "--tokenizer", "demo", "--seq-length", "512", "--json-out"]
     assert main([*inspect, str(tmp_path / "chosen.json"), "--preference", "chosen"]) == 0
     assert main([*inspect, str(tmp_path / "refused.json")]) == 1  # no usable line
     chosen, refused = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("chosen", "refused"))
