@@ -90,7 +90,7 @@ class PackingStats:
                 "real_tokens": c["real_tokens"],
                 "supervised_tokens": c["supervised_tokens"],
                 "token_share": round(c["real_tokens"] / total_tokens, 6) if total_tokens else 0.0,
-                "cost_share": round(c["step_cost"] / total_cost, 6) if total_cost else 0.0,
+                "cost_share": round(c["step_cost"] / total_cost, 6) if total_cost else None,  # None: no step cost
                 "fill_contribution": round(c["real_tokens"] / self.slots, 6) if self.slots else 0.0,
                 "skips": {k[5:]: v for k, v in sorted(c.items()) if k.startswith("skip:") and v},
             }
