@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
-from test_convert import image, shard_members
+from test_convert import assert_streams_exactly_once, image, shard_members
 
 from _video_files import video_bytes
 from energon_pack.cli.convert import convert, main
@@ -136,6 +136,16 @@ def test_read_without_the_subflavor_through_the_samples_own_dataset(outputs, tmp
     plain = [signature(b) for b in loader(tmp_path / "plain", workers=0)]
     assert plain == [signature(b) for b in loader(out / "inline", workers=0)]
     assert sorted(k for keys, _, _ in plain for k in keys) == [f"{i:09d}" for i in range(14)]
+
+
+def test_bridge_encoder_reads_the_shared_media(outputs):
+    """Megatron-Bridge's encoder cooks our layout with its own cooker (no primary store): every record once, every
+    image in a pack, no skip."""
+    from energon_pack.integrations.bridge import BridgeQwenVLPackingTaskEncoder
+
+    dedup, _, out = outputs
+    te = BridgeQwenVLPackingTaskEncoder(tokenizer="demo", preset="qwen2.5-vl", seq_length=2048)
+    assert_streams_exactly_once(out / "dedup", dedup, te)
 
 
 def test_a_broken_reference_is_named():
