@@ -248,3 +248,29 @@ def test_turn_units_keep_user_runs_and_trailing_questions_together():
     head, units = turn_units([m("system"), m("user"), m("user"), m("assistant"), m("user"), m("assistant"), m("user")])
     assert [x.role for x in head] == ["system"]
     assert [[x.role for x in u] for u in units] == [["user", "user", "assistant"], ["user", "assistant", "user"]]
+
+
+def test_a_long_video_gets_smaller_frames_then_fewer(tmp_path):
+    """A 100-frame clip of 64x48 (50 s at 2 fps: 50 temporal steps of 140 tokens, upscaled to the per-frame minimum
+    already) fits 4096
+    only with fewer frames: the fitted plan is qwen-vl-utils' plan under a lower ``max_frames`` and the smallest
+    per-frame budget, and its tokens fit."""
+    from energon_pack.qwen_vl.video import VideoFile, plan_video
+    from energon_pack.video import FrameSampling, probe_video
+
+    data = video_bytes(100, 2, 64, 48, tmp_path)
+    te = encoder("fit")
+    meta = te._video_meta(data)
+    assert meta.plan.num_frames == 100
+    conv = [{"role": "user", "content": "<video>What moves?"}, {"role": "assistant", "content": "Bars."}]
+    whole = te._measured(conv, [], [VideoFile(data, meta.plan)], [], [meta])
+    fitted = te._fitted(whole)
+    plan = fitted["video_metas"][0].plan
+    assert not te._fits(whole["cost"]) and te._fits(fitted["cost"])
+    assert 2 <= plan.num_frames < 100 and plan.num_frames % 2 == 0
+    reference = plan_video(probe_video(data), PRESET, FrameSampling(max_frames=plan.num_frames, max_video_tokens=1))
+    assert plan == reference and fitted["videos"][0].plan == plan
+    assert fitted["adjustment"]["fit_pixels_after"] < fitted["adjustment"]["fit_pixels_before"]
+    # the most frames that fit: two more would not
+    more = plan_video(probe_video(data), PRESET, FrameSampling(max_frames=plan.num_frames + 2, max_video_tokens=1))
+    assert not te._fits(te._measured(conv, [], [VideoFile(data, more)], [], [type(meta).from_plan(more)])["cost"])
