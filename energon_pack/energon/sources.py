@@ -13,7 +13,9 @@ Two pass-through wrappers count into the packing layer's :class:`~energon_pack.p
   (``oversize``), per source, as they enter the packer;
 - :class:`SourceTally` above it: the members of every pack as it leaves (samples, real tokens as the pack
   counts them, i.e. aligned spans, supervised tokens and, when the encoder prices steps, the step cost the
-  packer used). A pack rebuilt on restore is not counted again (it comes from ``restore_sample``).
+  packer used). A pack rebuilt on restore is not counted again (it comes from ``restore_sample``). Members
+  that are still pre-encoded candidates (:mod:`.plan`: no post-encode) count their packed tokens and step
+  cost; their supervised tokens are not known before post-encode.
 
 A member that fails post-encode (pixel decode) is counted in the worker's ``skips``, not per source.
 """
@@ -98,7 +100,7 @@ class SourceTally(_PassThrough):
     Args:
         dataset: the packing layer (carry-over or rounds).
         span: a segment's length -> its aligned span (what the pack's ``real_tokens`` count).
-        step_cost: one post-encoded member -> its step cost, or None when the encoder does not price steps.
+        step_cost: one member (post-encoded, or a candidate) -> its step cost; None when the encoder prices none.
         worker_config: Energon's worker configuration.
     """
 
@@ -126,13 +128,13 @@ class SourceTally(_PassThrough):
         for packed in self.dataset:
             for member in packed.samples if isinstance(packed, PackedSamples) else [packed]:
                 segment = getattr(member, "segment", None)
-                if segment is None:
+                if segment is not None:
+                    tokens, supervised = self.span(len(segment.input_ids)), int(segment.loss_mask.sum())
+                    counts = {"samples": 1, "real_tokens": tokens, "supervised_tokens": supervised}
+                elif hasattr(member, "cost"):  # a pre-encoded candidate (an epoch plan): its tokens as packed
+                    counts = {"samples": 1, "real_tokens": int(member.cost[0])}
+                else:
                     continue
-                counts = {
-                    "samples": 1,
-                    "real_tokens": self.span(len(segment.input_ids)),
-                    "supervised_tokens": int(segment.loss_mask.sum()),
-                }
                 if self.step_cost is not None:
                     counts["step_cost"] = float(self.step_cost(member))
                 self.stats.record_source(source_name(member), counts)

@@ -172,8 +172,10 @@ class CarryOverPackingMixin:
         return self.step_cost_model.sample_cost(sample.cost[0])
 
     def member_step_cost(self, member: Any) -> float:
-        """A post-encoded member's step cost as the packer priced it (tokens as one segment, its media grids):
-        the per-source cost share of a blend."""
+        """A pack member's step cost as the packer priced it (tokens as one segment, its media grids): the
+        per-source cost share of a blend. A member not post-encoded (an epoch plan's) is its candidate's."""
+        if not hasattr(member, "segment"):
+            return self.packing_step_cost(member)
         segment = member.segment
         visual = segment.visual or {}
         grids = [
