@@ -37,6 +37,7 @@ from energon_pack import (
     load_tokenizer,
     make_bridge_dataset_provider,
 )
+from energon_pack.integrations.bridge import SPEC_NAMES
 
 PRESET = "qwen2.5-vl"  # the recipe below is Bridge's Qwen2.5-VL 7B SFT
 
@@ -130,12 +131,8 @@ def make_encoder(args):
 
 
 def parallel_settings(args):
-    return {
-        "model.context_parallel_size": args.cp,
-        "model.tensor_model_parallel_size": args.tp,
-        "model.sequence_parallel": args.sp,
-        "model.seq_length": args.seq_length,
-    }
+    """The model's parallel sizes and seq_length: the encoder's knobs under Bridge's names (SPEC_NAMES)."""
+    return {path: getattr(args, knob) for path, knob in SPEC_NAMES.items() if path.startswith("model.")}
 
 
 def print_settings(settings):
