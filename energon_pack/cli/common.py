@@ -85,11 +85,19 @@ def convert_command(path: Path) -> str:
     )
 
 
+def is_metadataset(path: str | Path) -> bool:
+    """Whether ``path`` is a local Energon Metadataset YAML (``__class__: MetadatasetV2``, e.g. a blend)."""
+    path = Path(str(path))
+    return path.suffix in (".yaml", ".yml") and path.is_file() and "Metadataset" in path.read_text(errors="replace")
+
+
 def require_prepared(path: str | Path, *, jsonl_ok: bool = False) -> str | Path:
     """``path`` if it is a prepared Energon dataset (an ``msc://`` one as the string); otherwise a
     :class:`CliError` naming the command that fixes it. Never writes anything."""
     from energon_pack.storage import is_remote
 
+    if is_metadataset(path):  # a blend of prepared datasets: Energon checks its entries when it loads it
+        return Path(path)
     kind = dataset_kind(path)
     if kind == "prepared" or (jsonl_ok and kind == "prepared_jsonl"):
         return str(path) if is_remote(path) else Path(path)
