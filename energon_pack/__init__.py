@@ -26,7 +26,8 @@ _EXPORTS: dict[str, str] = {
     "ResumeConfigError": "energon_pack.energon",
     "ConfigError": "energon_pack.errors",
     "SampleSkipped": "energon_pack.errors",
-    # Energon task encoders and their configuration
+    # Energon task encoders and their configuration (the packing knobs every road shares: PackingSpec)
+    "PackingSpec": "energon_pack.packing",
     "PackingConfig": "energon_pack.energon",
     "TextPackingTaskEncoder": "energon_pack.energon",
     "QwenVLPackingTaskEncoder": "energon_pack.qwen_vl.task_encoder",
