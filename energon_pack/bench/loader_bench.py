@@ -2,9 +2,9 @@
 
 One *cell* streams one full epoch (or ``packs`` packed batches of a repeating stream) for one
 (packing mode, buffer size K) with W workers and records bin fill (real tokens / slots), samples per pack,
-packs/s, source
-samples/s and real (non-pad) tokens/s, first-batch latency, peak RSS summed over all worker processes, and skips by
-reason. ``energon-pack demo`` runs two cells (carry vs rounds); ``energon-pack bench`` and
+packs/s, source samples/s and real (non-pad) tokens/s, first-batch latency, peak RSS summed over all worker
+processes, skips by reason, and per source of a Metadataset blend its tokens, shares and skips
+(:func:`format_sources`). ``energon-pack demo`` runs two cells (carry vs rounds); ``energon-pack bench`` and
 ``examples/compare_buffer_sizes.py`` sweep K.
 
 Side-by-side speed figures are only comparable when no mode pays what the run pays once (the
@@ -19,12 +19,15 @@ import gc
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from energon_pack.packing import PackingStats
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
@@ -82,6 +85,8 @@ class CellResult:
     runs: int = 1
     #: source samples in the dataset (one pass of the split), None when the dataset cannot tell
     dataset_samples: int | None = None
+    #: per source of a blend: the packing stats' raw counters (``PackingStats.sources``), see :func:`cell_sources`
+    sources: dict = field(default_factory=dict)
 
     @property
     def samples_read(self) -> int:
@@ -176,6 +181,7 @@ def run_cell(
     for s in stats.values():
         for reason, count in s["skips"]:
             skips[reason] = skips.get(reason, 0) + count
+    sources = _merged_sources(PackingStats.from_state_dict(s).sources for s in stats.values())
     rate_packs = emitted - 1  # packs after the first one, over the time after the first one
     per_s = (lambda n: n / elapsed_after_first) if elapsed_after_first > 0 and emitted > 1 else (lambda n: float("nan"))
     return CellResult(
@@ -195,7 +201,41 @@ def run_cell(
         skips=dict(sorted(skips.items())),
         real_tokens_per_s=per_s(real - real_first),
         dataset_samples=dataset_samples,
+        sources=sources,
     )
+
+
+def _merged_sources(parts: Any) -> dict[str, dict]:
+    """Per-source counters of several workers or runs, summed (plain dicts, for the JSON)."""
+    total: dict[str, Counter] = {}
+    for part in parts:
+        for name, counts in part.items():
+            total.setdefault(name, Counter()).update(counts)
+    return {name: dict(sorted(c.items())) for name, c in sorted(total.items())}
+
+
+def cell_sources(slots: int, sources: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """A cell's per-source numbers from its ``slots`` and ``sources`` (a :class:`CellResult`'s or its JSON's):
+    :meth:`PackingStats.per_source` (tokens, shares, fill contribution, skips)."""
+    return PackingStats(slots=slots, sources={k: Counter(v) for k, v in sources.items()}).per_source()
+
+
+def format_sources(per_source: dict[str, dict[str, Any]]) -> str:
+    """One line per source of a blend: samples, real and supervised tokens, token and cost shares, fill, skips."""
+    head = (
+        f"{'source':<16}{'samples':>9}{'real tok':>11}{'superv tok':>11}{'tok share':>10}{'cost share':>11}"
+        f"{'fill':>8}  skips"
+    )
+    lines = [head, "-" * len(head)]
+    for name, v in per_source.items():
+        cost = "-" if v["cost_share"] is None else f"{v['cost_share'] * 100:.1f}%"
+        supervised = v["supervised_tokens"] or "-"  # an epoch plan (no post-encode) knows no supervised tokens
+        lines.append(
+            f"{name[:15]:<16}{v['samples']:>9}{v['real_tokens']:>11}{supervised:>11}{v['token_share'] * 100:>9.1f}%"
+            f"{cost:>11}{v['fill_contribution'] * 100:>7.2f}%  "
+            + (", ".join(f"{k}={n}" for k, n in v["skips"].items()) or "-")
+        )
+    return "\n".join(lines)
 
 
 def _stop_workers(iterator: Any, loader: Any) -> None:
@@ -292,6 +332,7 @@ def merge_runs(cells: Sequence[CellResult]) -> CellResult:
         peak_worker_rss_mb=max(c.peak_worker_rss_mb for c in cells),
         skips=dict(sorted(skips.items())),
         runs=sum(c.runs for c in cells),
+        sources=_merged_sources(c.sources for c in cells),
     )
 
 

@@ -121,7 +121,18 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         tokenizer_name=described,
     )
+    _print_sources(result["cells"])
     return targets_exit(result["targets"], args.check, format_target)
+
+
+def _print_sources(cells: list[dict]) -> None:
+    """Per source of a blend (--data a Metadataset): the largest K's cell's tokens, shares and skips."""
+    from energon_pack.bench.loader_bench import cell_sources, format_sources
+
+    cell = max(cells, key=lambda c: (c["buffer"], c["mode"] == "carry"), default=None)
+    if cell is not None and len(cell["sources"]) > 1:
+        print(f"\nper source ({cell['mode']}, K={cell['buffer']}):")
+        print(format_sources(cell_sources(cell["slots"], cell["sources"])))
 
 
 def _simulate(args: argparse.Namespace, data: Any, tokenizer: Any) -> int:
