@@ -20,6 +20,8 @@ of the stream are left out (a training stream does not end there).
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,22 @@ def run_mode(mode: str, samples: list, width: int, buffer: int, ranks, accum: in
     }
 
 
+def packer_speed(samples: list, width: int, buffer: int, cost_model: str = "qwen2.5-vl-3b", repeats: int = 3) -> dict:
+    """Microseconds per pushed sample of the balanced packer with and without its polish pass (``polish_moves=0``:
+    the packer of state format 1), run alternately, the best of ``repeats`` each (the machine may be shared)."""
+    model = named_cost_model(cost_model)
+    costs = [model.sample_cost(t, g) for t, g in samples]
+    best = {"greedy_only": float("inf"), "polished": float("inf")}
+    for _ in range(repeats):
+        for name, moves in (("greedy_only", 0), ("polished", None)):
+            packer = ComputeBalancedPacker(width, buffer_size=buffer, **({} if moves is None else {"polish_moves": 0}))
+            start = time.perf_counter()
+            for i, (tokens, _) in enumerate(samples):
+                packer.push(i, tokens, costs[i])
+            best[name] = min(best[name], (time.perf_counter() - start) / len(samples) * 1e6)
+    return {"buffer": buffer, "cost_model": model.source, **{f"us_per_sample_{k}": v for k, v in best.items()}}
+
+
 def bench_balance(
     *,
     data: tuple[str, ...] = (),
@@ -203,6 +221,7 @@ def bench_balance(
         for k in buffers
         for mode in modes
     ]
+    speed = [{"mix": name, **packer_speed(mix, width, k)} for name, mix in mixes.items() for k in buffers]
     return {
         "mixes": {
             name: {"samples": len(mix), "media_samples": sum(1 for _, g in mix if g)} for name, mix in mixes.items()
@@ -212,6 +231,7 @@ def bench_balance(
         "accum": accum,
         "priced_by": "independent_pack_flops: Qwen2.5-VL-3B from its published architecture (balance_bench.py)",
         "rows": rows,
+        "speed": speed,
     }
 
 
@@ -226,6 +246,11 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(
                 f"{r['mode']:<15}{r['buffer']:>5}{r['fill'] * 100:8.2f}%{r['cost_cv'] * 100:8.2f}%{effs}"
                 f"{r['us_per_sample']:11.1f}"
+            )
+        for r in (r for r in result["speed"] if r["mix"] == name):
+            lines.append(
+                f"packer speed K={r['buffer']}: {r['us_per_sample_polished']:.1f} us/sample "
+                f"(greedy pass only: {r['us_per_sample_greedy_only']:.1f})"
             )
     return "\n".join(lines)
 
@@ -256,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         accum=args.accum,
         seed=args.seed,
     )
+    result["command"] = shlex.join(["python", "-m", "energon_pack.bench.balance_bench", *(argv or sys.argv[1:])])
     print(format_table(result))
     print("\n" + write_report(Path(args.out), result))
     return result

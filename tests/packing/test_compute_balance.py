@@ -180,7 +180,7 @@ def test_the_bench_prints_every_mode():
     )
     assert named["dp_efficiency"]["8"] > tokens["dp_efficiency"]["8"] and named["cost_cv"] < tokens["cost_cv"]
     table = format_table(result)
-    assert "DP-8" in table and table.count("\n") == 5 and result["mixes"]["llava_photos"]["samples"] == 1500
+    assert "DP-8" in table and table.count("\n") == 6 and result["mixes"]["llava_photos"]["samples"] == 1500
 
 
 def test_every_budget_is_respected(items):
