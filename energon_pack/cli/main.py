@@ -21,6 +21,8 @@ from . import (
     inspect,
     make_demo,
     pack_offline,
+    plan,
+    plan_blend,
     prepare,
 )
 from .common import OUTPUT_ARGS, refuse_remote_output
@@ -50,6 +52,8 @@ COMMANDS: tuple[ModuleType, ...] = (
     pack_offline,
     bench_offline,
     calibrate,
+    plan,
+    plan_blend,
 )
 BY_NAME = {module.NAME: module for module in COMMANDS}
 CONVERT_HELP = (
