@@ -17,7 +17,6 @@ from energon_pack import (
     JsonlSFTDataset,
     QwenVLPackingTaskEncoder,
     TokenBudgetBatchSampler,
-    alignment_multiple,
     load_tokenizer,
     make_demo_shards,
 )
@@ -62,10 +61,9 @@ def jsonl_loader(path: str, rank: int = 0, world_size: int = 1, width: int = 409
         completion_field="output",
         max_length=width,
     )
-    sampler = TokenBudgetBatchSampler(
-        dataset, width, pad_multiple=alignment_multiple(cp=1, tp=1), seed=1234, num_replicas=world_size, rank=rank
-    )
-    collate = InBatchPacker.for_dataset(dataset, width, pad_to_max_length=True)
+    # the sampler and the collate take the same packing knobs (PackingSpec's names): width, cp/tp/sp alignment
+    sampler = TokenBudgetBatchSampler(dataset, width, cp=1, tp=1, seed=1234, num_replicas=world_size, rank=rank)
+    collate = InBatchPacker.for_dataset(dataset, width, cp=1, tp=1, pad_to_max_length=True)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=2)
 
 
