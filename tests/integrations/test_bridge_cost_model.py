@@ -120,6 +120,16 @@ def test_a_named_cost_model_wins_over_the_bridge_model(demo_shards):
     assert encoder.cost_model_name == cost_model_name(StepCostModel.from_shape("qwen2-vl-2b"))
 
 
+def test_the_validation_encoder_prices_the_bridge_model_too(demo_shards):
+    cfg = bridge_cfg(str(demo_shards), "qwen2.5-vl-3b")
+    cfg.dataset.validation_task_encoder = BridgeQwenVLPackingTaskEncoder(
+        tokenizer="demo", preset=PRESET, seq_length=4096
+    )
+    check_bridge_config(cfg, allow_demo_tokenizer=True)
+    name = cost_model_name(StepCostModel.from_shape("qwen2.5-vl-3b"))
+    assert cfg.dataset.task_encoder.cost_model_name == cfg.dataset.validation_task_encoder.cost_model_name == name
+
+
 def test_check_bridge_sft_config_prices_the_bridge_model(tmp_path):
     cfg = SimpleNamespace(
         train=SimpleNamespace(micro_batch_size=1, global_batch_size=1),
