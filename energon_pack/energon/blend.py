@@ -12,6 +12,7 @@ reached; :func:`write_blend` writes the Metadataset with the new weights.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,13 @@ def _stream_stats(path: Any, task_encoder: Any, *, buffer: int, samples: int, se
         repeat=repeat,
     )
     tracker = PackingStatsTracker()
-    for batch in get_loader(dataset):
-        tracker.update(batch["packing_stats"])
-        total = tracker.total
-        if total.samples + total.skipped >= samples:
-            break
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")  # torch's, on a machine without a GPU
+        for batch in get_loader(dataset):
+            tracker.update(batch["packing_stats"])
+            total = tracker.total
+            if total.samples + total.skipped >= samples:
+                break
     return tracker.total
 
 

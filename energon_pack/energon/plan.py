@@ -16,6 +16,7 @@ pads the short ranks to it, here a short rank starts its next pass when the load
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,9 +129,11 @@ def plan_epoch(
             repeat=False,
         )
         tracker, packs = PackingStatsTracker(), 0
-        for batch in get_loader(dataset):
-            packs += 1
-            tracker.update(batch["packing_stats"])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pin_memory.*")  # torch's, on a machine without a GPU
+            for batch in get_loader(dataset):
+                packs += 1
+                tracker.update(batch["packing_stats"])
         per_rank.append(packs)
         for (r, worker), stats in tracker.per_worker().items():
             per_worker[(r, worker)] = stats.packs

@@ -15,6 +15,7 @@ from PIL import Image
 
 from _video_files import video_bytes
 from energon_pack.energon import TextPackingTaskEncoder, prepare_jsonl
+from energon_pack.energon.blend import check_blend_shares, plan_blend_weights, read_blend, write_blend
 from energon_pack.energon.plan import plan_epoch
 from energon_pack.energon.prepare import prepare_webdataset
 from energon_pack.packing import PackingStatsTracker
@@ -187,14 +188,61 @@ def test_text_encoder_blends_jsonl_files_per_source(tmp_path):
     assert sum(v["supervised_tokens"] for v in per_source.values()) == supervised
 
 
+@pytest.fixture(scope="module")
+def delivered(blend):
+    """Packs each of 2 ranks delivers (2 workers, seed 3), by packing mode: what the plan must equal."""
+    return {
+        mode: [
+            sum(1 for _ in loader(blend["once"], encoder(packing_mode=mode), rank=r, ranks=2, seed=3)) for r in (0, 1)
+        ]
+        for mode in ("carry", "rounds")
+    }
+
+
 @pytest.mark.parametrize("mode", ["carry", "rounds"])
-def test_epoch_plan_equals_the_packs_every_rank_delivers(blend, mode):
+def test_epoch_plan_equals_the_packs_every_rank_delivers(blend, delivered, mode):
     plan = plan_epoch(blend["once"], encoder(packing_mode=mode), packing_buffer_size=8, ranks=2, workers=2, seed=3)
-    delivered = [
-        sum(1 for _ in loader(blend["once"], encoder(packing_mode=mode), rank=r, ranks=2, seed=3)) for r in (0, 1)
-    ]
-    assert plan.packs_per_rank == delivered
-    assert plan.steps_per_epoch == max(delivered)
-    assert sum(plan.packs_per_worker.values()) == sum(delivered)
+    assert plan.packs_per_rank == delivered[mode]
+    assert plan.steps_per_epoch == max(delivered[mode])
+    assert sum(plan.packs_per_worker.values()) == sum(delivered[mode])
     assert plan.stats.samples == 68 and dict(plan.stats.skips) == {"invalid_json": 1, "oversize": 1}
-    assert plan.max_steps(epochs=3, accumulation=2) == -(-3 * max(delivered) // 2)
+    assert plan.max_steps(epochs=3, accumulation=2) == -(-3 * max(delivered[mode]) // 2)
+
+
+def test_planned_weights_reach_the_target_token_shares_and_measure_what_the_packs_hold(blend, tmp_path):
+    targets = {"photos": 0.5, "videos": 0.3, "chat": 0.2}
+    plan = plan_blend_weights(blend["once"], encoder(), targets, samples=100, packing_buffer_size=16)
+    # header-only measurement per sample drawn (skips included) == the post-encoded packs' tokens
+    packed = measured_by_source(list(loader(blend["once"], encoder())))
+    drawn = {"photos": 24, "videos": 6, "chat": 40}
+    assert {n: m["drawn"] for n, m in plan.measured.items()} == drawn
+    assert {n: m["tokens"] for n, m in plan.measured.items()} == {n: packed[n]["real_tokens"] / drawn[n] for n in drawn}
+    raw = {n: targets[n] / plan.measured[n]["tokens"] for n in targets}
+    assert plan.weights == pytest.approx({n: raw[n] / sum(raw.values()) for n in raw}, rel=1e-12)
+    out = write_blend(blend["once"], plan.weights, tmp_path / "planned.yaml")
+    assert [s.name for s in read_blend(out)] == ["photos", "videos", "chat"]
+    reached = check_blend_shares(out, encoder(), samples=1500, packing_buffer_size=16).per_source()
+    assert {n: abs(reached[n]["token_share"] - t) < 0.02 for n, t in targets.items()} == dict.fromkeys(targets, True)
+
+
+def test_plan_and_plan_blend_commands(blend, delivered, tmp_path, capsys):
+    from energon_pack.cli.main import main
+
+    flags = ["--seq-length", "1024", "--tokenizer", "demo", "--preset", "qwen2-vl", "--buffer", "8"]
+    assert main(["plan", blend["once"], "--ranks", "2", "--workers", "2", "--seed", "3", "--epochs", "2", *flags]) == 0
+    out = capsys.readouterr().out
+    packs = delivered["carry"]  # the command's --seed is also the packer's seed (equal packs here: no tie to break)
+    assert f"steps per epoch per rank: {max(packs)} (packs {sum(packs)}, samples 68," in out
+    assert f"max_steps for 2 epoch(s), 1 pack(s) per step: {2 * max(packs)}" in out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith(("chat ", "photos ", "videos "))] == [
+        "chat",
+        "photos",
+        "videos",
+    ]
+    planned = tmp_path / "planned.yaml"
+    shares = "photos=0.5,videos=0.3,chat=0.2"
+    args = ["plan-blend", blend["once"], "--target-shares", shares, "--out", str(planned), "--samples", "50"]
+    assert main([*args, "--check-samples", "0", *flags]) == 0
+    assert abs(sum(s.entry["weight"] for s in read_blend(planned)) - 1) < 1e-5
+    assert main([*args[:3], "photos=0.5,chat=0.5", *args[4:], *flags]) == 2
+    assert "--target-shares" in capsys.readouterr().err
