@@ -195,6 +195,8 @@ def test_cli_help_lists_every_command():
         "pack-offline",
         "bench-offline",
         "calibrate",
+        "plan",
+        "plan-blend",
     ]
 
 

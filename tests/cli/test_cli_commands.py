@@ -107,7 +107,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def test_every_command_module_is_registered_with_add_parser_and_run():
     names = [module.NAME for module in COMMANDS]
-    assert len(names) == len(set(names)) == 11
+    assert len(names) == len(set(names)) == 13
     for module in COMMANDS:
         assert callable(module.add_parser) and callable(module.run) and isinstance(module.KNOB_FLAGS, dict), module
     assert set(_subparsers(build_parser())) == set(names) | {"convert"}
