@@ -274,3 +274,16 @@ def test_a_long_video_gets_smaller_frames_then_fewer(tmp_path):
     # the most frames that fit: two more would not
     more = plan_video(probe_video(data), PRESET, FrameSampling(max_frames=plan.num_frames + 2, max_video_tokens=1))
     assert not te._fits(te._measured(conv, [], [VideoFile(data, more)], [], [type(meta).from_plan(more)])["cost"])
+
+
+def test_rounds_mode_counts_the_same_adjustments(shards, runs):
+    """Energon's own PackingDataset road (``packing_mode="rounds"``) delivers the same samples and pieces and counts
+    the same adjustments as carry mode."""
+    tracker, keys = PackingStatsTracker(), Counter()
+    for batch in loader(shards, "split", packing_mode="rounds"):
+        tracker.update(batch["packing_stats"])
+        keys.update(batch["__keys__"])
+        _within_width([batch])
+    assert keys == _keys(runs["split"][0])
+    assert tracker.total.adjustments == runs["split"][1].adjustments
+    assert tracker.total.skips == runs["split"][1].skips
