@@ -120,7 +120,7 @@ def test_width_below_most_samples_hint_and_no_misleading_baseline(tmp_path, caps
         f"several times the median (e.g. seq_length=2048)"
     ]
     assert inspect_jsonl(path, tokenizer="demo", seq_length=100, names=HINT_NAMES)["hints"][0].endswith(
-        "(e.g. --width 2048)"
+        "(e.g. --seq-length 2048)"
     )
     assert show(path, tokenizer="demo", seq_length=100) == 0
     out = capsys.readouterr().out
