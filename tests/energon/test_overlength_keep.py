@@ -175,13 +175,13 @@ def test_fitted_images_equal_hf_processor_for_each_preset(shards):
     ``size={"longest_edge": cap, "shortest_edge": min_pixels}``: the same grid and the same pixel values."""
     from transformers import Qwen2VLImageProcessor
 
-    sizes = [(1600, 1400), (1400, 1600), (1000, 700)]
+    sizes = [(800, 700), (700, 800), (640, 480)]
     images = [_jpeg(w, h, i) for i, (w, h) in enumerate(sizes)]
     conv = _turns(1)
     conv[0]["content"] = [{"type": "image"}] * 3 + [{"type": "text", "text": "Compare."}]
     for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl"):
         preset = get_preset(name)
-        te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=WIDTH, overlength="fit")
+        te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=preset, seq_length=2048, overlength="fit")
         whole = te._measured(conv, images, [], [ImageMeta(w, h) for w, h in sizes], [])
         parsed = te._fitted(whole)
         assert not te._fits(whole["cost"]) and te._fits(parsed["cost"]) and parsed["adjustment"]["fitted"] == 1
