@@ -96,9 +96,12 @@ def independent_pack_flops(segments: list[int], grids: list[tuple[int, int, int]
     return 3.0 * (2.0 * (per_token * tokens + per_patch * patches) + attention + vit_attention)
 
 
-def read_samples(path: str | Path, *, width: int, preset: str = "qwen2.5-vl", tokenizer: Any = None) -> list:
-    """Each sample of an Energon-prepared dataset as the real encoder pre-encodes it: (aligned tokens, the (t, h,
-    w) grids of its images and videos), in the order of one worker's stream; skipped samples are left out."""
+def read_samples(
+    path: str | Path, *, width: int, preset: str = "qwen2.5-vl", tokenizer: Any = None, limit: int | None = None
+) -> list:
+    """Each sample of an Energon-prepared dataset (the first ``limit``, default all) as the real encoder
+    pre-encodes it: (aligned tokens, the (t, h, w) grids of its images and videos), in the order of one worker's
+    stream; skipped samples are left out."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset, stateless
 
     from energon_pack.chat.tokenizer import load_tokenizer
@@ -131,7 +134,12 @@ def read_samples(path: str | Path, *, width: int, preset: str = "qwen2.5-vl", to
         task_encoder=encoder,
         repeat=False,
     )
-    return [row for batch in get_loader(dataset) for row in batch]
+    rows: list = []
+    for batch in get_loader(dataset):
+        rows.extend(batch)
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows[:limit]
 
 
 def dp_efficiency(pack_costs: np.ndarray, ranks: int, accum: int = 1, draws: int = 20000, seed: int = 0) -> float:

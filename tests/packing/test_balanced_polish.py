@@ -134,3 +134,20 @@ def test_the_independent_flop_count_by_hand():
     image = 3.0 * (2.0 * (per_token * 90 + per_patch * 320) + layers * 2 * d * 90**2 + attention)
     assert independent_pack_flops([90], [(1, 16, 20)]) == pytest.approx(image, rel=1e-12)
     assert QWEN25_VL_3B["full_attention_layers"] == (7, 15, 23, 31)
+
+
+def test_the_bench_reads_real_samples_as_the_encoder_costs_them(demo_shards):
+    """``--data``: each sample's tokens and grids through the real loader and the Qwen2.5-VL encoder's own
+    pre-encoding, with the real tokenizer: the same tokens and patches as the encoder's cost reader, broken samples
+    left out."""
+    from energon_pack.bench.balance_bench import read_samples
+    from energon_pack.bench.visual_budget import candidate_costs
+    from energon_pack.chat.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("qwen2.5-vl")
+    samples = read_samples(demo_shards, width=8192, tokenizer=tokenizer, limit=120)
+    costs = candidate_costs(str(demo_shards), width=8192, tokenizer=tokenizer, limit=120)
+    assert len(samples) == len(costs) == 120
+    assert [t for t, _ in samples] == costs[:, 0].tolist()
+    assert [sum(t * h * w for t, h, w in grids) for _, grids in samples] == costs[:, 1].tolist()
+    assert sum(1 for _, grids in samples if grids) == 86
