@@ -96,7 +96,9 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         config: the packing knobs (width, alignment, budgets, packer knobs, skip policy; see
             :class:`PackingConfig`). Default None: ``PackingConfig()`` (width 8192, no alignment, no extra
             budgets, carry mode), with ``config_overrides`` applied on top. ``overlength="truncate"`` is
-            refused: it would cut visual tokens.
+            refused (it would cut visual tokens); ``"fit"`` lowers an over-long sample's pixels / frames and
+            ``"split"`` cuts a long conversation at user turns (:mod:`.overlength`), both counted as
+            ``packing_stats`` adjustments.
         static_visual: put every pack's patch rows (images and videos) into ``visual_pixel_values``
             [``max_patches_per_pack``, row width] in token order, zero-padded to the budget, with
             ``visual_grid_thw`` (``pixel_values`` / ``pixel_values_videos`` are then None), so the vision
