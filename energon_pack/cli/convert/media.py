@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from energon_pack.energon.media_store import sha256_hex
 from energon_pack.errors import SampleSkipped
 
 from .options import _Context
@@ -194,9 +195,20 @@ def _looks_like_video(head: bytes) -> bool:
     )
 
 
+_VIDEO_EXTS: dict[str, str] = {}  # SHA-256 of a video file -> its extension, per worker: a reused clip is probed once
+
+
 def _sniff_video(data: bytes, what: str) -> str:
     """Member extension of a video file, verified by its header (what the loader reads before
-    costing it): a readable video stream with a frame rate, a size and at least 2 frames."""
+    costing it): a readable video stream with a frame rate, a size and at least 2 frames. The same bytes
+    (a clip many records use) are probed once per process."""
+    key = sha256_hex(data)
+    if key not in _VIDEO_EXTS:
+        _VIDEO_EXTS[key] = _probe_video_ext(data, what)
+    return _VIDEO_EXTS[key]
+
+
+def _probe_video_ext(data: bytes, what: str) -> str:
     from energon_pack.video.probe import open_container, probe_video
     from energon_pack.video.sampling import FrameSampling, smart_nframes
 
