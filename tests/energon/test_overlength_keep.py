@@ -287,3 +287,25 @@ def test_rounds_mode_counts_the_same_adjustments(shards, runs):
     assert keys == _keys(runs["split"][0])
     assert tracker.total.adjustments == runs["split"][1].adjustments
     assert tracker.total.skips == runs["split"][1].skips
+
+
+def test_a_frame_list_video_is_fitted_with_its_own_video_max_pixels():
+    """A video stored as 8 frames of 640x480 (1,568 visual tokens) in a 1024 pack: fitted with its own
+    ``video_max_pixels``; post-encode decodes the frames to exactly the fitted grid (no size mismatch)."""
+    from energon_pack.energon.samples import PackCandidate
+
+    frames = [_jpeg(640, 480, i) for i in range(8)]
+    te = QwenVLPackingTaskEncoder(tokenizer="demo", preset=PRESET, seq_length=1024, overlength="fit")
+    meta = te._video_meta(frames)
+    conv = [{"role": "user", "content": "<video>What moves?"}, {"role": "assistant", "content": "Bars."}]
+    whole = te._measured(conv, [], [frames], [], [meta])
+    fitted = te._fitted(whole)
+    cap = fitted["video_metas"][0].max_pixels
+    assert not te._fits(whole["cost"]) and te._fits(fitted["cost"])
+    assert cap % PRESET.factor**2 == 0 and PRESET.video_min_pixels <= cap < PRESET.video_max_pixels
+    candidate = PackCandidate(__key__="v", __restore_key__=(), cost=fitted["cost"], payload=fitted)
+    segment = te._postencode(candidate).segment
+    grid = V.video_grid_thw(8, 480, 640, V.with_max_pixels(PRESET, cap, video=True))
+    assert segment.visual["video_grid_thw"].tolist() == [list(grid)]
+    assert len(segment.input_ids) == fitted["length"] <= 1024
+    assert segment.visual["pixel_values_videos"].shape[0] == grid[0] * grid[1] * grid[2]
