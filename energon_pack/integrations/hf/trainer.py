@@ -1,4 +1,4 @@
-"""``transformers.Trainer`` / ``trl.SFTTrainer`` on our packs: a dataset, a collator and a checkpoint callback.
+"""``transformers.Trainer`` / ``trl.SFTTrainer`` on our packs: a dataset, a collator and checkpoint callbacks.
 
 ::
 
@@ -13,19 +13,30 @@
         callbacks=[EnergonStateCallback(dataset)],
     )
 
-* :data:`TRAINER_SETTINGS`: what the Trainer's arguments must say for packs: one pack per micro-batch, every key
-  kept, no DataLoader workers (Energon has its own), and no Accelerate dispatch (it would slice every tensor of
-  a pack to its first row, as if it were a batch of samples).
+    # TRL: SFTTrainer(model=for_sft_trainer(prepare_model(model)), args=SFTConfig(..., **SFT_SETTINGS),
+    #      train_dataset=trl_dataset(loader), data_collator=PackedCollator(model, supervised_logits=False), ...)
+
+* :data:`TRAINER_SETTINGS` / :data:`SFT_SETTINGS`: what the Trainer's arguments (TRL's ``SFTConfig``) must say
+  for packs: one pack per micro-batch, every key kept, no DataLoader workers (Energon has its own), no Accelerate
+  dispatch (it would slice every tensor of a pack to its first row); for TRL also no preparing, packing or
+  padding-free collating of its own. :func:`check_trainer_args` refuses other values by name.
 * :class:`PackedIterableDataset`: a torch ``IterableDataset`` over the Energon loader (one pack per item), which
   the Trainer's DataLoader neither re-batches nor shuffles. It keeps the loader's state after each of its last
-  packs, since the Trainer (through Accelerate) reads a pack ahead of the one it trains on.
+  packs, since the Trainer (through Accelerate) reads a pack ahead of the one it trains on. Over the GPT-SFT
+  road's DataLoader it has the packing plan's length (:func:`steps_per_epoch`). :func:`trl_dataset`: the same,
+  also a ``datasets.IterableDataset``, which TRL requires.
 * :class:`PackedCollator`: a pack -> the model's forward kwargs (:func:`~.batch.hf_forward_kwargs`: positions,
   cu_seqlens for the varlen attention, no mask) plus ``labels`` in HF's unshifted form (:func:`trainer_labels`),
-  from which the Trainer counts ``num_items_in_batch``: the supervised tokens of the whole accumulated step.
+  from which the Trainer counts ``num_items_in_batch``: the supervised tokens of the whole accumulated step; and
+  ``logits_to_keep`` (:func:`supervised_positions`), so no ``T x vocab`` logits are built.
 * :func:`packed_trainer_loss`: the Trainer's ``compute_loss_func``: our loss summed over the supervised tokens and
   divided by ``num_items_in_batch`` (HF's Qwen-VL models keep that count from their own loss).
-* :class:`EnergonStateCallback`: writes the loader state of the last trained pack into each checkpoint folder and
-  restores it on ``resume_from_checkpoint``, so a resumed run trains the same packs as an uninterrupted one.
+  :func:`for_sft_trainer`: the same count for TRL's fused LM head.
+* :class:`PackedDataCallback`: the checks at construction and, with several ranks, Accelerate's
+  ``IterableDatasetShard`` made a pass-through (each rank reads its own Energon shard).
+  :class:`EnergonStateCallback` (one too): writes the loader state of the last trained pack into each checkpoint
+  folder and restores it on ``resume_from_checkpoint``, so a resumed run trains the same packs as an
+  uninterrupted one.
 
 This module imports transformers at the top: the package loads it on first use of one of its names only.
 """
