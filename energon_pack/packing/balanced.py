@@ -35,9 +35,9 @@ data it was never tuned on: public third-party mixes converted with ``energon-pa
 tokenizer, ``cost_model="qwen2.5-vl-3b"``, width 8192, K=64, every pack priced by an independent Qwen2.5-VL-3B
 FLOP count (``python -m energon_pack.bench.balance_bench --data ...``, ``docs/benchmarks/balance_public.json``).
 Predicted DP-8 efficiency, photos: 0.942 without the polish, 0.972 with it, at 99.56% fill (tokens only: 0.847 at
-99.82%); video: 0.957, 0.974 at 99.54% (tokens only: 0.889 at 99.81%). The polish costs about 1.4x the greedy
-pass's time (well under 1 ms a sample at K=256). The state is plain data and a restored packer builds exactly the
-same future packs.
+99.82%); video: 0.957, 0.974 at 99.54% (tokens only: 0.889 at 99.81%). The polish takes 1.2-1.7x the greedy
+pass's time in the runs measured (well under 1 ms a sample at K=256). The state is plain data and a restored
+packer builds exactly the same future packs.
 """
 
 from __future__ import annotations
