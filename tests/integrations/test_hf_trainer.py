@@ -159,9 +159,10 @@ def test_arguments_that_break_packs_are_refused_by_name(tmp_path, knob, value, w
 
 
 def test_arguments_without_max_steps_are_refused_naming_it_and_the_plan(shards, tmp_path):
-    """A stream of packs has no length: check_trainer_args (PackedDataCallback at init) says to set max_steps and
-    where N comes from (transformers 5.x's Trainer refuses it at construction too, without saying what N is)."""
-    with pytest.raises(ConfigError, match=r"max_steps.*is -1.*set max_steps=N.*steps_per_epoch\(sampler"):
+    """An Energon stream of packs has no length: check_trainer_args (PackedDataCallback at init) says to set
+    max_steps and where it comes from, the Energon epoch plan (transformers 5.x's Trainer refuses it at
+    construction too, without saying what to set it to)."""
+    with pytest.raises(ConfigError, match=r"max_steps.*is -1.*set max_steps=.*plan_epoch\(.*\)\.max_steps\(epochs="):
         H.check_trainer_args(_args(tmp_path, max_steps=-1), H.PackedIterableDataset(_loader(shards, "qwen2.5-vl")))
     H.check_trainer_args(_args(tmp_path, max_steps=-1))  # no dataset named: the Trainer's own check stands
 

@@ -137,8 +137,9 @@ def check_trainer_args(args: Any, dataset: Any = None) -> None:
             "max_steps",
             f"is {getattr(args, 'max_steps', None)!r}: the packs come as a stream whose length the Trainer cannot "
             "read, so num_train_epochs cannot say when to stop",
-            "set max_steps=N: the packs to train / gradient_accumulation_steps (GPT-SFT JSONL: its packing plan "
-            "gives the length, steps_per_epoch(sampler, gradient_accumulation_steps) per epoch)",
+            "set max_steps=energon_pack.energon.plan.plan_epoch(path, encoder, packing_buffer_size=K, ranks=R, "
+            "workers=W).max_steps(epochs=E, accumulation=gradient_accumulation_steps) (the packs each rank delivers "
+            "per pass, from headers only)",
         )
 
 
