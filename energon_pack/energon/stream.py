@@ -38,7 +38,11 @@ TOO_LONG_HINTS = (
         ("seq_length",),
         python=(("seq_length", "seq_length (the pack width)"),),
     ),
-    Hint("set {overlength}='truncate' (text)", ("overlength",), sep=", or "),
+    Hint(
+        "set {overlength}='truncate' (text), 'fit' or 'split' (Qwen-VL: lower the pixels, split turns)",
+        ("overlength",),
+        sep=", or ",
+    ),
 )
 MISMATCH_HINT = Hint(
     "the records may not match the encoder: check the field names (prompt/completion, "
