@@ -10,8 +10,9 @@ import copy
 
 import pytest
 import torch
+from megatron.energon import WorkerConfig
 
-from _hf_helpers import NO_IMPLICIT_PREPARE, tiny_model
+from _hf_helpers import NO_IMPLICIT_PREPARE, small_preset, tiny_model
 from _hf_trainer_helpers import (
     Grads,
     Recording,
@@ -23,9 +24,11 @@ from _hf_trainer_helpers import (
     write_jsonl,
     write_shards,
 )
+from energon_pack.energon.plan import plan_epoch
 from energon_pack.errors import ConfigError
 from energon_pack.integrations import hf as H
 from energon_pack.qwen_vl import load_demo_tokenizer
+from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -228,3 +231,28 @@ def test_supervised_logits_cut_the_peak_memory_of_a_trainer_step():
     assert got["full"]["tokens"] == got["supervised"]["tokens"] == 1321
     assert got["full"]["supervised"] == 331
     assert got["supervised"]["peak_mib"] * 2 < got["full"]["peak_mib"]
+
+
+def test_the_energon_epoch_plan_gives_max_steps_that_train_every_sample_once(shards, tmp_path):
+    """max_steps from plan_epoch (headers only) over a one-pass loader (repeat=False): the Trainer trains every
+    pack the loader delivers, so each of the 24 samples exactly once."""
+    encoder = QwenVLPackingTaskEncoder(tokenizer="demo", preset=small_preset("qwen2.5-vl"), seq_length=128)
+    plan = plan_epoch(
+        str(shards), encoder, packing_buffer_size=6, seed=3, shuffle_buffer_size=8, max_samples_per_sequence=4
+    )
+    steps = plan.max_steps(epochs=1, accumulation=2)
+    model = H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()).train())
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0, seed_offset=3)
+    dataset = H.PackedIterableDataset(energon_loader(shards, "qwen2.5-vl", worker_config=wc, repeat=False))
+    collator = Recording(model)
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=steps, gradient_accumulation_steps=2),
+        train_dataset=dataset,
+        data_collator=collator,
+        compute_loss_func=H.packed_trainer_loss,
+        callbacks=[H.EnergonStateCallback(dataset)],
+    )
+    assert trainer.train().global_step == steps
+    assert len(collator.keys) == plan.packs_per_rank[0]
+    assert sorted(k for pack in collator.keys for k in pack) == [f"s{i:02d}" for i in range(24)]
