@@ -47,7 +47,7 @@ def test_the_command(demo_shards, tmp_path):
         "32",
         "--workers",
         "1",
-        "--width",
+        "--seq-length",
         "2048",
         "--tokenizer",
         "demo",

@@ -86,7 +86,7 @@ def test_bench_data_refuses_the_hook_by_name(hooked, monkeypatch, capsys, tmp_pa
     root, marker = hooked
     monkeypatch.delenv(ALLOW_DATASET_CODE_ENV, raising=False)
     args = ["bench", "--data", str(root), "--buffers", "1", "--modes", "carry", "--workers", "0", "--packs", "1"]
-    args += ["--width", "4096", "--tokenizer", "demo", "--no-plots", "--out-dir", str(tmp_path / "out")]
+    args += ["--seq-length", "4096", "--tokenizer", "demo", "--no-plots", "--out-dir", str(tmp_path / "out")]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"{ALLOW_DATASET_CODE_ENV}: {root}/.nv-meta/dataset.yaml names part_filter: 'hook.py:keep'" in err

@@ -203,7 +203,7 @@ def test_bench_visual_budget_command(tmp_path):
                 "--data",
                 str(data),
                 "--visual-budget",
-                "--width",
+                "--seq-length",
                 "2048",
                 "--buffers",
                 "8,16",

@@ -118,7 +118,7 @@ def test_pack_offline_and_inspect_train_the_alpaca_instruction(tmp_path, capsys)
     s = json.loads(summary.read_text())
     assert (s["lines"], s["samples"], s["skips"]) == (5, 3, {"needs_chat_format": 2})
     assert sorted(_packed_samples(out)) == sorted(ALPACA_TRAINED)
-    assert main(["inspect", str(src), "--width", "64", "--json-out", str(report), *common]) == 0
+    assert main(["inspect", str(src), "--seq-length", "64", "--json-out", str(report), *common]) == 0
     r = json.loads(report.read_text())
     assert (r["usable"], {k: v["count"] for k, v in r["skips"].items()}) == (3, {"needs_chat_format": 2})
     assert r["skips"]["needs_chat_format"]["first_lines"] == [4, 5]
