@@ -31,9 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target-shares", required=True, help="name=share per source, summing to 1: a=0.5,b=0.3,c=0.2")
     p.add_argument("--by", choices=("tokens", "compute"), default="tokens", help="shares of packed tokens or step cost")
     p.add_argument("--out", required=True, help="the Metadataset YAML to write with the planned weights")
-    p.add_argument("--samples", type=positive_int, default=200, help="samples measured per source")
+    p.add_argument("--samples", type=positive_int, default=1000, help="samples measured per source")
     p.add_argument(
-        "--check-samples", type=non_negative_int, default=2000, help="samples of the planned blend checked (0: none)"
+        "--check-samples", type=non_negative_int, default=4000, help="samples of the planned blend checked (0: none)"
     )
     encoder_options(p)
     return p

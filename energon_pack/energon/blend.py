@@ -134,7 +134,7 @@ def plan_blend_weights(
     targets: dict[str, float],
     *,
     by: str = "tokens",
-    samples: int = 200,
+    samples: int = 1000,
     packing_buffer_size: int = 64,
     seed: int = 0,
 ) -> BlendPlan:
@@ -204,7 +204,7 @@ def check_blend_shares(
     metadataset: str | Path,
     task_encoder: Any,
     *,
-    samples: int = 2000,
+    samples: int = 4000,
     packing_buffer_size: int = 64,
     seed: int = 0,
 ) -> PackingStats:
