@@ -246,3 +246,18 @@ def test_plan_and_plan_blend_commands(blend, delivered, tmp_path, capsys):
     assert abs(sum(s.entry["weight"] for s in read_blend(planned)) - 1) < 1e-5
     assert main([*args[:3], "photos=0.5,chat=0.5", *args[4:], *flags]) == 2
     assert "--target-shares" in capsys.readouterr().err
+
+
+def test_bench_on_a_metadataset_prints_each_source(blend, tmp_path, capsys):
+    from energon_pack.cli.main import main
+
+    args = ["bench", "--data", blend["once"], "--buffers", "8", "--modes", "carry", "--packs", "0", "--no-plots"]
+    flags = ["--seq-length", "1024", "--tokenizer", "demo", "--preset", "qwen2-vl", "--out-dir", str(tmp_path)]
+    assert main([*args, *flags]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("per source (carry, K=8):") :].splitlines()[3:6]
+    assert [(line.split()[0], int(line.split()[1]), line.split()[-1]) for line in lines] == [
+        ("chat", 39, "invalid_json=1"),
+        ("photos", 23, "oversize=1"),
+        ("videos", 6, "-"),
+    ]
