@@ -113,3 +113,47 @@ def test_sft_config_settings_that_break_packs_are_refused_by_name(tmp_path, knob
     H.check_trainer_args(trainer_args(tmp_path, trl.SFTConfig))
     with pytest.raises(ConfigError, match=f"{knob}.*{why}.*SFT_SETTINGS"):
         H.check_trainer_args(trainer_args(tmp_path, trl.SFTConfig, **{knob: value}))
+
+
+def _sft_run(shards, out, steps, *, save_steps=None, resume=None):
+    """The ``__keys__`` of the packs an SFTTrainer run trained on (gradient accumulation 2)."""
+    model = H.for_sft_trainer(H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()).train()))
+    dataset = H.trl_dataset(energon_loader(shards, "qwen2.5-vl"))
+    collator = Recording(model, supervised_logits=False)
+    save = dict(save_strategy="steps", save_steps=save_steps) if save_steps else {}
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=trainer_args(out, trl.SFTConfig, max_steps=steps, gradient_accumulation_steps=2, **save),
+        train_dataset=dataset,
+        data_collator=collator,
+        processing_class=demo_processing_class(),
+        callbacks=[H.EnergonStateCallback(dataset, resume_from=resume)],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return collator.keys
+
+
+def test_a_resumed_sft_trainer_run_trains_the_packs_of_an_uninterrupted_one(shards, tmp_path):
+    """SFTTrainer peeks at a pack when built: checkpoint-2 still holds the state after the 4 packs trained, and the
+    loader restored by EnergonStateCallback(resume_from=...) before SFTTrainer is built trains the packs of steps
+    3-4 of an uninterrupted run; a restore after SFTTrainer started the loader is refused naming resume_from."""
+    full = _sft_run(shards, tmp_path / "full", 4)
+    first = _sft_run(shards, tmp_path / "run", 2, save_steps=2)
+    resumed = _sft_run(shards, tmp_path / "run", 4, resume=str(tmp_path / "run" / "checkpoint-2"))
+    assert first[:4] == full[:4]
+    assert resumed[:4] == full[4:8]
+    assert len({tuple(k) for k in full[:8]}) == 8
+    dataset = H.trl_dataset(energon_loader(shards, "qwen2.5-vl"))
+    next(iter(dataset))
+    with pytest.raises(ConfigError, match=r"resume_from.*already been read.*EnergonStateCallback\(dataset, resume_"):
+        dataset.restore(
+            torch.load(tmp_path / "run" / "checkpoint-2" / "energon_loader_state_rank0.pt", weights_only=False)
+        )
+
+
+def test_an_sft_config_run_of_a_model_that_takes_no_loss_kwargs_is_refused(shards, tmp_path):
+    """Without for_sft_trainer, SFTTrainer would average per-pack means of a Qwen-VL model: refused by name."""
+    model = H.prepare_model(tiny_model("qwen2.5-vl", load_demo_tokenizer()).train())
+    trainer, _, _ = _sft_trainer(model, energon_loader(shards, "qwen2.5-vl"), tmp_path, 2)
+    with pytest.raises(ConfigError, match=r"model.*per-pack means.*for_sft_trainer\(prepare_model\(model\)\)"):
+        trainer.train()

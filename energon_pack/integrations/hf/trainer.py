@@ -257,6 +257,14 @@ class PackedIterableDataset(IterableDataset):
                 f"{type(self.loader).__name__} has no restore_state_rank",
                 "build the dataset over megatron.energon.get_savable_loader(...)",
             )
+        if self._stream is not None:
+            raise ConfigError(
+                "resume_from",
+                f"the {type(self.loader).__name__} has already been read (TRL's SFTTrainer reads a pack when it is "
+                "built), and a started Energon loader cannot be restored",
+                "name the checkpoint before the trainer is built: EnergonStateCallback(dataset, "
+                "resume_from=<checkpoint folder>) restores the loader at once",
+            )
         self._pending = state
         self._peeked = None
         self._yielded = 0
@@ -451,7 +459,9 @@ class EnergonStateCallback(PackedDataCallback):
     gradient_accumulation_steps``), not after the pack read ahead. On resume (``trainer.train(
     resume_from_checkpoint=...)``) it is read from ``<output_dir>/checkpoint-<step>`` or ``resume_from``, and the
     Trainer's own skipping of the first batches is turned off (``ignore_data_skip``): the restored loader
-    already starts at the next pack.
+    already starts at the next pack. With ``resume_from`` the loader is restored at once, before the trainer is
+    built: needed for TRL's ``SFTTrainer``, which reads a pack when built (a started Energon loader cannot be
+    restored).
     """
 
     def __init__(self, dataset: PackedIterableDataset, *, resume_from: str | os.PathLike[str] | None = None) -> None:
@@ -464,6 +474,24 @@ class EnergonStateCallback(PackedDataCallback):
         super().__init__(dataset)
         self.resume_from = resume_from
         self._first_step = 0
+        self._restored = False
+        if resume_from is not None:  # now, before a trainer (TRL's peeks at a pack when built) starts the loader
+            rank = (
+                torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
+            )
+            self._restore(os.path.join(resume_from, STATE_FILE.format(rank=rank)), "resume_from")
+            self._restored = True
+
+    def _restore(self, path: str, knob: str, step: int | None = None) -> None:
+        if not os.path.isfile(path):
+            at = f"the run resumes at step {step} but " if step is not None else ""
+            raise ConfigError(
+                knob,
+                f"{at}{path} holds no Energon loader state",
+                "resume from a checkpoint written with EnergonStateCallback, or pass "
+                "EnergonStateCallback(dataset, resume_from=<that checkpoint folder>)",
+            )
+        self.dataset.restore(torch.load(path, weights_only=False))
 
     @staticmethod
     def _path(folder: str | os.PathLike[str], args: Any) -> str:
@@ -474,16 +502,9 @@ class EnergonStateCallback(PackedDataCallback):
         self._first_step = state.global_step
         if state.global_step == 0:
             return
-        folder = self.resume_from or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        path = self._path(folder, args)
-        if not os.path.isfile(path):
-            raise ConfigError(
-                "resume_from_checkpoint",
-                f"the run resumes at step {state.global_step} but {path} holds no Energon loader state",
-                "resume from a checkpoint written with EnergonStateCallback, or pass "
-                "EnergonStateCallback(dataset, resume_from=<that checkpoint folder>)",
-            )
-        self.dataset.restore(torch.load(path, weights_only=False))
+        if not self._restored:
+            folder = self.resume_from or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            self._restore(self._path(folder, args), "resume_from_checkpoint", state.global_step)
         if not args.ignore_data_skip:
             logger.info(
                 "the Energon loader resumes at step %d: the Trainer's skip of batches is off", state.global_step
