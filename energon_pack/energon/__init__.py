@@ -40,6 +40,14 @@ _EXPORTS: dict[str, str] = {
     "PackedSamples": ".samples",
     "SkippedSample": ".samples",
     "AllSkippedError": ".stream",
+    "BlendPlan": ".blend",
+    "check_blend_shares": ".blend",
+    "plan_blend_weights": ".blend",
+    "read_blend": ".blend",
+    "write_blend": ".blend",
+    "EpochPlan": ".plan",
+    "plan_epoch": ".plan",
+    "source_name": ".sources",
     "CarryOverPackingMixin": ".task_encoder",
     "pack_members": ".task_encoder",
     "TextPackingTaskEncoder": ".text",
@@ -76,6 +84,14 @@ __all__ = [
     "prepare",
     "prepare_jsonl",
     "prepare_webdataset",
+    "BlendPlan",
+    "check_blend_shares",
+    "plan_blend_weights",
+    "read_blend",
+    "write_blend",
+    "EpochPlan",
+    "plan_epoch",
+    "source_name",
 ]
 
 
@@ -83,6 +99,13 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # static analysers see the real names(``X``: re-exported)
+    from .blend import (
+        BlendPlan,
+        check_blend_shares,
+        plan_blend_weights,
+        read_blend,
+        write_blend,
+    )
     from .carry_over import (
         CarryOverPackingDataset,
     )
@@ -116,6 +139,10 @@ if TYPE_CHECKING:  # static analysers see the real names(``X``: re-exported)
     from .fingerprint import (
         ResumeConfigError,
     )
+    from .plan import (
+        EpochPlan,
+        plan_epoch,
+    )
     from .prepare import (
         prepare,
         prepare_jsonl,
@@ -129,6 +156,9 @@ if TYPE_CHECKING:  # static analysers see the real names(``X``: re-exported)
         PackCandidate,
         PackedSamples,
         SkippedSample,
+    )
+    from .sources import (
+        source_name,
     )
     from .stream import (
         AllSkippedError,
