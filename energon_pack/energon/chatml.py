@@ -33,6 +33,7 @@ import io
 import os
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 from megatron.energon import Cooker, Sample, basic_sample_keys, cooker, edataclass, stateless
@@ -68,10 +69,11 @@ class ChatMLSample(Sample):
     fields: dict
 
 
-def _cook(crude: dict, store: Any) -> ChatMLSample:
+def _cook(crude: dict, store: Callable[[], Any]) -> ChatMLSample:
+    """The sample's raw fields; shared media read from ``store()`` (opened only for a record that shares some)."""
     fields = {k: v for k, v in crude.items() if not k.startswith("__")}
     if REFS_FIELD in fields:
-        fields = resolve_media_refs(fields, store() if callable(store) else store)
+        fields = resolve_media_refs(fields, store())
     return ChatMLSample(**basic_sample_keys(crude), fields=fields)
 
 
@@ -90,7 +92,7 @@ def cook_chatml_stored_once(crude: dict, primary: Any, **_aux: Any) -> ChatMLSam
     """:func:`cook_chatml` for a dataset whose records share media: the members named by a record's
     ``media_refs.json`` are read from ``primary`` (Energon's random-access store of this dataset) and put back
     under their own field names (:func:`~energon_pack.energon.media_store.resolve_media_refs`; never raises)."""
-    return _cook(crude, primary)
+    return _cook(crude, lambda: primary)
 
 
 #: selects :func:`cook_chatml_stored_once` for a dataset whose ``dataset.yaml`` says its records share media
