@@ -30,9 +30,8 @@ class PackingConfig(PackingSpec):
     ``balance`` here: the default rule (:func:`~energon_pack.packing.spec.default_balance`) gives ``"tokens"`` in
     rounds mode (Energon's rounds are packed by tokens) or when ``lookahead_packs``, ``min_fill`` or ``max_age`` is
     set (knobs of the tokens-only packer; with ``"compute"`` they are an error); ``"compute"`` is the
-    :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` holding ``packing_buffer_size`` samples (on the
-    bench mix it costs 0.15 fill points at K=256, 0.21 at K=64, and lifts the predicted DP-8 efficiency from 0.91 to
-    0.98: ``python -m energon_pack.bench.balance_bench``).
+    :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` holding ``packing_buffer_size`` samples (its
+    measured fill cost and DP efficiency on public mixes: PackingSpec's ``balance``).
 
     Attributes:
         packing_mode: ``"carry"`` (our carry-over packer: open bins carried across buffer rounds) or

@@ -70,10 +70,10 @@ class TokenBudgetBatchSampler:
         rank: this rank, in ``[0, num_replicas)``.
 
     ``balance="tokens"`` packs each window best-fit-decreasing; ``"compute"`` streams it through
-    :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` (0.04 fill points below ``"tokens"`` on a chat mix
-    with 10% long documents). With ``balance`` left to its default, :meth:`load_state_dict` of a state saved under
-    the other mode continues that run in the state's mode; a mode given explicitly must match the state's. The
-    state records the cost model's stable name.
+    :class:`~energon_pack.packing.balanced.ComputeBalancedPacker` (its measured fill cost and DP efficiency:
+    PackingSpec's ``balance``). With ``balance`` left to its default, :meth:`load_state_dict` of a state saved under the
+    other mode continues that run in the state's mode; a mode given explicitly must match the state's. The state records
+    the cost model's stable name.
     """
 
     def __init__(
