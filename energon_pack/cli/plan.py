@@ -33,7 +33,7 @@ KNOB_FLAGS = {
 
 def encoder_options(p: argparse.ArgumentParser) -> None:
     """The Qwen-VL encoder the run trains with: width, balance, seed, preset, tokenizer, buffer, mode."""
-    spec_options(p, "seq_length", "balance", "seed")
+    spec_options(p, "seq_length", "balance", "seed", notes={"seed": "; also the loader's WorkerConfig seed_offset"})
     p.add_argument("--preset", choices=PRESET_NAMES, default="qwen2.5-vl", help="Qwen-VL vision preset")
     p.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP + "default: the --preset's real tokenizer")
     p.add_argument("--buffer", type=positive_int, default=64, help="packing_buffer_size K (samples per worker)")
