@@ -211,12 +211,15 @@ ROADS = [
     "sft/dataset.py",
     *(f"cli/{name}.py" for name in ("options", "common", "pack_offline", "inspect", "demo")),
     *(f"cli/{name}.py" for name in ("bench", "bench_offline", "bench_packing", "bench_pixels", "bench_sft")),
+    *(f"integrations/bridge/{p.name}" for p in sorted((PACKAGE / "integrations" / "bridge").glob("*.py"))),
 ]
 #: (module, knob): declarations that are not the packing knob (each says why)
 NOT_THE_KNOB = {
     ("cli/bench_packing.py", "seed"): "the seed of the generated synthetic mixes",
     ("cli/inspect.py", "pad_multiple"): "the deprecated --pad-multiple alias (no default of its own)",
     ("cli/pack_offline.py", "pad_seq_to_mult"): "Bridge's explicit offline pad_seq_to_mult, a multiple of the rule",
+    ("integrations/bridge/gpt_sft.py", "packed_sequence_size"): "the check's PackedSequenceSpecs value (None: unset)",
+    ("integrations/bridge/gpt_sft.py", "pad_seq_to_mult"): "the check's alignment in use (None: the topology's lcm)",
 }
 
 

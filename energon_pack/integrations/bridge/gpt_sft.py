@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, raise_config_errors
-from ...packing.spec import PackingSpec, renamed_knobs
+from ...packing.spec import DEFAULTS, PackingSpec, renamed_knobs
 from ...packing.step_cost import DEFAULT_MARK, resolve_cost_model
 from ...sft import PADDING_INDEX, InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler
 from ...thd import ThdLayout, alignment_multiple
@@ -193,16 +193,17 @@ def build_sft_pack_dataset(
 def pack_topology_record(
     *,
     packed_sequence_size: int,
-    context_parallel_size: int = 1,
-    tensor_model_parallel_size: int = 1,
-    sequence_parallel: bool = False,
+    context_parallel_size: int = DEFAULTS["cp"],
+    tensor_model_parallel_size: int = DEFAULTS["tp"],
+    sequence_parallel: bool = DEFAULTS["sp"],
 ) -> dict:
     """What packs record of the topology they were built for (:data:`PACK_TOPOLOGY_KEYS`).
 
     Args:
         packed_sequence_size: the pack width in tokens (Bridge's ``PackedSequenceSpecs`` name for ``seq_length``).
-        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology, which sets the
-            alignment ``pad_seq_to_mult`` (defaults: no parallelism).
+        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology (Bridge's names of the
+            spec's ``cp``/``tp``/``sp``, with their defaults: no parallelism), which sets the alignment
+            ``pad_seq_to_mult``.
     """
     return {
         "packed_sequence_size": int(packed_sequence_size),
@@ -246,14 +247,14 @@ def check_gpt_sft_config(
     model_seq_length: int,
     dataset_seq_length: int,
     packed_sequence_size: int | None = None,
-    context_parallel_size: int = 1,
-    tensor_model_parallel_size: int = 1,
-    sequence_parallel: bool = False,
+    context_parallel_size: int = DEFAULTS["cp"],
+    tensor_model_parallel_size: int = DEFAULTS["tp"],
+    sequence_parallel: bool = DEFAULTS["sp"],
     pad_seq_to_mult: int | None = None,
-    pad_to_max_length: bool = False,
-    pad_cu_seqlens: bool = False,
+    pad_to_max_length: bool = DEFAULTS["pad_to_max_length"],
+    pad_cu_seqlens: bool = DEFAULTS["pad_cu_seqlens"],
     cuda_graphs: bool = False,
-    max_segments: int | None = None,
+    max_segments: int | None = DEFAULTS["max_segments"],
     packing_metadata: Any = None,
 ) -> None:
     """The GPT-SFT packing rules; raises one :class:`ConfigError` naming every wrong knob.
@@ -273,7 +274,8 @@ def check_gpt_sft_config(
         micro_batch_size, global_batch_size, data_parallel_size: Bridge's ``train`` sizes and the DP size.
         model_seq_length, dataset_seq_length: ``model.seq_length`` and ``dataset.seq_length`` (the pack width).
         packed_sequence_size: Bridge's ``PackedSequenceSpecs`` width of offline packs; None: not set.
-        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology (default none).
+        context_parallel_size, tensor_model_parallel_size, sequence_parallel: the topology (Bridge's names of the
+            spec's ``cp``/``tp``/``sp``, with their defaults: none).
         pad_seq_to_mult: the segment alignment in use; None: the topology's lcm.
         pad_to_max_length, pad_cu_seqlens, cuda_graphs: fixed-width rows, static cu_seqlens, CUDA graphs.
         max_segments: the most samples per pack (in-batch static cu_seqlens); None: no limit.
