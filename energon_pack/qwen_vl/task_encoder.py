@@ -32,6 +32,7 @@ from energon_pack.energon.config import PackingConfig
 from energon_pack.energon.samples import EncodedSegment, PackCandidate, SkippedSample
 from energon_pack.energon.task_encoder import CarryOverPackingMixin
 from energon_pack.errors import ConfigError, SampleSkipped
+from energon_pack.packing.spec import renamed_knobs
 from energon_pack.packing.step_cost import DEFAULT_SHAPE, DEFAULT_SHAPES
 from energon_pack.pixels import TORCH_DTYPES, image_size_from_bytes
 from energon_pack.thd import VISION_PRESET_KEY, ThdSegment, vision_preset_record
@@ -139,7 +140,7 @@ class QwenVLPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         **config_overrides: Any,
     ) -> None:
         super().__init__()
-        config = PackingConfig.build(config, **config_overrides)
+        config = PackingConfig.build(config, **renamed_knobs(type(self).__name__, config_overrides, stacklevel=2))
         if config.overlength == "truncate":
             raise ConfigError(
                 "overlength", "truncate would cut visual tokens", "use 'fit' or 'split' to keep such samples, or 'skip'"
