@@ -30,6 +30,7 @@ from megatron.energon import (
 from megatron.energon.flavors.jsonl.crude_jsonl_dataset import CrudeJsonlDatasetFactory
 
 from energon_pack.errors import SampleSkipped
+from energon_pack.packing.spec import renamed_knobs
 from energon_pack.records import decode_json_record
 from energon_pack.thd import ThdSegment, check_text_overlength
 
@@ -80,7 +81,8 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
             mode, over-long records skipped), with the :class:`PackingConfig` fields in ``kw`` applied on top.
             ``overlength="truncate"`` keeps a record's first ``seq_length`` tokens (a record with nothing
             supervised left is a ``no_trained_tokens`` skip).
-        **kw: :class:`PackingConfig` fields given directly (``seq_length=4096, cp=2, ...``), and the knobs of
+        **kw: :class:`PackingConfig` fields given directly (``seq_length=4096, cp=2, ...``; old names such as
+            ``width`` / ``pad_multiple`` through the spec's table, one DeprecationWarning), and the knobs of
             ``format``, passed to :func:`energon_pack.sft.formats.make_format`: for ``"prompt_completion"``
             ``prompt_field`` (``"prompt"``), ``completion_field`` (``"completion"``), ``template``
             (``"{prompt}"``), ``separator`` (``""``), ``loss`` (``"completion"`` or ``"full"``),
@@ -105,6 +107,8 @@ class TextPackingTaskEncoder(CarryOverPackingMixin, DefaultTaskEncoder):
         from energon_pack.sft.formats import make_format
 
         super().__init__()
+        # old knob names (width=, pad_multiple= ...) first: one warning at the user's line, then picked by new name
+        kw = renamed_knobs(type(self).__name__, kw, stacklevel=2)
         packing_kw = {k: kw.pop(k) for k in list(kw) if k in PackingConfig.__dataclass_fields__}
         # no silent default: tokenizer="demo" asks for the demo tokenizer, None warns (DemoTokenizerWarning)
         self.format = make_format(format, resolve_tokenizer(tokenizer, where=type(self).__name__), **kw)

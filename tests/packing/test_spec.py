@@ -264,3 +264,25 @@ def test_no_road_declares_a_knob_with_its_default_again():
         if (module, knob) not in NOT_THE_KNOB
     ]
     assert found == [], "declare packing knobs once, in energon_pack/packing/spec.py (PackingSpec)"
+
+
+def test_old_names_on_the_energon_encoders_warn_at_the_users_line():
+    """TextPackingTaskEncoder picked config keywords by field name only (``width=`` never reached the config);
+    both encoders route old names through the spec's table, warning once at the caller's line."""
+    from energon_pack.energon.text import TextPackingTaskEncoder
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    for cls in (TextPackingTaskEncoder, QwenVLPackingTaskEncoder):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            encoder = cls(tokenizer="demo", width=1024, pad_multiple=4)
+        deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert [str(w.message) for w in deprecations] == [
+            f"{cls.__name__}: 'width' is deprecated, use 'seq_length' (width=1024 is seq_length=1024)",
+            f"{cls.__name__}: 'pad_multiple' is deprecated, use 'cp/tp/sp' (pad_multiple=4 is cp=2; the alignment "
+            "is derived from them: pad_multiple=2*N is cp=N)",
+        ]
+        assert [w.filename for w in deprecations] == [__file__, __file__]
+        assert (encoder.packing.seq_length, encoder.packing.cp, encoder.packing.alignment) == (1024, 2, 4)
+    with pytest.raises(ConfigError, match="^max_seq_length: is not a knob of TextPackingTaskEncoder"):
+        TextPackingTaskEncoder(tokenizer="demo", max_seq_length=1024)
