@@ -159,7 +159,7 @@ def recommendation(
             for reason, n in c.skips.items():
                 reasons[reason] = reasons.get(reason, 0) + n
         top = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
-        fix = "; a wider --width fits the oversize ones" if max(reasons, key=reasons.get) == "oversize" else ""
+        fix = "; a larger --seq-length fits the oversize ones" if max(reasons, key=reasons.get) == "oversize" else ""
         return None, f"{skipped} of {read} samples read were skipped ({top}): too few were packed to choose K from{fix}"
     best = max(c.fill for c in rows)
     k = min(c.buffer for c in rows if c.fill >= best - within)

@@ -561,7 +561,7 @@ def test_no_recommended_k_from_one_k_or_mostly_skipped_samples(tmp_path, capsys,
     k, why = buffer_sweep.recommendation(oversize)
     assert k is None and why == (
         "2970 of 3270 samples read were skipped (oversize 2970): too few were packed to choose "
-        "K from; a wider --width fits the oversize ones"
+        "K from; a larger --seq-length fits the oversize ones"
     )
     assert buffer_sweep.recommended_k(oversize) is None
     data = tmp_path / "d"
