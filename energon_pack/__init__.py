@@ -77,6 +77,8 @@ _EXPORTS: dict[str, str] = {
     "PackedCollator": "energon_pack.integrations.hf",
     "packed_trainer_loss": "energon_pack.integrations.hf",
     "EnergonStateCallback": "energon_pack.integrations.hf",
+    "ManualGC": "energon_pack.integrations.manual_gc",
+    "manual_gc_callback": "energon_pack.integrations.manual_gc",
     # the packing core (no torch, no Energon) and the THD batch
     "BinPacking": "energon_pack.packing",
     "OnlinePacker": "energon_pack.packing",
@@ -141,6 +143,7 @@ if TYPE_CHECKING:  # static analysers see the real names
         prepare_model,
         use_varlen_attention,
     )
+    from energon_pack.integrations.manual_gc import ManualGC, manual_gc_callback
     from energon_pack.object_reads import configure_object_reads
     from energon_pack.object_waits import ObjectStoreTimeout, configure_object_waits
     from energon_pack.packing import (
