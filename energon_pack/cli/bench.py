@@ -130,7 +130,7 @@ def _print_sources(cells: list[dict]) -> None:
     from energon_pack.bench.loader_bench import cell_sources, format_sources
 
     cell = max(cells, key=lambda c: (c["buffer"], c["mode"] == "carry"), default=None)
-    if cell is not None and len(cell["sources"]) > 1:
+    if cell is not None and len(cell.get("sources") or {}) > 1:
         print(f"\nper source ({cell['mode']}, K={cell['buffer']}):")
         print(format_sources(cell_sources(cell["slots"], cell["sources"])))
 
