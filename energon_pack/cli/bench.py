@@ -126,11 +126,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_sources(cells: list[dict]) -> None:
-    """Per source of a blend (--data a Metadataset): the largest K's cell's tokens, shares and skips."""
+    """Per source of a blend (--data a Metadataset): the tokens, shares and skips of the largest K's cell that
+    counted sources."""
     from energon_pack.bench.loader_bench import cell_sources, format_sources
 
-    cell = max(cells, key=lambda c: (c["buffer"], c["mode"] == "carry"), default=None)
-    if cell is not None and len(cell.get("sources") or {}) > 1:
+    blended = [c for c in cells if len(c.get("sources") or {}) > 1]  # cells that streamed the loader
+    cell = max(blended, key=lambda c: (c["buffer"], c["mode"] == "carry"), default=None)
+    if cell is not None:
         print(f"\nper source ({cell['mode']}, K={cell['buffer']}):")
         print(format_sources(cell_sources(cell["slots"], cell["sources"])))
 
