@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         tokenizer_name=described,
     )
-    _print_sources(result["cells"])
+    _print_sources([*result["cells"], *filter(None, [result.get("loader_cell")])])
     return targets_exit(result["targets"], args.check, format_target)
 
 
