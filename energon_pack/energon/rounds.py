@@ -132,6 +132,10 @@ class RoundsPackingDataset(PackingDataset):
             self._emitted += 1
             yield packed
 
+    def _fill_reading_buffer(self, source_iter: Iterator, log_progress: bool = False) -> bool:
+        """Upstream's fill, never with its tqdm bar (the runtime wing draws no progress; a tool draws its own)."""
+        return super()._fill_reading_buffer(source_iter, log_progress=False)
+
     def _after_source_sample(self, sample: Any) -> None:
         if self.skips is not None:
             self.skips.after(sample, self.stats, self._emitted)
