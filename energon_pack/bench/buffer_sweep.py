@@ -9,6 +9,7 @@ miss into exit 1).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,20 +53,25 @@ def plan_cells(modes: Sequence[str], buffers: Sequence[int]) -> list[tuple[str, 
     return [(m, k) for i, k in enumerate(buffers) for m in (modes if i % 2 == 0 else list(reversed(modes)))]
 
 
-def estimate_left(done: Sequence[tuple[int, float]], rest: Sequence[int]) -> tuple[float, bool]:
-    """(seconds, fitted): the wall time of cells at the buffer sizes ``rest``, from the (K, seconds) of
-    the cells ``done``. A cell costs about a + b*K (start-up and streaming, plus filling K samples per
-    worker): a and b are fitted by least squares to every cell done (``fitted``) once two K differ;
-    before that each cell is taken to cost the mean of the cells done (a floor when larger K follow)."""
-    ks = [k for k, _ in done]
-    ts = [t for _, t in done]
-    mean_k, mean_t = sum(ks) / len(ks), sum(ts) / len(ts)
-    spread = sum((k - mean_k) ** 2 for k in ks)
-    if spread == 0:
-        return mean_t * len(rest), False
-    b = max(sum((k - mean_k) * (t - mean_t) for k, t in done) / spread, 0.0)
-    a = mean_t - b * mean_k
-    return sum(max(a + b * k, 0.0) for k in rest), True
+def estimate_left(done: Sequence[tuple[int, float]], rest: Sequence[int]) -> float:
+    """Seconds for cells that will read ``rest`` source samples each, at the per-sample rate of the cells
+    ``done`` ((samples read, seconds) each): their seconds over their samples, start-up included. A cell's
+    time follows the samples it reads and decodes, not K itself, so the estimate neither extrapolates a
+    slope over K nor jumps when the packs grow fuller."""
+    read = sum(n for n, _ in done)
+    took = sum(t for _, t in done)
+    return took / max(read, 1) * sum(rest)
+
+
+def expected_reads(cell: CellResult, buffer: int, packs: int | None, workers: int) -> int:
+    """Source samples a cell at K=``buffer`` reads, from a cell done: ``packs`` full packs of samples as long
+    as ``cell``'s on average (later K fill their packs, the first small K do not), plus the ``buffer``
+    samples each worker holds; a whole pass of the dataset when ``packs`` is None."""
+    if packs is None:
+        return cell.dataset_samples or cell.samples_read
+    mean_tokens = cell.real_tokens / max(cell.samples, 1)
+    per_pack = max(cell.samples_per_pack, cell.slots / max(cell.packs, 1) / max(mean_tokens, 1))
+    return round(packs * per_pack) + buffer * max(workers, 1)
 
 
 def sweep(
@@ -122,21 +128,207 @@ def sweep(
         if i + 1 < len(plan):
             _wait_for_workers_to_exit()  # part of every cell's cost
             now = time.perf_counter()
-            done.append((k, now - last))
+            done.append((cell.samples_read + k * max(workers, 1), now - last))
             last = now
-            rest = [k2 for _, k2 in plan[i + 1 :]]
-            left, fitted = estimate_left(done, rest)
-            how = (
-                f"a + b*K fitted to the {len(done)} cells done"
-                if fitted
-                else ("at least: larger K take longer" if max(rest) > k else "the cells done took as long")
-            )
+            left = estimate_left(done, [expected_reads(cell, k2, packs, workers) for _, k2 in plan[i + 1 :]])
+            rate = sum(n for n, _ in done) / max(sum(t for _, t in done), 1e-9)
             print(
-                f"cell {i + 1}/{len(plan)} ({mode} K={k}) took {_minutes(done[-1][1])}: "
-                f"about {_minutes(left)} left ({how})",
+                f"cell {i + 1}/{len(plan)} ({mode} K={k}) took {_minutes(done[-1][1])}: about {_minutes(left)} "
+                f"left ({rate:.0f} samples/s so far, full packs ahead)",
                 flush=True,
             )
     return cells
+
+
+# ------------------------------------------------------------------------------------------ replay (user data)
+class _CostRecorder:
+    """The pre-encode pass's ``batch``: one sample's packing cost, step cost (None when the encoder packs by
+    tokens) or skip reason, and the loader worker that read it (each worker packs its own stream)."""
+
+    __stateless__ = True
+
+    def __init__(self, encoder: Any) -> None:
+        self.encoder = encoder
+
+    def __call__(self, samples: list) -> dict:
+        from megatron.energon import WorkerConfig
+
+        from energon_pack.energon.samples import SkippedSample
+
+        sample = samples[0]
+        active = WorkerConfig.active_worker_config
+        worker = active.rank_worker_id() if active is not None else 0
+        if isinstance(sample, SkippedSample):
+            return {"worker": worker, "skip": sample.reason, "cost": None, "step": None}
+        step = self.encoder.packing_step_cost(sample) if self.encoder.packing.balance == "compute" else None
+        return {"worker": worker, "skip": None, "cost": tuple(int(c) for c in sample.cost), "step": step}
+
+
+def preencode_costs(
+    path: str | Path, *, workers: int = 2, seed: int = 0, **encoder_kw: Any
+) -> tuple[dict[int, list[tuple]], float]:
+    """({worker: [(cost, step cost, skip reason), ...] in the order that worker reads them}, seconds): one pass
+    of the dataset through the carry encoder's pre-encode only (token counts, image headers, video probes; no
+    pixels), with the same workers and seed as a sweep cell, so each worker's stream is the one it packs."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    from energon_pack.energon.plan import planning_encoder
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    encoder = QwenVLPackingTaskEncoder(packing_mode="carry", seed=seed, **encoder_kw)
+    recorder = planning_encoder(encoder)
+    recorder.batch = _CostRecorder(encoder)
+    dataset = get_train_dataset(
+        str(path),
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers, seed_offset=seed),
+        task_encoder=recorder,
+        repeat=False,
+    )
+    streams: dict[int, list[tuple]] = {}
+    start = time.perf_counter()
+    for row in get_loader(dataset):
+        streams.setdefault(row["worker"], []).append((row["cost"], row["step"], row["skip"]))
+    return dict(sorted(streams.items())), time.perf_counter() - start
+
+
+def _worker_packs(stream: list[tuple], mode: str, buffer: int, encoder: Any, repeat: bool) -> Any:
+    """(samples, tokens, skips) of each pack one worker emits from its pre-encoded ``stream`` (cycled when
+    ``repeat``): carry through the encoder's own packer, rounds first-fit-decreasing over each buffer of ``buffer``
+    samples (Energon's rounds); ``tokens`` its members' aligned tokens, ``skips`` the skip reasons met since the
+    previous pack."""
+    from energon_pack.packing import first_fit_decreasing
+
+    capacity = encoder.packing_capacity()
+    packer = encoder.make_packer(buffer) if mode == "carry" else None
+    compute = mode == "carry" and encoder.packing.balance == "compute"
+    skips: list[str] = []
+    held: list[int] = []
+    # a stream with no sample that fits a pack is read once, never cycled (it would emit nothing forever)
+    repeat = repeat and any(r is None and all(c <= b for c, b in zip(cost, capacity)) for cost, _, r in stream)
+    order = itertools.cycle(range(len(stream))) if repeat and stream else iter(range(len(stream)))
+    for i in order:
+        cost, step, reason = stream[i]
+        if reason is not None:
+            skips.append(reason)
+            continue
+        if packer is not None:
+            groups = packer.push(i, cost, step) if compute else packer.push(i, cost)
+            skips += [r for _, r in packer.pop_skipped()]
+        else:
+            held.append(i)
+            groups = []
+            if len(held) == buffer:
+                groups, held = _rounds(held, stream, capacity, skips, first_fit_decreasing), []
+        for group in groups:
+            yield len(group), sum(stream[j][0][0] for j in group), skips
+            skips = []
+    last = packer.flush() if packer is not None else _rounds(held, stream, capacity, skips, first_fit_decreasing)
+    for group in last:
+        yield len(group), sum(stream[j][0][0] for j in group), skips
+        skips = []
+
+
+def _rounds(held: list[int], stream: list[tuple], capacity: tuple, skips: list[str], ffd: Any) -> list[list[int]]:
+    if not held:
+        return []
+    result = ffd([stream[i][0] for i in held], capacity, on_oversize="skip")
+    skips += ["oversize"] * len(result.skipped)
+    return [[held[j] for j in group] for group in result.groups]
+
+
+def replay_cell(
+    streams: dict[int, list[tuple]], *, mode: str, buffer: int, packs: int | None, encoder: Any, workers: int
+) -> CellResult:
+    """One (mode, K) cell from the pre-encoded ``streams``: each worker's packer fed its own stream, the packs
+    taken from the workers in turn (as the loader delivers them) until ``packs`` (None: one pass). Counts,
+    fill and skips only: no pixels are decoded, so the speed, latency and memory columns are NaN."""
+    seq_length = encoder.packing.seq_length
+    gens = [_worker_packs(s, mode, buffer, encoder, packs is not None) for s in streams.values()]
+    emitted = samples = real = 0
+    skips: dict[str, int] = {}
+    while gens and (packs is None or emitted < packs):
+        for gen in list(gens):
+            item = next(gen, None)
+            if item is None:
+                gens.remove(gen)
+                continue
+            members, tokens, met = item
+            emitted += 1
+            samples += members
+            real += tokens
+            for reason in met:
+                skips[reason] = skips.get(reason, 0) + 1
+            if packs is not None and emitted >= packs:
+                break
+    nan = float("nan")
+    total = sum(len(s) for s in streams.values())
+    return CellResult(
+        mode=mode,
+        buffer=buffer,
+        workers=workers,
+        packs=emitted,
+        samples=samples,
+        real_tokens=real,
+        slots=emitted * seq_length,
+        fill=real / max(emitted * seq_length, 1),
+        samples_per_pack=samples / max(emitted, 1),
+        packs_per_s=nan,
+        samples_per_s=nan,
+        first_batch_s=nan,
+        peak_worker_rss_mb=nan,
+        skips=dict(sorted(skips.items())),
+        dataset_samples=total,
+    )
+
+
+def replay_sweep(
+    path: str | Path,
+    *,
+    buffers: Sequence[int] = DEFAULT_BUFFERS,
+    modes: Sequence[str] = MODES,
+    workers: int = 2,
+    packs: int | None = 200,
+    seq_length: int = 8192,
+    preset: str = "qwen2.5-vl",
+    tokenizer: Any = None,
+    progress: bool = False,
+    on_cell: Callable[[list[CellResult]], None] | None = None,
+) -> tuple[list[CellResult], CellResult]:
+    """(the cells sorted by mode then K, one loader cell): the sweep of a user's dataset in one pre-encode pass
+    (:func:`preencode_costs`) whose costs are replayed through each (mode, K)'s packer (:func:`replay_cell`:
+    fill, samples per pack, skips), then one cell through the real loader (:func:`~.loader_bench.run_cell`,
+    carry at the recommended K) for speed, first-batch latency and worker memory. Each sample is read once
+    for the sweep instead of once per cell."""
+    plan = plan_cells(modes, buffers)
+    each = f"{packs} packs" if packs is not None else "one full epoch"
+    print(
+        f"sweep: {len(plan)} cells ({len(modes)} modes x {len(buffers)} K) x {each}, packed from costs pre-encoded "
+        "once (token counts and media headers, no pixels); then one loader cell for speed, latency and memory",
+        flush=True,
+    )
+    kw = dict(seq_length=seq_length, preset=preset, tokenizer=tokenizer)
+    streams, took = preencode_costs(path, workers=workers, **kw)
+    read = sum(len(s) for s in streams.values())
+    print(f"pre-encode: {read:,} samples in {_minutes(took)} ({read / max(took, 1e-9):.0f} samples/s)", flush=True)
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    encoder = QwenVLPackingTaskEncoder(packing_mode="carry", **kw)
+    order = {m: i for i, m in enumerate(modes)}
+    cells: list[CellResult] = []
+    for mode, k in plan:
+        cells.append(replay_cell(streams, mode=mode, buffer=k, packs=packs, encoder=encoder, workers=workers))
+        cells.sort(key=lambda c: (order[c.mode], c.buffer))
+        if on_cell is not None:
+            on_cell(list(cells))
+    k = recommended_k(cells) or max(buffers)
+    loader_packs = packs if packs is not None else None
+    print(f"loader cell: carry K={k} ({each}), pixels decoded as in training", flush=True)
+    _wait_for_workers_to_exit()
+    measured = run_cell(path, mode="carry", buffer=k, workers=workers, packs=loader_packs, progress=progress, **kw)
+    return cells, measured
 
 
 def recommendation(
@@ -334,11 +526,20 @@ def plot(cells: list[CellResult], out: str | Path | RunFiles, context: dict[str,
 
 
 def main(
-    path: str | Path, out_dir: str | Path, *, plots: bool = True, tokenizer_name: str | None = None, **kw: Any
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    plots: bool = True,
+    tokenizer_name: str | None = None,
+    replay: bool = False,
+    project_targets: bool = True,
+    **kw: Any,
 ) -> dict[str, Any]:
     """The sweep, its report and files (:data:`FILES` in ``out_dir``, created at the first write);
     ``buffer_sizes.json`` is rewritten after every cell (``"complete": false`` until the sweep ends), so
-    an interrupted sweep keeps its finished cells."""
+    an interrupted sweep keeps its finished cells. ``replay``: :func:`replay_sweep` (a user's dataset: one
+    pre-encode pass, one loader cell) instead of a loader cell per (mode, K). ``project_targets``: judge the
+    project's own benchmark targets (they are about its demo data: off for a user's dataset)."""
     files = RunFiles(out_dir, FILES)
     context = {
         "dataset": str(path),
@@ -347,13 +548,18 @@ def main(
         "packs": kw.get("packs", 200),
         "preset": kw.get("preset", "qwen2.5-vl"),
         "tokenizer": tokenizer_name,
+        "cells": "replayed from one pre-encode pass" if replay else "one loader run each",
     }
     partial = {"dataset": str(path), "context": context, "complete": False}
-    cells = sweep(
-        path,
-        on_cell=lambda done: files.write_json("buffer_sizes.json", {**partial, "cells": cells_to_json(done)}),
-        **kw,
-    )
+
+    def save(done: list[CellResult]) -> None:
+        files.write_json("buffer_sizes.json", {**partial, "cells": cells_to_json(done)})
+
+    measured = None
+    if replay:
+        cells, measured = replay_sweep(path, on_cell=save, **kw)
+    else:
+        cells = sweep(path, on_cell=save, **kw)
     rec, why = recommendation(cells)
     result = {
         "dataset": str(path),
@@ -362,9 +568,16 @@ def main(
         "cells": cells_to_json(cells),
         "recommended_k": rec,
         "recommendation": why,
-        "targets": targets(cells),
+        "targets": targets(cells) if project_targets else [],
     }
-    print(format_cells(cells))
+    if measured is not None:
+        result["loader_cell"] = cells_to_json([measured])[0]
+    if replay:
+        print(format_replayed(cells))
+        print(f"\nthrough the loader (carry K={measured.buffer}, pixels decoded):")
+        print(format_cells([measured]))
+    else:
+        print(format_cells(cells))
     print(f"\nrecommended K = {rec}: {why}" if rec is not None else f"\nno recommended K: {why}")
     if result["targets"]:
         print("\nproject benchmark targets (for information):")
@@ -379,3 +592,18 @@ def main(
     files.write_text("buffer_sizes.md", markdown_table(cells) + "\n")
     print("\n" + files.announce())
     return result
+
+
+def format_replayed(cells: list[CellResult]) -> str:
+    """The replayed cells' table: counts, fill and skips (their speed columns were not measured)."""
+    head = (
+        f"{'mode':<7}{'K':>5}{'packs':>7}{'samples':>9}{'smp/pack':>9}{'fill':>8}{'real tok':>10}{'pad tok':>9}  skips"
+    )
+    lines = [head, "-" * len(head)]
+    for c in cells:
+        lines.append(
+            f"{c.mode:<7}{c.buffer:>5}{c.packs:>7}{c.samples:>9}{c.samples_per_pack:>9.1f}{c.fill * 100:>7.2f}%"
+            f"{c.real_tokens:>10}{c.slots - c.real_tokens:>9}  "
+            + (", ".join(f"{k}={v}" for k, v in c.skips.items()) or "-")
+        )
+    return "\n".join(lines)

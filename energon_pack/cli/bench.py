@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import DEMO_DIR, PRESET_NAMES, require_prepared, resolve_tokenizer, targets_exit
+from .common import DEMO_DIR, PRESET_NAMES, CliError, require_prepared, resolve_tokenizer, targets_exit
 from .options import (
     OBJECT_WAIT_FLAGS,
     TOKENIZER_HELP,
@@ -67,6 +67,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
+        "--loader-cells",
+        action="store_true",
+        help="with --data: run every (mode, K) cell through the loader, pixels decoded (speed, latency and memory "
+        "per K; a cell per K, so tens of minutes on a large set) instead of replaying the costs of one pre-encode "
+        "pass through each K's packer and timing one loader cell at the recommended K",
+    )
+    p.add_argument(
         "--ranks",
         type=positive_int,
         default=None,
@@ -108,10 +115,17 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
         )
         return 0
+    # the project's targets are about its demo data: on a user's dataset the table and the numbers only, and the
+    # cells replayed from one pre-encode pass (minutes, not a loader run per cell)
+    demo = str(args.data) == DEMO_DIR
+    if args.check and not demo:
+        raise CliError("--check judges the project's own targets on its demo data: drop --check with --data")
     result = buffer_sweep.main(
         data,
         args.out_dir,
         plots=not args.no_plots,
+        replay=not demo and not args.loader_cells,
+        project_targets=demo,
         buffers=args.buffers,
         modes=args.modes,
         workers=args.workers,

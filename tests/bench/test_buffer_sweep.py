@@ -1,10 +1,9 @@
 """The K sweep's order (an untimed warm-up, then the modes side by side at each K, ABBA), its time-left
 estimate from the cells done, and its repeat note (the loader is a fake here)."""
 
-import pytest
 
 from energon_pack.bench import buffer_sweep
-from energon_pack.bench.buffer_sweep import estimate_left, plan_cells
+from energon_pack.bench.buffer_sweep import estimate_left, expected_reads, plan_cells
 from energon_pack.bench.loader_bench import CellResult
 
 
@@ -20,15 +19,13 @@ def test_plan_puts_the_modes_side_by_side_at_each_k_in_abba_order():
     assert plan_cells(("rounds",), (4, 16)) == [("rounds", 4), ("rounds", 16)]
 
 
-def test_time_left_is_fitted_to_every_cell_done():
-    # one K done: each cell as long as the mean of those done (a floor when larger K follow)
-    assert estimate_left([(1, 10.0), (1, 14.0)], [4, 4, 8]) == (36.0, False)
-    # cells cost 10 + 0.5 K: the fit finds it and sums the rest
-    done = [(1, 10.5), (1, 10.5), (4, 12.0), (4, 12.0), (8, 14.0)]
-    left, fitted = estimate_left(done, [8, 64, 64])
-    assert fitted and left == pytest.approx(14.0 + 42.0 + 42.0)
-    # a cost falling with K is not extrapolated: the slope is taken as 0
-    assert estimate_left([(1, 20.0), (4, 10.0)], [256]) == (15.0, True)
+def test_time_left_follows_the_samples_read_not_k():
+    # the per-sample rate of the cells done (start-up included), times the samples the rest will read
+    assert estimate_left([(300, 8.0), (100, 2.0)], [4000, 4000]) == 200.0
+    # a cell's expected reads: full packs of samples as long as the cell's, plus K samples held per worker
+    cell = _cell("carry", 1)
+    assert expected_reads(cell, 256, 200, 2) == round(200 * 8192 / 400) + 512
+    assert expected_reads(cell, 4, None, 2) == 6  # one pass: the dataset's samples
 
 
 def _cell(mode, k, dataset_samples=6):
@@ -58,6 +55,8 @@ def test_sweep_warms_up_runs_abba_reports_each_cell_and_the_repeats(capsys, monk
         buffer_sweep, "run_cell", lambda path, mode, buffer, **kw: calls.append((mode, buffer)) or _cell(mode, buffer)
     )
     monkeypatch.setattr(buffer_sweep, "_wait_for_workers_to_exit", lambda: None)
+    clock = iter(range(0, 1000, 10))  # every cell takes 10 s
+    monkeypatch.setattr(buffer_sweep.time, "perf_counter", lambda: float(next(clock)))
     cells = buffer_sweep.sweep(
         "d",
         buffers=(4, 16),
@@ -75,13 +74,12 @@ def test_sweep_warms_up_runs_abba_reports_each_cell_and_the_repeats(capsys, monk
     )
     assert lines[1] == "warm-up (untimed): 2 s"
     assert lines[2] == "dataset holds 6 samples; cell 1 (carry K=4) reads 4,012 (it repeats the dataset 669 times)"
-    assert lines[3].startswith("cell 1/4 (carry K=4) took ") and lines[3].endswith(
-        "left (at least: larger K take longer)"
-    )
-    assert lines[4].startswith("cell 2/4 (rounds K=4) took ")
-    assert lines[5].startswith("cell 3/4 (rounds K=16) took ") and lines[5].endswith(
-        "(a + b*K fitted to the 3 cells done)"
-    )
+    # 4,012 read + 8 held = 4,020 samples in 10 s; each cell ahead reads 200 full packs (8192 / 400 tokens) + 2K
+    assert lines[3:6] == [
+        "cell 1/4 (carry K=4) took 10 s: about 31 s left (402 samples/s so far, full packs ahead)",
+        "cell 2/4 (rounds K=4) took 10 s: about 21 s left (402 samples/s so far, full packs ahead)",
+        "cell 3/4 (rounds K=16) took 10 s: about 10 s left (403 samples/s so far, full packs ahead)",
+    ]
     assert len(lines) == 6  # no line after the last cell
 
 

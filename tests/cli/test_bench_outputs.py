@@ -104,7 +104,7 @@ def test_a_bench_failing_in_its_first_cell_leaves_no_folder(tmp_path, capsys, mo
     monkeypatch.setattr(buffer_sweep, "warm_up", lambda path, **kw: 0.0)
     monkeypatch.setattr(buffer_sweep, "run_cell", failing_cell)
     out = tmp_path / "out"
-    assert main(["bench", "--data", str(data), "--out-dir", str(out), "--tokenizer", "demo"]) == 2
+    assert main(["bench", "--data", str(data), "--out-dir", str(out), "--tokenizer", "demo", "--loader-cells"]) == 2
     assert "--width" in capsys.readouterr().err and not out.exists()
 
 
@@ -122,7 +122,7 @@ def test_two_bench_runs_keep_both_sets(tmp_path, capsys, monkeypatch):
     cells = [_cell(mode, k) for mode in ("carry", "rounds") for k in (4, 16)]
     monkeypatch.setattr(buffer_sweep, "sweep", lambda path, on_cell=None, **kw: (on_cell(cells), cells)[1])
     out = tmp_path / "out"
-    args = ["bench", "--data", str(data), "--out-dir", str(out), "--tokenizer", "demo"]
+    args = ["bench", "--data", str(data), "--out-dir", str(out), "--tokenizer", "demo", "--loader-cells"]
     assert main(args + ["--no-plots"]) == 0
     assert f"wrote {out}/buffer_sizes.json, buffer_sizes.md" in capsys.readouterr().out
     stamp = _stamp(out / "buffer_sizes.json")
