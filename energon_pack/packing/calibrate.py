@@ -7,9 +7,10 @@ A training step's time is, to a good approximation, linear in the terms :class:`
 (``slots``: the token positions the step computes, padding included; the other terms as
 :meth:`StepCostModel.pack_terms`). Each recorded step is a :class:`StepTimeRecord` (its seconds and the terms of
 the micro-batches it trained, :func:`pack_cost_terms` of each); :func:`fit_cost_model` drops the warm-up steps,
-fits the coefficients by non-negative least squares (Lawson-Hanson's active set, below: a negative cost would be an
-artefact of terms that move together) and returns the fitted :class:`StepCostModel` in token-equivalents (the
-per-slot cost is the unit) with a :class:`FitReport` (R^2, residual spread, what was dropped).
+fits the terms' coefficients by non-negative least squares (Lawson-Hanson's active set, below: a negative cost
+would be an artefact of terms that move together; the intercept is free) and returns the fitted
+:class:`StepCostModel` in token-equivalents (the per-slot cost is the unit) with a :class:`FitReport` (R^2,
+residual spread, what was dropped).
 :func:`write_cost_model` saves it as the JSON ``cost_model="path.json"`` loads.
 
 The recorders (``energon_pack.integrations.step_times``) write the records; ``energon-pack calibrate`` fits them.
@@ -220,7 +221,7 @@ class FitReport:
     Attributes:
         name: the run's name (the model's source is ``fit:<name>``).
         steps: steps fitted; ``warmup`` dropped before them; ``skipped_lines`` cut lines of the file.
-        coefficients_ms: ms per unit of each term (``intercept`` per step), >= 0.
+        coefficients_ms: ms per unit of each term, >= 0, and ``intercept`` (ms per step, free: not priced).
         terms_kept: terms with a positive coefficient; ``not_separable``: terms no different from the ones before
             them in these steps (e.g. ``patches_squared`` when every image has one size), fitted as 0.
         r2: the fit's R^2; ``residual_cv``: the residuals' std over the mean step; ``residual_max``: the largest
@@ -240,7 +241,7 @@ class FitReport:
     mean_step_ms: float
     residuals_ms: list[float]
     skipped_lines: int = 0
-    method: str = "nnls (Lawson-Hanson active set, columns scaled)"
+    method: str = "nnls (Lawson-Hanson active set, columns scaled and centred; the intercept free)"
 
     @property
     def usable(self) -> bool:
@@ -279,9 +280,11 @@ def fit_step_times(
     skipped_lines: int = 0,
 ) -> FitReport:
     """The regression alone: step ``ms`` on an intercept, the :data:`FIT_TERMS` and ``extra`` terms of each step
-    (e.g. a count a residual may follow; reported, not priced by the model), coefficients >= 0 (:func:`nnls`, on
-    columns scaled to 1). A term that is constant, or no different from the terms before it, is fitted as 0 (the
-    latter listed in ``not_separable``). :func:`fit_cost_model` adds the refusals a cost model needs."""
+    (e.g. a count a residual may follow; reported, not priced by the model): the terms' coefficients >= 0
+    (:func:`nnls` on columns scaled to 1 and centred), the intercept free (a step's fixed cost, which no pack
+    changes, is not priced; pinning it at 0 would bend the terms' prices). A term that is constant, or no
+    different from the terms before it, is fitted as 0 (the latter listed in ``not_separable``).
+    :func:`fit_cost_model` adds the refusals a cost model needs."""
     names = (*FIT_TERMS, *extra)
     y = np.asarray(ms, dtype=float)
     if not len(y):
@@ -299,7 +302,11 @@ def fit_step_times(
         else:
             not_separable.append(names[j - 1])
     coef = np.zeros(x.shape[1])
-    coef[columns] = nnls(xs[:, columns], y) / scale[columns]
+    terms_at = columns[1:]  # the intercept is free: the terms' NNLS on centred columns, the intercept from the means
+    if terms_at:
+        centred = xs[:, terms_at] - xs[:, terms_at].mean(0)
+        coef[terms_at] = nnls(centred, y - y.mean()) / scale[terms_at]
+    coef[0] = float(y.mean() - x[:, 1:].mean(0) @ coef[1:])
     residual = y - x @ coef
     spread = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / spread if spread > 0 else 0.0
@@ -310,7 +317,7 @@ def fit_step_times(
         steps=len(y),
         warmup=warmup,
         coefficients_ms=full,
-        terms_kept=[k for k, c in full.items() if c > 0],
+        terms_kept=["intercept", *(k for k, c in full.items() if k != "intercept" and c > 0)],
         not_separable=not_separable,
         r2=round(r2, 4),
         residual_cv=round(float(residual.std() / mean), 4),
