@@ -510,14 +510,22 @@ def figures(cells: list[CellResult], context: dict[str, Any] | None = None) -> d
     return out
 
 
-def plot(cells: list[CellResult], out: str | Path | RunFiles, context: dict[str, Any] | None = None) -> list[Path]:
-    """PNG plots ``buffer_{fill,rss,latency,throughput}.png`` of :func:`figures` into ``out`` (a folder, or
-    the run's :class:`RunFiles`)."""
+def plot(
+    cells: list[CellResult],
+    out: str | Path | RunFiles,
+    context: dict[str, Any] | None = None,
+    names: Sequence[str] = PLOTS,
+) -> list[Path]:
+    """PNG plots ``buffer_{name}.png`` of :func:`figures` (``names``: all of :data:`PLOTS` by default; replayed
+    cells measure fill only) into ``out`` (a folder, or the run's :class:`RunFiles`)."""
     import matplotlib.pyplot as plt
 
     files = out if isinstance(out, RunFiles) else RunFiles(out, FILES)
     written = []
     for name, fig in figures(cells, context).items():
+        if name not in names:
+            plt.close(fig)
+            continue
         path = files.path(f"buffer_{name}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -585,11 +593,20 @@ def main(
         print(format_target(t))
     if plots:
         try:
-            result["plots"] = [str(p) for p in plot(cells, files, context)]
+            result["plots"] = [str(p) for p in plot(cells, files, context, ("fill",) if replay else PLOTS)]
         except ImportError:
             print("matplotlib is not installed: no plots (pip install 'energon-pack[examples]')")
     files.write_json("buffer_sizes.json", result)
-    files.write_text("buffer_sizes.md", markdown_table(cells) + "\n")
+    table = markdown_table(cells) + "\n"
+    if measured is not None:
+        table = (
+            "Cells replayed from one pre-encode pass (no speed columns); through the loader:\n\n"
+            + table.replace("| nan ", "| - ")
+            + "\n"
+            + markdown_table([measured])
+            + "\n"
+        )
+    files.write_text("buffer_sizes.md", table)
     print("\n" + files.announce())
     return result
 

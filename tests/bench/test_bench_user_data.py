@@ -31,6 +31,9 @@ def test_bench_on_user_data_replays_one_pre_encode_pass_and_judges_no_targets(tm
     for key in ("packs", "samples", "real_tokens", "slots"):
         assert replayed["carry", 8][key] == loader[key], key
     assert [replayed["carry", 1][k] for k in ("packs", "samples")] == [5, 5]
+    table = (out / "buffer_sizes.md").read_text()
+    assert table.startswith("Cells replayed from one pre-encode pass (no speed columns); through the loader:")
+    assert "nan" not in table and table.count("| carry | 8 |") == 2
     # --check judges the project's targets on its demo data, not on yours
     assert main(args + ["--check"]) == 2
     assert "--check judges the project's own targets on its demo data" in capfd.readouterr().err
