@@ -78,6 +78,10 @@ _EXPORTS: dict[str, str] = {
     "packed_trainer_loss": "energon_pack.integrations.hf",
     "EnergonStateCallback": "energon_pack.integrations.hf",
     "ManualGC": "energon_pack.integrations.manual_gc",
+    "StepTimer": "energon_pack.integrations.step_times",
+    "StepTimeCallback": "energon_pack.integrations.step_times",
+    "fit_cost_model": "energon_pack.packing.calibrate",
+    "write_cost_model": "energon_pack.packing.calibrate",
     "manual_gc_callback": "energon_pack.integrations.manual_gc",
     # the packing core (no torch, no Energon) and the THD batch
     "BinPacking": "energon_pack.packing",
@@ -144,6 +148,7 @@ if TYPE_CHECKING:  # static analysers see the real names
         use_varlen_attention,
     )
     from energon_pack.integrations.manual_gc import ManualGC, manual_gc_callback
+    from energon_pack.integrations.step_times import StepTimeCallback, StepTimer
     from energon_pack.object_reads import configure_object_reads
     from energon_pack.object_waits import ObjectStoreTimeout, configure_object_waits
     from energon_pack.packing import (
@@ -157,6 +162,7 @@ if TYPE_CHECKING:  # static analysers see the real names
         best_fit_decreasing,
         first_fit_decreasing,
     )
+    from energon_pack.packing.calibrate import fit_cost_model, write_cost_model
     from energon_pack.qwen_vl import PRESETS, VisionPreset, get_preset
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
     from energon_pack.sft import InBatchPacker, JsonlSFTDataset, TokenBudgetBatchSampler, inspect_jsonl
