@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,15 +166,28 @@ class _CostRecorder:
 
 
 def preencode_costs(
-    path: str | Path, *, workers: int = 2, seed: int = 0, **encoder_kw: Any
-) -> tuple[dict[int, list[tuple]], float]:
-    """({worker: [(cost, step cost, skip reason), ...] in the order that worker reads them}, seconds): one pass
-    of the dataset through the carry encoder's pre-encode only (token counts, image headers, video probes; no
-    pixels), with the same workers and seed as a sweep cell, so each worker's stream is the one it packs."""
+    path: str | Path,
+    *,
+    workers: int = 2,
+    seed: int = 0,
+    packs: int | None = None,
+    max_buffer: int = 0,
+    **encoder_kw: Any,
+) -> tuple[dict[int, list[tuple]], float, bool]:
+    """({worker: [(cost, step cost, skip reason), ...] in the order that worker reads them}, seconds, whether
+    the whole dataset was read): the
+    dataset through the carry encoder's pre-encode only (token counts, image headers, video probes; no pixels),
+    with the same workers and seed as a sweep cell, so each worker's stream is the one it packs.
+
+    One pass when ``packs`` is None; else it stops once every worker has read what its share of ``packs`` packs
+    can hold at most (``seq_length`` tokens each: a fill of 100%) plus ``max_buffer`` samples more (what a
+    packer of the largest K holds), so a large dataset is not read whole for a 200-pack sweep."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
     from energon_pack.energon.plan import planning_encoder
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    from .loader_bench import _stop_workers
 
     encoder = QwenVLPackingTaskEncoder(packing_mode="carry", seed=seed, **encoder_kw)
     recorder = planning_encoder(encoder)
@@ -187,11 +201,28 @@ def preencode_costs(
         task_encoder=recorder,
         repeat=False,
     )
+    share = None if packs is None else -(-packs // max(workers, 1)) * encoder.packing.seq_length
     streams: dict[int, list[tuple]] = {}
+    tokens: dict[int, int] = {}
+    enough_at: dict[int, int] = {}  # per worker: the samples read when its tokens first covered its share
     start = time.perf_counter()
-    for row in get_loader(dataset):
-        streams.setdefault(row["worker"], []).append((row["cost"], row["step"], row["skip"]))
-    return dict(sorted(streams.items())), time.perf_counter() - start
+    loader = get_loader(dataset)
+    iterator = iter(loader)
+    whole = True
+    for row in iterator:
+        w = row["worker"]
+        streams.setdefault(w, []).append((row["cost"], row["step"], row["skip"]))
+        if share is None:
+            continue
+        tokens[w] = tokens.get(w, 0) + (row["cost"][0] if row["cost"] else 0)
+        if tokens[w] >= share and w not in enough_at:
+            enough_at[w] = len(streams[w])
+        done = [len(streams[v]) >= n + max_buffer for v, n in enough_at.items()]
+        if len(done) == max(workers, 1) and all(done):
+            whole = False
+            break
+    _stop_workers(iterator, loader)
+    return dict(sorted(streams.items())), time.perf_counter() - start, whole
 
 
 def _worker_packs(stream: list[tuple], mode: str, buffer: int, encoder: Any, repeat: bool) -> Any:
@@ -310,16 +341,18 @@ def replay_sweep(
         flush=True,
     )
     kw = dict(seq_length=seq_length, preset=preset, tokenizer=tokenizer)
-    streams, took = preencode_costs(path, workers=workers, **kw)
+    streams, took, whole = preencode_costs(path, workers=workers, packs=packs, max_buffer=max(buffers), **kw)
     read = sum(len(s) for s in streams.values())
-    print(f"pre-encode: {read:,} samples in {_minutes(took)} ({read / max(took, 1e-9):.0f} samples/s)", flush=True)
+    cap = "" if whole else f" (of more: what {packs} full packs and the largest K's buffer need at most)"
+    print(f"pre-encode: {read:,} samples{cap} in {_minutes(took)} ({read / max(took, 1e-9):.0f} samples/s)", flush=True)
     from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
 
     encoder = QwenVLPackingTaskEncoder(packing_mode="carry", **kw)
     order = {m: i for i, m in enumerate(modes)}
     cells: list[CellResult] = []
     for mode, k in plan:
-        cells.append(replay_cell(streams, mode=mode, buffer=k, packs=packs, encoder=encoder, workers=workers))
+        cell = replay_cell(streams, mode=mode, buffer=k, packs=packs, encoder=encoder, workers=workers)
+        cells.append(cell if whole else replace(cell, dataset_samples=None))  # the dataset's size is unknown
         cells.sort(key=lambda c: (order[c.mode], c.buffer))
         if on_cell is not None:
             on_cell(list(cells))

@@ -48,3 +48,21 @@ def test_bench_loader_cells_on_user_data_one_k_rounds_draw_one_progress(tmp_path
     assert "rounds K=8" in printed.err  # our own bar, the one display
     assert "target" not in printed.out  # one K on user data: no targets, no empty heading
     assert "no recommended K: only K=8 was measured (rounds)" in printed.out
+
+
+def test_pre_encode_stops_at_what_the_packs_can_hold_and_the_packs_are_the_same(tmp_path):
+    from energon_pack.bench.buffer_sweep import preencode_costs, replay_cell
+    from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
+
+    data = make_demo_shards(tmp_path / "d", samples=40, per_shard=20, seed=1)
+    whole, _, read_all = preencode_costs(data, workers=2, tokenizer="demo")
+    capped, _, read_capped = preencode_costs(data, workers=2, packs=2, max_buffer=2, tokenizer="demo")
+    assert (read_all, read_capped) == (True, False)
+    assert {w: len(s) for w, s in whole.items()} == {0: 20, 1: 20}
+    assert {w: len(s) for w, s in capped.items()} == {0: 15, 1: 15}  # 8,192 tokens each, then 2 more
+    assert all(capped[w] == whole[w][:15] for w in whole)  # the same streams, cut
+    encoder = QwenVLPackingTaskEncoder(tokenizer="demo", packing_mode="carry")
+    for mode in ("carry", "rounds"):
+        for k in (1, 2):
+            a, b = (replay_cell(s, mode=mode, buffer=k, packs=2, encoder=encoder, workers=2) for s in (whole, capped))
+            assert (a.packs, a.samples, a.real_tokens) == (b.packs, b.samples, b.real_tokens) and a.packs == 2
