@@ -593,7 +593,6 @@ def main(
         "packs": kw.get("packs", 200),
         "preset": kw.get("preset", "qwen2.5-vl"),
         "tokenizer": tokenizer_name,
-        "cells": "replayed from one pre-encode pass" if replay else "one loader run each",
     }
     partial = {"dataset": str(path), "context": context, "complete": False}
 
@@ -610,6 +609,7 @@ def main(
         "dataset": str(path),
         "context": context,
         "complete": True,
+        "replayed": replay,  # cells packed from one pre-encode pass (no speed columns), else a loader run each
         "cells": cells_to_json(cells),
         "recommended_k": rec,
         "recommendation": why,

@@ -107,6 +107,7 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
             "4096",
             "--out-dir",
             str(out),
+            "--loader-cells",  # a loader run per cell (the replayed default: tests/bench/test_bench_user_data.py)
         ],
         check=True,
         capture_output=True,
@@ -135,6 +136,7 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
         "runs",
         "dataset_samples",
         "samples_read",
+        "sources",
     }
     for c in cells:
         assert set(c) == fields and c["packs"] == 3 and c["workers"] == 1
@@ -145,10 +147,7 @@ def test_compare_buffer_sizes_example_writes_json_table_and_plots(tmp_path):
         f"wrote {out}/buffer_sizes.json, buffer_fill.png, buffer_rss.png, buffer_latency.png, "
         "buffer_throughput.png, buffer_sizes.md" in run.stdout
     )
-    assert {t["target"] for t in result["targets"]} == {
-        "carry fill >= rounds fill at K=4",
-        "carry fill >= rounds fill at K=16",
-    }
+    assert result["targets"] == []  # the project's targets are judged on its demo data only
     assert result["recommended_k"] in (4, 16)
     assert result["context"] == {
         "dataset": str(data),
