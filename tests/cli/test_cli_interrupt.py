@@ -45,6 +45,7 @@ def test_first_ctrl_c_stops_bench_at_once_and_keeps_the_finished_cells(demo_shar
             "--out-dir",
             str(out),
             "--no-plots",
+            "--loader-cells",  # a loader run per cell: the Ctrl-C lands in one of them
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
