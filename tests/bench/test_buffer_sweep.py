@@ -1,7 +1,6 @@
 """The K sweep's order (an untimed warm-up, then the modes side by side at each K, ABBA), its time-left
 estimate from the cells done, and its repeat note (the loader is a fake here)."""
 
-
 from energon_pack.bench import buffer_sweep
 from energon_pack.bench.buffer_sweep import estimate_left, expected_reads, plan_cells
 from energon_pack.bench.loader_bench import CellResult
