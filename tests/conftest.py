@@ -53,8 +53,9 @@ def s3_store(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def remote_demo(s3_store, demo_shards):
-    """The ``demo_shards`` dataset uploaded as is: its ``msc://`` path."""
-    return s3_store.upload(demo_shards, "demo")
+    """The ``demo_shards`` dataset uploaded as is, under its own folder name (the name per-source packing stats
+    give it): its ``msc://`` path."""
+    return s3_store.upload(demo_shards, demo_shards.name)
 
 
 #: the test files that run longest (tens of seconds to minutes each), started first: with the README's
