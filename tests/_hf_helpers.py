@@ -42,6 +42,23 @@ def rope_config(text_config_cls, mrope_section=(2, 3, 3), theta=10000.0):
     return {"rope_theta": theta, "rope_scaling": rope}
 
 
+def tiny_text_kwargs(special):
+    """The tiny decoder every test model shares (2 layers of width 64), ids from the tokenizer's ``special``."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        bos_token_id=None,
+        eos_token_id=special.im_end,
+        pad_token_id=special.pad,
+    )
+
+
 def tiny_model(name, tok):
     """A tiny random-init HF model of the version ``name`` (fp32, eval, seeded), default sdpa attention."""
     import transformers as tf
@@ -59,20 +76,7 @@ def tiny_model(name, tok):
         "qwen2.5-vl": tf.Qwen2_5_VLTextConfig,
         "qwen3-vl": tf.Qwen3VLTextConfig,
     }[name]
-    text = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=sp.im_end,
-        pad_token_id=sp.pad,
-        **rope_config(text_cls),
-    )
+    text = dict(**tiny_text_kwargs(sp), **rope_config(text_cls))
     vision = dict(
         depth=2,
         num_heads=2,

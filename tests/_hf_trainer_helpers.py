@@ -12,7 +12,7 @@ import webdataset as wds
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
 from PIL import Image
 
-from _hf_helpers import VOCAB, small_preset
+from _hf_helpers import small_preset, tiny_text_kwargs
 from energon_pack.energon import prepare_webdataset
 from energon_pack.integrations import hf as H
 from energon_pack.qwen_vl.task_encoder import QwenVLPackingTaskEncoder
@@ -85,19 +85,7 @@ def sft_loader(path, *, num_replicas=1, rank=0, width=128):
 def tiny_text_model(tok):
     """A tiny random-init text-only Qwen2 causal LM (fp32, seeded), default sdpa attention."""
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=tok.special.im_end,
-        pad_token_id=tok.special.pad,
-    )
+    cfg = transformers.Qwen2Config(**tiny_text_kwargs(tok.special))
     return transformers.Qwen2ForCausalLM(cfg).float().eval()
 
 
