@@ -25,41 +25,17 @@ import torch
 from torch.utils.data import get_worker_info
 
 from energon_pack.errors import ConfigError
+from energon_pack.packing.layout_rules import (
+    KEEPING_OVERLENGTH_POLICIES,
+    OVERLENGTH_MEANINGS,
+    OVERLENGTH_POLICIES,
+    alignment_multiple,
+    check_layout_knobs,
+    check_text_overlength,
+    is_int,
+)
 
 IGNORE_INDEX = -100
-
-#: What each ``overlength`` policy does with a sample over the pack's budgets (longer than the width, or over a
-#: patch budget); the keys are the accepted values, "skip" the default.
-OVERLENGTH_MEANINGS = {
-    "skip": "count it as an 'oversize' skip and go on",
-    "truncate": "keep its first seq_length tokens (text roads only: cutting would split visual blocks)",
-    "error": "raise naming the sample and the knob",
-    "fit": "Qwen-VL: lower that sample's image pixels and video frame sizes (a pixel budget shared by its media, "
-    "qwen-vl-utils' total_pixels rule), then its video frames, until it fits; text alone over the width is an "
-    "'oversize_text' skip; counted as 'fitted' adjustments with pixels before/after",
-    "split": "Qwen-VL: cut a multi-turn conversation at user turns into pieces that fit, each with the media its "
-    "turns reference and the system prompt repeated, every supervised token trained once; a turn alone over the "
-    "width is fitted (media) or an 'oversize_text' skip; counted as 'split' adjustments with their pieces",
-}
-OVERLENGTH_POLICIES = tuple(OVERLENGTH_MEANINGS)
-#: The policies that keep a multimodal sample by changing it (the Qwen-VL encoders' only; text roads refuse them).
-KEEPING_OVERLENGTH_POLICIES = ("fit", "split")
-
-
-def check_text_overlength(policy: str, road: str) -> str:
-    """``policy`` for a text-only road; ConfigError naming ``overlength`` for an unknown one or for "fit" /
-    "split" (they lower media or cut a multimodal conversation: the Qwen-VL encoders' policies)."""
-    text_policies = tuple(p for p in OVERLENGTH_POLICIES if p not in KEEPING_OVERLENGTH_POLICIES)
-    if policy in KEEPING_OVERLENGTH_POLICIES:
-        raise ConfigError(
-            "overlength",
-            f"{policy!r} is a Qwen-VL policy ({OVERLENGTH_MEANINGS[policy]}); {road} packs text records",
-            f"use one of {text_policies} ('truncate' keeps a long record's first seq_length tokens)",
-        )
-    if policy not in OVERLENGTH_POLICIES:
-        raise ConfigError("overlength", f"unknown policy {policy!r}", f"use one of {text_policies}")
-    return policy
-
 
 #: Visual tensors a segment may carry; each is concatenated along dim 0 in segment order.
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -90,25 +66,6 @@ __all__ = [
 ]
 
 
-def alignment_multiple(cp: int = 1, tp: int = 1, sp: bool = False, eval_cp: int | None = None) -> int:
-    """Per-segment length multiple for context/sequence parallelism (Megatron-Bridge's lcm rule).
-
-    ``lcm`` over ``cp`` in {train cp, eval cp} of ``2*cp if cp > 1 else 1`` and
-    ``cp*tp if sp and tp > 1 else 1``: TP1/CP1 -> 1, TP4/SP -> 4, CP2/TP4/SP -> 8.
-    """
-    for knob, value in (("cp", cp), ("tp", tp), ("eval_cp", eval_cp)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(
-                knob, f"must be an integer >= 1, got {value!r}", f"set {knob} to the parallel size (1 = off)"
-            )
-    multiple = 1
-    for c in {cp} | ({eval_cp} if eval_cp is not None else set()):
-        cp_multiple = 2 * c if c > 1 else 1
-        sp_multiple = c * tp if sp and tp > 1 else 1
-        multiple = math.lcm(multiple, cp_multiple, sp_multiple)
-    return multiple
-
-
 def aligned_length(length: int, multiple: int) -> int:
     """``length`` rounded up to ``multiple`` (the physical span a segment occupies in a pack)."""
     return -(-length // multiple) * multiple
@@ -132,10 +89,6 @@ def shifted_labels_and_loss_mask(
     labels[:-1] = ids[1:]
     labels = torch.where(supervised_next, labels, torch.full_like(labels, ignore_index))
     return labels, supervised_next.to(torch.float32)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -179,6 +132,8 @@ def accepts_old_width(fn: _F) -> _F:
 class ThdLayout:
     """How segments are laid out in one packed row; validated at construction (ConfigError naming the knob).
 
+    ``ThdLayout.from_spec(spec, pad_token_id)`` is the layout of a packing spec's packs.
+
     Args:
         seq_length: the pack width in tokens: the most physical tokens one row may hold (Megatron's
             ``seq_length``). A multiple of ``pad_multiple``. Old name ``width=`` still accepted (deprecated).
@@ -202,56 +157,34 @@ class ThdLayout:
     ignore_index: int = IGNORE_INDEX
 
     def __post_init__(self) -> None:
-        if not _is_int(self.seq_length) or self.seq_length < 1:
-            raise ConfigError(
-                "seq_length",
-                f"must be an integer >= 1, got {self.seq_length!r}",
-                "set seq_length to the packed row length, e.g. 4096",
-            )
-        if not _is_int(self.pad_multiple) or self.pad_multiple < 1:
-            raise ConfigError(
-                "pad_multiple",
-                f"must be an integer >= 1, got {self.pad_multiple!r}",
-                "use alignment_multiple(cp, tp, sp); 1 disables alignment",
-            )
-        if self.seq_length % self.pad_multiple:
-            lower = self.seq_length // self.pad_multiple * self.pad_multiple
-            raise ConfigError(
-                "seq_length",
-                f"{self.seq_length} is not divisible by pad_multiple {self.pad_multiple}",
-                f"use a multiple of {self.pad_multiple} for seq_length (e.g. {lower or self.pad_multiple} or "
-                f"{lower + self.pad_multiple})",
-            )
-        if self.max_segments is not None and (not _is_int(self.max_segments) or self.max_segments < 1):
-            raise ConfigError(
-                "max_segments",
-                f"must be an integer >= 1 or None, got {self.max_segments!r}",
-                "set max_segments to the most samples one pack may hold",
-            )
-        if self.pad_cu_seqlens and not self.pad_to_max_length:
-            raise ConfigError(
-                "pad_cu_seqlens",
-                "static cu_seqlens require a fixed width",
-                "set pad_to_max_length=True (or pad_cu_seqlens=False)",
-            )
-        if self.pad_cu_seqlens and self.max_segments is None:
-            raise ConfigError(
-                "pad_cu_seqlens",
-                "static cu_seqlens need a fixed segment count",
-                "set max_segments (cu arrays get max_segments + 1 entries)",
-            )
-        if not _is_int(self.pad_token_id) or self.pad_token_id < 0:
+        check_layout_knobs(
+            self.seq_length, self.pad_multiple, self.pad_to_max_length, self.pad_cu_seqlens, self.max_segments
+        )
+        if not is_int(self.pad_token_id) or self.pad_token_id < 0:
             raise ConfigError(
                 "pad_token_id",
                 f"must be a non-negative token id, got {self.pad_token_id!r}",
                 "use the tokenizer's pad id (or 0 if it has none)",
             )
-        if not _is_int(self.ignore_index):
+        if not is_int(self.ignore_index):
             raise ConfigError(
                 "ignore_index",
                 f"must be an integer, got {self.ignore_index!r}",
                 "use -100 (the PyTorch cross-entropy default)",
             )
+
+    @classmethod
+    def from_spec(cls, spec: Any, pad_token_id: int = 0) -> ThdLayout:
+        """The row layout of the packs of ``spec`` (a :class:`~energon_pack.packing.spec.PackingSpec`);
+        ``pad_token_id``: the tokenizer's pad id."""
+        return cls(
+            seq_length=spec.seq_length,
+            pad_multiple=spec.alignment,
+            pad_to_max_length=spec.pad_to_max_length,
+            pad_cu_seqlens=spec.pad_cu_seqlens,
+            max_segments=spec.max_segments,
+            pad_token_id=pad_token_id,
+        )
 
     @property
     def width(self) -> int:
@@ -261,7 +194,7 @@ class ThdLayout:
 
     def segment_span(self, length: int) -> int:
         """Physical tokens a segment of ``length`` real tokens costs in a pack (its aligned length)."""
-        if not _is_int(length) or length < 1:
+        if not is_int(length) or length < 1:
             raise ValueError(f"segment length must be an integer >= 1, got {length!r}")
         return aligned_length(length, self.pad_multiple)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from energon_pack.errors import ConfigError
 from energon_pack.packing.spec import PackingSpec, accepts_old_names
+from energon_pack.thd import ThdLayout
 
 PACKING_MODES = ("carry", "rounds")
 #: knobs only the tokens-only carry packer has (setting one, with balance unset, selects it)
@@ -111,6 +112,10 @@ class PackingConfig(PackingSpec):
         """Energon's reasons to pack by tokens: rounds mode, or a knob of the tokens-only carry packer."""
         rounds = ("packing_mode='rounds'",) if self.packing_mode != "carry" else ()
         return rounds + tuple(self._tokens_knobs())
+
+    def layout(self, pad_token_id: int = 0) -> ThdLayout:
+        """The THD row layout of these packs (``pad_token_id``: the tokenizer's pad id)."""
+        return ThdLayout.from_spec(self, pad_token_id)
 
     def packer_options(self) -> dict[str, Any]:
         return {

@@ -18,13 +18,11 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from .balanced import BALANCE_MODES
-
-if TYPE_CHECKING:
-    from ..thd import ThdLayout
+from .layout_rules import OVERLENGTH_POLICIES, alignment_multiple, check_layout_knobs
 
 __all__ = [
     "KNOB_DOCS",
@@ -94,7 +92,8 @@ class PackingSpec:
             ``"split"`` (Qwen-VL: a multi-turn conversation cut at user turns into pieces that fit, each with its own
             media and the system prompt repeated; counted as ``split`` / ``split_pieces``). A budget is
             ``seq_length`` tokens or a patch/media budget; each policy is spelled out in
-            :data:`energon_pack.thd.OVERLENGTH_MEANINGS`; ``"error"`` raises under every ``balance``. The default
+            :data:`energon_pack.packing.layout_rules.OVERLENGTH_MEANINGS`; ``"error"`` raises under every
+            ``balance``. The default
             ``"skip"``: one bad sample does not stop a run and every skip is counted in the stats.
         balance: ``"tokens"`` (packs full in tokens) or ``"compute"`` (full in tokens *and* about equal in step cost
             under ``cost_model``: attention per segment squared, vision patches; data-parallel ranks then wait less for
@@ -150,8 +149,6 @@ class PackingSpec:
             from .step_cost import cost_model_from
 
             object.__setattr__(self, "cost_model", cost_model_from(self.cost_model))
-        from ..thd import OVERLENGTH_POLICIES  # torch's layer, imported when a spec is built (not by CLI --help)
-
         if self.overlength not in OVERLENGTH_POLICIES:
             raise ConfigError("overlength", f"unknown policy {self.overlength!r}", f"use one of {OVERLENGTH_POLICIES}")
         for knob in ("max_media_per_pack", "max_patches_per_pack"):
@@ -168,7 +165,7 @@ class PackingSpec:
                 f"{width} is not divisible by the alignment {align} of {of}",
                 f"use a multiple of {align} for seq_length (e.g. {lower} or {lower + align}), or change {of}",
             )
-        self.layout()  # width, max_segments and the static cu_seqlens rules
+        check_layout_knobs(width, align, self.pad_to_max_length, self.pad_cu_seqlens, self.max_segments)
 
     def _tokens_only(self) -> tuple[str, ...]:
         """The road's reasons it can only pack by tokens (none here; a road's subclass names its own)."""
@@ -182,9 +179,8 @@ class PackingSpec:
     @property
     def alignment(self) -> int:
         """Every segment's span is its length rounded up to this: Megatron-Bridge's lcm rule over ``cp``, ``tp``,
-        ``sp`` and ``eval_cp`` (:func:`~energon_pack.thd.alignment_multiple`); ``ThdLayout.pad_multiple``."""
-        from ..thd import alignment_multiple
-
+        ``sp`` and ``eval_cp`` (:func:`~energon_pack.packing.layout_rules.alignment_multiple`);
+        ``ThdLayout.pad_multiple``."""
         return alignment_multiple(self.cp, self.tp, self.sp, self.eval_cp)
 
     @classmethod
@@ -204,19 +200,6 @@ class PackingSpec:
     def spec(self) -> PackingSpec:
         """The path-neutral part alone (a :class:`PackingSpec` of the same knobs)."""
         return PackingSpec(**{f.name: getattr(self, f.name) for f in fields(PackingSpec)})
-
-    def layout(self, pad_token_id: int = 0) -> ThdLayout:
-        """The THD row layout of these packs (``pad_token_id``: the tokenizer's pad id)."""
-        from ..thd import ThdLayout
-
-        return ThdLayout(
-            seq_length=self.seq_length,
-            pad_multiple=self.alignment,
-            pad_to_max_length=self.pad_to_max_length,
-            pad_cu_seqlens=self.pad_cu_seqlens,
-            max_segments=self.max_segments,
-            pad_token_id=pad_token_id,
-        )
 
     def capacity(self) -> tuple[int, ...]:
         """A pack's budgets: tokens, then patches, media and segments where set (``max_segments`` is a

@@ -79,7 +79,7 @@ class InBatchPacker:
     @classmethod
     def from_spec(cls, dataset: Any, spec: PackingSpec, *, sampler: Any = None) -> InBatchPacker:
         """The packer of ``spec``'s row layout, with the dataset tokenizer's pad id."""
-        return cls(spec.layout(pad_token_id=dataset.pad_token_id), sampler=sampler, dataset=dataset)
+        return cls(ThdLayout.from_spec(spec, pad_token_id=dataset.pad_token_id), sampler=sampler, dataset=dataset)
 
     def packing_stats(self) -> dict | None:
         """What each batch carries as ``packing_stats`` (None without a sampler or dataset)."""

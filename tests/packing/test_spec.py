@@ -24,6 +24,7 @@ from energon_pack.packing.spec import (
     spec_knobs,
 )
 from energon_pack.sft import InBatchPacker, TokenBudgetBatchSampler
+from energon_pack.thd import ThdLayout
 
 PACKAGE = Path(__file__).resolve().parents[2] / "energon_pack"
 
@@ -184,7 +185,7 @@ def test_in_batch_packer_layout_from_the_spec():
 
     spec = PackingSpec(seq_length=64, cp=2, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=4)
     packer = InBatchPacker.for_dataset(Dataset(), 64, cp=2, pad_to_max_length=True, pad_cu_seqlens=True, max_segments=4)
-    assert packer.layout == spec.layout(pad_token_id=7) == InBatchPacker.from_spec(Dataset(), spec).layout
+    assert packer.layout == ThdLayout.from_spec(spec, pad_token_id=7) == InBatchPacker.from_spec(Dataset(), spec).layout
     assert (packer.layout.pad_multiple, packer.layout.pad_token_id) == (4, 7)
 
 

@@ -22,10 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "energon_pack"
 
 #: layers bottom up (ARCHITECTURE.md): a module may import its own layer or a lower one
-#: packing shares thd's layer (ARCHITECTURE: "packing, thd, pixels, ... -> chat"): its PackingSpec builds the THD layout
 LAYERS = {
-    "errors": 0, "records": 0, "env": 0, "lazy_exports": 0, "processes": 0,
-    "packing": 1, "thd": 1, "pixels": 1, "video": 1, "storage": 1, "object_reads": 1, "object_waits": 1,
+    "errors": 0, "records": 0, "env": 0, "packing": 0, "lazy_exports": 0, "processes": 0,
+    "thd": 1, "pixels": 1, "video": 1, "storage": 1, "object_reads": 1, "object_waits": 1,
     "chat": 2,
     "energon": 3, "sft": 3,
     "qwen_vl": 4,

@@ -186,7 +186,7 @@ def build_sft_pack_dataset(
         **dict(format_kw or {}),
     )
     sampler = TokenBudgetBatchSampler.from_spec(ds, spec, window=window, shuffle=shuffle)
-    return SFTPackDataset(ds, sampler, spec.layout(pad_token_id=ds.pad_token_id), num_samples)
+    return SFTPackDataset(ds, sampler, ThdLayout.from_spec(spec, pad_token_id=ds.pad_token_id), num_samples)
 
 
 # ---------------------------------------------------------------------------------- the check
